@@ -1,0 +1,1 @@
+"""Corrected implementations for distributed training code (filled in by the runtime issue)."""
