@@ -1,0 +1,5 @@
+"""Allow `python -m lintdist`."""
+
+from lintdist.cli import main
+
+main()

@@ -1,0 +1,92 @@
+"""Results cached by file content, settings and lintdist version, under ``.lintdist_cache/``.
+
+One file per (version, settings) holds every checked file's entry. An entry is
+keyed by the content hash; the file's size and mtime are kept beside it so a
+warm run recognises an unchanged file from ``stat`` alone, without reading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from lintdist import __version__
+
+
+@dataclass(frozen=True)
+class Entry:
+    size: int
+    mtime_ns: int
+    digest: str
+    findings: list[dict]
+
+
+class ResultCache:
+    def __init__(self, root: Path, settings_fingerprint: tuple) -> None:
+        self.folder = root / ".lintdist_cache" / __version__
+        name = hashlib.sha256(repr(settings_fingerprint).encode()).hexdigest()[:16]
+        self.file = self.folder / f"{name}.pickle"
+        self.entries: dict[str, Entry] = {}
+        self.dirty = False
+        try:
+            with open(self.file, "rb") as handle:
+                loaded = pickle.load(handle)
+            if isinstance(loaded, dict):
+                self.entries = loaded
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+            self.entries = {}
+
+    def lookup(self, key: str, path: Path, extra: tuple) -> tuple[list[dict] | None, str | None]:
+        """Cached findings, or None and the content digest to store results under."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return None, None
+        entry = self.entries.get(key)
+        tag = _extra_tag(extra)
+        unchanged = entry is not None and (entry.size, entry.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+        if unchanged and entry.digest.startswith(tag):
+            return entry.findings, entry.digest
+        try:
+            digest = tag + hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None, None
+        if entry is not None and entry.digest == digest:
+            self.entries[key] = Entry(stat.st_size, stat.st_mtime_ns, digest, entry.findings)
+            self.dirty = True
+            return entry.findings, digest
+        return None, digest
+
+    def store(self, key: str, path: Path, digest: str | None, findings: list[dict]) -> None:
+        if digest is None:
+            return
+        try:
+            stat = path.stat()
+        except OSError:
+            return
+        self.entries[key] = Entry(stat.st_size, stat.st_mtime_ns, digest, findings)
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            gitignore = self.folder.parent / ".gitignore"
+            if not gitignore.exists():
+                gitignore.write_text("# Created by lintdist.\n*\n", encoding="utf-8")
+            handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(handle, "wb") as out:
+                pickle.dump(self.entries, out, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(temporary, self.file)
+        except OSError:
+            pass  # a read-only checkout still gets its results, only not cached
+
+
+def _extra_tag(extra: tuple) -> str:
+    """A short tag of the per-file inputs besides the content (kind, enabled codes, launch settings)."""
+    return hashlib.sha256(repr(extra).encode()).hexdigest()[:12] + ":"

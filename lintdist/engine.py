@@ -1,0 +1,286 @@
+"""Checks one file: pre-filter, one parse, one traversal for all rules, suppressions, and fixes."""
+
+from __future__ import annotations
+
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from lintdist.context import FileContext
+from lintdist.facts import PythonFacts
+from lintdist.launch import LaunchSettings
+from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
+from lintdist.registry import rule_by_code
+from lintdist.rule import Rule
+from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch
+
+IGNORE_FILE = re.compile(r"#\s*lintdist:\s*ignore-file\b")
+LINE_SUPPRESSION = re.compile(r"#\s*(?:noqa|lintdist:\s*ignore)\s*(?::\s*|\[)([A-Za-z0-9,\s]+)\]?", re.I)
+# Files that mention none of these are not training scripts: they are not parsed at all.
+FRAMEWORKS = re.compile(r"torch|accelerate|deepspeed|lightning|fsdp|distributed", re.I)
+MAX_FIX_ROUNDS = 10
+
+
+class InternalError(Exception):
+    """A rule crashed: reported with the file and rule, exit code 2."""
+
+
+@dataclass
+class CheckResult:
+    findings: list[Finding]
+    text: str | None = None  # the decoded text, when the file could be read
+    encoding: str = "utf-8"
+    context: FileContext | None = None
+
+
+def source_error_finding(error: SourceError, display: str) -> Finding:
+    rule = rule_by_code(error.code)
+    return Finding(
+        code=error.code,
+        name=rule.name,
+        severity=Severity.ERROR,
+        message=error.message,
+        filename=display,
+        span=Span(error.line, error.column, error.line, error.column),
+        url=rule.url(),
+    )
+
+
+def suppressed(finding: Finding, lines: list[str]) -> bool:
+    """``# noqa: LD201`` or ``# lintdist: ignore[LD201]`` on the reported line (a bare ``# noqa`` does not count)."""
+    if not 0 < finding.span.line <= len(lines):
+        return False
+    for match in LINE_SUPPRESSION.finditer(lines[finding.span.line - 1]):
+        codes = {c.strip().upper() for c in re.split(r"[,\s]+", match.group(1)) if c.strip()}
+        if finding.code in codes:
+            return True
+    return False
+
+
+def check_text(
+    text: str,
+    *,
+    path: Path,
+    display: str,
+    kind: str,
+    rules: list[type[Rule]],
+    explicit: bool = True,
+    settings: LaunchSettings | None = None,
+) -> tuple[list[Finding], FileContext | None]:
+    """All findings of ``rules`` in one file's text, suppressions applied."""
+    if IGNORE_FILE.search(text):
+        return [], None
+    rules = [rule for rule in rules if kind in rule.kinds and rule.code not in {"LD001", "LD002"}]
+    if not explicit and not _worth_parsing(text, kind, rules):
+        return [], None
+    context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)
+    try:
+        if kind == "python":
+            _run_python(context, rules)
+        elif kind == "config":
+            context.config = parse_config(text)
+            if context.config is not None:
+                _run_plain(context, rules)
+        elif kind == "launch":
+            context.launch = parse_launch(text)
+            _run_plain(context, rules)
+    except SourceError as error:
+        return [source_error_finding(error, display)], context
+    lines = text.splitlines()
+    findings = [f for f in context.findings if not suppressed(f, lines)]
+    return sorted(findings, key=lambda f: f.sort_key), context
+
+
+def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
+    """The cheap pre-filter. Configs and launch files are parsed when they look like ones (to report
+    broken ones); Python files only when they mention a framework and a trigger of an enabled rule."""
+    if kind == "config":
+        return CONFIG_MARKERS.search(text) is not None
+    if kind == "launch":
+        return LAUNCHERS.search(text) is not None
+    return FRAMEWORKS.search(text) is not None and any(t in text for rule in rules for t in rule.triggers)
+
+
+def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:
+    try:
+        module = cst.parse_module(context.text)
+    except cst.ParserSyntaxError as error:
+        raise _syntax_error(context.text, error) from error
+    except RecursionError as error:
+        raise SourceError("LD001", "the file is nested too deeply to parse") from error
+    context.module = module
+    context.wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    context.facts = PythonFacts()
+    instances = [rule(context) for rule in rules]
+    visitors = [context.facts, *instances]
+    with ExitStack() as stack:
+        for visitor in visitors:
+            stack.enter_context(visitor.resolve(context.wrapper))
+        cst.visit_batched(module, visitors)
+        for rule in instances:
+            _finish(rule, context)
+
+
+def _syntax_error(text: str, error: cst.ParserSyntaxError) -> SourceError:
+    """CPython's own message and position where it has one (it names the missing ``:``), else libcst's."""
+    try:
+        compile(text, "<lintdist>", "exec", dont_inherit=True)
+    except SyntaxError as python_error:
+        if python_error.lineno:
+            return SourceError("LD001", f"syntax error: {python_error.msg}", python_error.lineno, python_error.offset or 1)
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    return SourceError("LD001", f"syntax error: {error.message}", error.raw_line, error.raw_column + 1)
+
+
+def _run_plain(context: FileContext, rules: list[type[Rule]]) -> None:
+    for rule in rules:
+        _finish(rule(context), context)
+
+
+def _finish(rule: Rule, context: FileContext) -> None:
+    try:
+        rule.finish()
+    except Exception as error:  # a rule bug must name itself and the file, not kill the run silently
+        raise InternalError(f"{rule.code} crashed on {context.display_name}: {type(error).__name__}: {error}") from error
+
+
+# -- fixes ----------------------------------------------------------------------------------
+
+
+class _ReplaceNodes(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def apply_python_fixes(module: cst.Module, fixes: list[Fix]) -> str:
+    replacements = {id(old): new for fix in fixes for old, new in fix.replacements}
+    updated = module.visit(_ReplaceNodes(replacements))
+    imports = sorted({item for fix in fixes for item in fix.imports})
+    if imports:
+        codemod = CodemodContext()
+        for module_name, name in imports:
+            AddImportsVisitor.add_needed_import(codemod, module_name, name)
+        updated = AddImportsVisitor(codemod).transform_module(updated)
+    return updated.code
+
+
+def apply_text_edits(text: str, edits: list[TextEdit]) -> str:
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        text = text[: edit.start] + edit.replacement + text[edit.end :]
+    return text
+
+
+def _fix_extent(finding: Finding, context: FileContext) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The region a fix touches, to keep the fixes of one round from overlapping."""
+    fix = finding.fix
+    if fix.edits:
+        return (min(e.start for e in fix.edits), 0), (max(e.end for e in fix.edits), 0)
+    spans = [context.span(old) for old, _ in fix.replacements] or [finding.span]
+    return min((s.line, s.column) for s in spans), max((s.end_line, s.end_column) for s in spans)
+
+
+def _render(context: FileContext, fixes: list[Fix]) -> str:
+    if context.kind == "python":
+        return apply_python_fixes(context.module, fixes)
+    return apply_text_edits(context.text, [e for fix in fixes for e in fix.edits])
+
+
+def _parses(text: str, kind: str) -> bool:
+    try:
+        if kind == "python":
+            cst.parse_module(text)
+        elif kind == "config":
+            parse_config(text)
+    except (cst.ParserSyntaxError, SourceError):
+        return False
+    return True
+
+
+@dataclass
+class FixOutcome:
+    text: str
+    applied: int = 0
+    dropped: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+def fix_text(
+    text: str, *, path: Path, display: str, kind: str, rules: list[type[Rule]], unsafe: bool, settings=None
+) -> FixOutcome:
+    """Apply applicable fixes, re-check, and repeat until nothing changes (bounded).
+
+    A fix whose result does not parse is dropped and reported, never written.
+    """
+    outcome = FixOutcome(text)
+    allowed = {Applicability.SAFE, Applicability.UNSAFE} if unsafe else {Applicability.SAFE}
+    refused: set[tuple[str, str]] = set()
+    checked = None
+    for _ in range(MAX_FIX_ROUNDS):
+        findings, context = check_text(outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings)
+        outcome.findings, checked = findings, outcome.text
+        fixable = [
+            f for f in findings if f.fix and f.fix.applicability in allowed and (f.code, f.message) not in refused
+        ]
+        if not fixable or context is None:
+            break
+        chosen, taken = [], []
+        for finding in sorted(fixable, key=lambda f: _fix_extent(f, context)):
+            start, end = _fix_extent(finding, context)
+            if all(end <= s or start >= e for s, e in taken):
+                chosen.append(finding)
+                taken.append((start, end))
+        new_text = _render(context, [f.fix for f in chosen])
+        if not _parses(new_text, kind):
+            good = []
+            for finding in chosen:
+                if _parses(_render(context, [*[g.fix for g in good], finding.fix]), kind):
+                    good.append(finding)
+                else:
+                    refused.add((finding.code, finding.message))
+                    outcome.dropped.append(f"{finding.code} fix at line {finding.span.line} dropped: its result does not parse")
+            chosen = good
+            new_text = _render(context, [f.fix for f in chosen])
+        if new_text == outcome.text:
+            break
+        outcome.text = new_text
+        outcome.applied += len(chosen)
+    if checked != outcome.text:
+        outcome.findings, _ = check_text(outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings)
+    return outcome
+
+
+def fix_edits(finding: Finding, context: FileContext) -> list[TextEdit]:
+    """The text edits of one finding's fix on its own, for reporters that show fixes as replacements (SARIF)."""
+    import difflib
+
+    if finding.fix is None:
+        return []
+    if finding.fix.edits:
+        return list(finding.fix.edits)
+    new = _render(context, [finding.fix])
+    old_lines, new_lines = context.text.splitlines(keepends=True), new.splitlines(keepends=True)
+    offsets = [0]
+    for line in old_lines:
+        offsets.append(offsets[-1] + len(line))
+    edits = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False).get_opcodes():
+        if tag != "equal":
+            edits.append(TextEdit(offsets[i1], offsets[i2], "".join(new_lines[j1:j2])))
+    return edits
+
+
+def with_edits(findings: list[Finding], context: FileContext | None) -> list[Finding]:
+    if context is None:
+        return findings
+    return [replace(f, edits=tuple(fix_edits(f, context))) if f.fix else f for f in findings]

@@ -1,0 +1,346 @@
+"""The per-file model of a training script, built in the shared traversal and read by every rule.
+
+Rules ask questions here ("where can this name's value come from?", "is this
+call an Accelerator's prepare?", "which calls can run inside this loop?")
+instead of re-deriving them. Names are resolved through libcst's qualified-name
+metadata, so aliases and ``from`` imports are followed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator, Union
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
+
+FunctionNode = Union[cst.FunctionDef, cst.Lambda]
+Loop = Union[cst.For, cst.While]
+
+ACCELERATOR_CLASSES = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
+PREPARE_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
+DATALOADER_CLASSES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+SAMPLER_CLASSES = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+DDP_CLASSES = frozenset(
+    {
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+        "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+        "torch.distributed.fsdp.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard",
+    }
+)
+NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad"})
+MAX_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class Binding:
+    """``target = value`` (``index`` set when the target is one element of an unpacked tuple)."""
+
+    key: str
+    value: cst.BaseExpression
+    statement: cst.CSTNode
+    function: FunctionNode | None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value can come from: a call, a parameter, or another expression."""
+
+    node: cst.CSTNode
+    index: int | None = None
+
+
+class PythonFacts(cst.BatchableCSTVisitor):
+    METADATA_DEPENDENCIES = (ParentNodeProvider, QualifiedNameProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+        self.loops: list[Loop] = []
+        self.classes: list[cst.ClassDef] = []
+        self.functions: dict[str, list[cst.FunctionDef]] = defaultdict(list)
+        self.returns: dict[cst.FunctionDef, list[cst.BaseExpression]] = defaultdict(list)
+        self._bindings: dict[str, list[Binding]] = defaultdict(list)
+        self._function_stack: list[cst.FunctionDef] = []
+
+    # -- the traversal -------------------------------------------------------------------
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions[node.name.value].append(node)
+        self._function_stack.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._function_stack.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops.append(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loops.append(node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if self._function_stack and node.value is not None:
+            self.returns[self._function_stack[-1]].append(node.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value, node)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value, node)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
+        function = self._function_stack[-1] if self._function_stack else None
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for index, element in enumerate(target.elements):
+                key = get_full_name_for_node(element.value)
+                if key and not isinstance(element, cst.StarredElement):
+                    self._bindings[key].append(Binding(key, value, statement, function, index))
+            return
+        key = get_full_name_for_node(target)
+        if key:
+            self._bindings[key].append(Binding(key, value, statement, function))
+
+    # -- structure ------------------------------------------------------------------------
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        parent = self.parent(node)
+        while parent is not None:
+            yield parent
+            parent = self.parent(parent)
+
+    def is_within(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        return any(ancestor is container for ancestor in self.ancestors(node))
+
+    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+    def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+
+    def enclosing_loop(self, node: cst.CSTNode) -> Loop | None:
+        """The nearest loop around ``node`` in the same function."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)) and child is ancestor.body:
+                return ancestor
+            child = ancestor
+        return None
+
+    def calls_within(self, node: cst.CSTNode) -> list[cst.Call]:
+        return [call for call in self.calls if self.is_within(call, node)]
+
+    # -- names ----------------------------------------------------------------------------
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, ())}
+
+    def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
+        return not names.isdisjoint(self.qualified_names(call.func))
+
+    def method_name(self, call: cst.Call) -> str | None:
+        """``x.y.prepare(...)`` -> "prepare"; ``prepare(...)`` -> "prepare"."""
+        if isinstance(call.func, cst.Attribute):
+            return call.func.attr.value
+        if isinstance(call.func, cst.Name):
+            return call.func.value
+        return None
+
+    def local_functions(self, call: cst.Call) -> list[cst.FunctionDef]:
+        """The functions of this file a call can reach: ``f(...)`` or ``self.f(...)`` in a class."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            return [f for f in self.functions.get(func.value, ()) if self.enclosing_class(f) is None]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"}:
+            cls = self.enclosing_class(call)
+            return [f for f in self.functions.get(func.attr.value, ()) if cls is not None and self.enclosing_class(f) is cls]
+        return []
+
+    def call_sites(self, function: cst.FunctionDef) -> list[cst.Call]:
+        return [call for call in self.calls if function in self.local_functions(call)]
+
+    def reachable_calls(self, node: cst.CSTNode) -> list[cst.Call]:
+        """Calls inside ``node`` and, transitively, inside the local functions they call."""
+        seen: set[int] = set()
+        result: list[cst.Call] = []
+        pending: list[tuple[cst.CSTNode, int]] = [(node, 0)]
+        while pending:
+            container, depth = pending.pop()
+            for call in self.calls_within(container):
+                result.append(call)
+                if depth < MAX_DEPTH:
+                    for function in self.local_functions(call):
+                        if id(function) not in seen:
+                            seen.add(id(function))
+                            pending.append((function, depth + 1))
+        return result
+
+    def bindings(self, key: str, at: cst.CSTNode) -> list[Binding]:
+        """Assignments to ``key`` visible from ``at``: same function first, then module level.
+
+        ``self.x`` keys are shared by the methods of one class.
+        """
+        candidates = self._bindings.get(key, [])
+        if key.split(".", 1)[0] in {"self", "cls"}:
+            cls = self.enclosing_class(at)
+            return [b for b in candidates if cls is not None and b.function is not None and self.enclosing_class(b.function) is cls]
+        function = self.enclosing_function(at)
+        local = [b for b in candidates if b.function is function]
+        if local or function is None:
+            return local
+        return [b for b in candidates if b.function is None]
+
+    def parameter(self, name: str, at: cst.CSTNode) -> tuple[cst.FunctionDef, int, cst.Param] | None:
+        function = self.enclosing_function(at)
+        if function is None:
+            return None
+        params = [*function.params.posonly_params, *function.params.params]
+        for index, param in enumerate(params):
+            if param.name.value == name:
+                return function, index, param
+        for param in function.params.kwonly_params:
+            if param.name.value == name:
+                return function, -1, param
+        return None
+
+    def origins(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None, depth: int = 0) -> list[Origin]:
+        """Every expression ``expr`` can evaluate to, following names, local calls and parameters."""
+        at = at or expr
+        if depth > MAX_DEPTH:
+            return [Origin(expr)]
+        key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if key:
+            found = self.bindings(key, at)
+            if found:
+                return [o for binding in found for o in self._binding_origins(binding, depth)]
+            if isinstance(expr, cst.Name):
+                param = self.parameter(expr.value, at)
+                if param is not None:
+                    return self._parameter_origins(*param, depth) or [Origin(param[2])]
+            return [Origin(expr)]
+        if isinstance(expr, cst.Call) and self.local_functions(expr):
+            return [
+                o
+                for function in self.local_functions(expr)
+                for returned in self.returns.get(function, ())
+                for o in self.origins(returned, returned, depth + 1)
+            ] or [Origin(expr)]
+        return [Origin(expr)]
+
+    def _binding_origins(self, binding: Binding, depth: int) -> list[Origin]:
+        if binding.index is None:
+            return self.origins(binding.value, binding.statement, depth + 1)
+        if isinstance(binding.value, (cst.Tuple, cst.List)):
+            elements = binding.value.elements
+            if binding.index < len(elements):
+                return self.origins(elements[binding.index].value, binding.statement, depth + 1)
+            return []
+        result = []
+        for origin in self.origins(binding.value, binding.statement, depth + 1):
+            if isinstance(origin.node, (cst.Tuple, cst.List)) and origin.index is None:
+                elements = origin.node.elements
+                if binding.index < len(elements):
+                    result.extend(self.origins(elements[binding.index].value, origin.node, depth + 1))
+            else:
+                result.append(Origin(origin.node, binding.index))
+        return result
+
+    def _parameter_origins(self, function: cst.FunctionDef, index: int, param: cst.Param, depth: int) -> list[Origin]:
+        result = []
+        offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
+        for call in self.call_sites(function):
+            argument = argument_of(call, param.name.value, index - offset if index >= 0 else None)
+            if argument is not None:
+                result.extend(self.origins(argument, call, depth + 1))
+        return result
+
+    # -- what the script does -------------------------------------------------------------
+
+    def is_prepare_call(self, node: cst.CSTNode) -> bool:
+        """``accelerator.prepare(...)``, ``prepare_data_loader`` or Fabric's ``setup_dataloaders``."""
+        return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in PREPARE_METHODS
+
+    def is_accelerator(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None) -> bool:
+        return any(
+            isinstance(o.node, cst.Call) and self.callee_is(o.node, ACCELERATOR_CLASSES) for o in self.origins(expr, at)
+        )
+
+    @cached_property
+    def local_classes(self) -> dict[str, set[str]]:
+        """Class name -> qualified names of its bases, for subclasses defined in this file."""
+        result: dict[str, set[str]] = {}
+        for cls in self.classes:
+            bases: set[str] = set()
+            for arg in cls.bases:
+                bases |= self.qualified_names(arg.value) | {get_full_name_for_node(arg.value) or ""}
+            result[cls.name.value] = bases
+        return result
+
+    def is_instance_of(self, call: cst.Call, classes: frozenset[str], name_part: str | None = None) -> bool:
+        """The call constructs one of ``classes``, a local subclass, or a class whose name contains ``name_part``."""
+        names = self.qualified_names(call.func)
+        if not names.isdisjoint(classes):
+            return True
+        simple = get_full_name_for_node(call.func) or ""
+        last_parts = {n.rsplit(".", 1)[-1] for n in names | {simple}}
+        if name_part and any(name_part in part for part in last_parts):
+            return True
+        return any(not self.local_classes.get(part, set()).isdisjoint(classes) for part in last_parts)
+
+    @cached_property
+    def wrapped_models(self) -> list[cst.Call]:
+        """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""
+        return [call for call in self.calls if self.callee_is(call, DDP_CLASSES)]
+
+    def under_no_grad(self, node: cst.CSTNode) -> bool:
+        """Inside ``with torch.no_grad():``/``inference_mode()`` or a function decorated with one."""
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.With):
+                for item in ancestor.items:
+                    target = item.item.func if isinstance(item.item, cst.Call) else item.item
+                    if not self.qualified_names(target).isdisjoint(NO_GRAD_CONTEXTS):
+                        return True
+            if isinstance(ancestor, cst.FunctionDef):
+                for decorator in ancestor.decorators:
+                    target = decorator.decorator
+                    target = target.func if isinstance(target, cst.Call) else target
+                    if not self.qualified_names(target).isdisjoint(NO_GRAD_CONTEXTS):
+                        return True
+        return False
+
+
+def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseExpression | None:
+    """The argument a call passes for a parameter, by keyword or by position."""
+    positional = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg.value
+        elif arg.star:
+            return None
+        else:
+            if position is not None and positional == position:
+                return arg.value
+            positional += 1
+    return None

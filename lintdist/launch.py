@@ -1,0 +1,157 @@
+"""One table of launch settings, whichever of the four spellings said them, and the project pass.
+
+A setting (``fsdp_version``, ``use_orig_params``...) can be written as a plugin
+keyword, an accelerate config YAML key, an ``accelerate launch`` flag or an
+``FSDP_*`` environment variable. The code-side spelling is read by rules from
+the facts; the other three are normalised here into ``Setting``s that remember
+the file and position that said them, so a rule reports at the right place.
+The project pass links each script to the configs and launch lines that run it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lintdist.sources import ConfigDocument, LaunchCommand, LaunchFile, line_col
+
+ENV_NAMES = {
+    "ACCELERATE_USE_FSDP": "use_fsdp",
+    "ACCELERATE_USE_DEEPSPEED": "use_deepspeed",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "gradient_accumulation_steps",
+    "ACCELERATE_MIXED_PRECISION": "mixed_precision",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: object
+    path: str
+    line: int
+    column: int
+    spelling: str  # "yaml", "flag" or "env"
+
+
+@dataclass
+class LaunchSettings:
+    """The settings in force for one script, later spellings overriding earlier ones (YAML < env < flag)."""
+
+    values: dict[str, Setting] = field(default_factory=dict)
+
+    def get(self, name: str) -> Setting | None:
+        return self.values.get(name)
+
+    def set(self, setting: Setting) -> None:
+        self.values[setting.name] = setting
+
+    @property
+    def distributed_type(self) -> Setting | None:
+        """The backend the launch selects (``FSDP``, ``DEEPSPEED``, ``MULTI_GPU``...), if any spelling says."""
+        for flag, backend in (("use_fsdp", "FSDP"), ("use_deepspeed", "DEEPSPEED"), ("tpu", "XLA")):
+            setting = self.values.get(flag)
+            if setting is not None and str(setting.value).lower() in {"true", "1", "none"}:
+                return Setting("distributed_type", backend, setting.path, setting.line, setting.column, setting.spelling)
+        return self.values.get("distributed_type")
+
+    def fingerprint(self) -> tuple:
+        return tuple(sorted((k, repr(s.value), s.path, s.line, s.column) for k, s in self.values.items()))
+
+
+def config_settings(document: ConfigDocument, path: str) -> list[Setting]:
+    """Settings of an accelerate config; ``fsdp_config`` keys get the ``fsdp_`` prefix as the launcher adds it."""
+    if document.flavour != "accelerate":
+        return []
+    result = []
+    for key, value in document.data.items():
+        if key in {"fsdp_config", "deepspeed_config"} and isinstance(value, dict):
+            for inner, inner_value in value.items():
+                name = inner if key == "deepspeed_config" or inner.startswith("fsdp_") else f"fsdp_{inner}"
+                line, column = document.key_position(key, inner) or (1, 1)
+                result.append(Setting(name, inner_value, path, line, column, "yaml"))
+        else:
+            line, column = document.key_position(key) or (1, 1)
+            result.append(Setting(str(key), value, path, line, column, "yaml"))
+    return result
+
+
+def command_settings(command: LaunchCommand, launch: LaunchFile, text: str, path: str) -> list[Setting]:
+    result = []
+    for name, value, token in [*launch.exports, *command.env]:
+        normalised = ENV_NAMES.get(name) or (name.lower() if name.startswith("FSDP_") else None)
+        if normalised:
+            result.append(Setting(normalised, value, path, *line_col(text, token.start), "env"))
+    for flag in command.flags:
+        result.append(Setting(flag.name, flag.value, path, *line_col(text, flag.token.start), "flag"))
+    return result
+
+
+@dataclass
+class Project:
+    """Which configs and launch commands run which script."""
+
+    # script path (resolved) -> settings gathered from its launch lines and configs
+    links: dict[str, LaunchSettings] = field(default_factory=dict)
+
+    def settings_for(self, script: Path) -> LaunchSettings | None:
+        return self.links.get(os.path.realpath(script))
+
+
+def build_project(
+    configs: dict[Path, ConfigDocument],
+    launches: dict[Path, tuple[LaunchFile, str]],
+    scripts: list[Path],
+    default_configs: list[Path],
+    display: dict[Path, str],
+    load_config,
+) -> Project:
+    """Link scripts to their settings.
+
+    A script named by a launch line takes that line's flags and the config it
+    names (``--config_file``); otherwise a config from ``accelerate-config`` in
+    the lintdist configuration; otherwise the single accelerate config beside it.
+    """
+    project = Project()
+
+    def add_config(settings: LaunchSettings, config_path: Path) -> None:
+        document = configs.get(config_path) or load_config(config_path)
+        if document is not None:
+            for setting in config_settings(document, display.get(config_path, str(config_path))):
+                settings.set(setting)
+
+    for launch_path, (launch, text) in sorted(launches.items()):
+        for command in launch.commands:
+            if command.script is None:
+                continue
+            script = _resolve(command.script.text, launch_path)
+            settings = LaunchSettings()
+            config_flag = next((f for f in command.flags if f.name == "config_file" and f.value), None)
+            if config_flag is not None:
+                add_config(settings, _resolve(config_flag.value, launch_path))
+            for setting in command_settings(command, launch, text, display.get(launch_path, str(launch_path))):
+                settings.set(setting)
+            project.links[os.path.realpath(script)] = settings
+
+    accelerate_configs = [p for p, d in configs.items() if d.flavour == "accelerate"]
+    for script in scripts:
+        key = os.path.realpath(script)
+        if key in project.links:
+            continue
+        beside = [p for p in accelerate_configs if p.parent.resolve() == script.parent.resolve()]
+        chosen = default_configs or (beside if len(beside) == 1 else [])
+        if chosen:
+            settings = LaunchSettings()
+            for config_path in chosen:
+                add_config(settings, config_path)
+            project.links[key] = settings
+    return project
+
+
+def _resolve(name: str, launch_path: Path) -> Path:
+    """A path on a launch line: relative to the launch file's folder if it exists there, else to the cwd."""
+    candidate = Path(name)
+    if candidate.is_absolute():
+        return candidate
+    beside = launch_path.parent / candidate
+    return beside if beside.exists() else candidate

@@ -1,0 +1,121 @@
+"""The small API every rule is written against: the Rule base class and its examples."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from lintdist.model import Applicability, Finding, Fix, Severity, Span
+
+if TYPE_CHECKING:
+    from lintdist.context import FileContext
+
+DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
+DOCS_URL = "https://github.com/lintdist/lintdist/blob/main/docs/rules.md#{code}"
+
+
+@dataclass(frozen=True)
+class Valid:
+    """A snippet the rule must stay silent on."""
+
+    code: str
+    filename: str = "train.py"
+    # Other files of the same project (name -> text), for rules that link scripts, configs and launch files.
+    project: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A snippet the rule must report, with the report's lines and the text after ``--fix``."""
+
+    code: str
+    lines: tuple[int, ...]
+    fixed: str | None = None
+    unsafe_fixed: str | None = None
+    filename: str = "train.py"
+    project: dict[str, str] = field(default_factory=dict)
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Base class of every rule.
+
+    A rule is instantiated once per checked file with that file's context. Python
+    rules may define libcst ``visit_*``/``leave_*`` methods (all rules share one
+    traversal) and ``finish()``, called after the traversal, when the file's facts
+    model is complete. Configuration and launch-file rules implement ``finish()``
+    alone and read ``self.context``.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    severity: ClassVar[Severity]
+    default_enabled: ClassVar[bool] = True
+    fix_kind: ClassVar[str] = "none"  # "safe", "unsafe" or "none"
+    kinds: ClassVar[frozenset[str]] = frozenset({"python"})
+    # Cheap text pre-filter: a file is parsed for this rule only if it contains one of these.
+    triggers: ClassVar[tuple[str, ...]] = ()
+    VALID: ClassVar[tuple[Valid, ...]] = ()
+    INVALID: ClassVar[tuple[Invalid, ...]] = ()
+
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider, QualifiedNameProvider, ScopeProvider)
+
+    def __init__(self, context: "FileContext") -> None:
+        super().__init__()
+        self.context = context
+
+    @property
+    def facts(self):
+        return self.context.facts
+
+    def finish(self) -> None:
+        """Whole-file analysis, run after the shared traversal."""
+
+    def report(
+        self,
+        node: cst.CSTNode | None,
+        message: str,
+        *,
+        fix: Fix | None = None,
+        severity: Severity | None = None,
+        span: Span | None = None,
+    ) -> None:
+        if span is None:
+            span = self.context.span(node)
+        self.context.add(
+            Finding(
+                code=self.code,
+                name=self.name,
+                severity=severity or self.severity,
+                message=message,
+                filename=self.context.display_name,
+                span=span,
+                fix=fix,
+                fix_applicability=fix.applicability if fix else None,
+                fix_message=fix.message if fix else None,
+                url=self.url(),
+            )
+        )
+
+    @classmethod
+    def url(cls) -> str:
+        return DOCS_URL.format(code=cls.code.lower())
+
+    @classmethod
+    def documentation(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def summary(cls) -> str:
+        """The first sentence of "What it does", for tables and SARIF."""
+        match = re.search(r"## What it does\s+(.+?)(?:\n\n|$)", cls.documentation(), re.S)
+        text = " ".join(match.group(1).split()) if match else cls.name
+        return text.split(". ")[0].rstrip(".") + "."
+
+    @classmethod
+    def fix_applicability(cls) -> Applicability | None:
+        return None if cls.fix_kind == "none" else Applicability(cls.fix_kind)

@@ -1,0 +1,198 @@
+"""Runs a whole check: discovery, the project pass, the cache, parallel workers, fixes and writes."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lintdist.cache import ResultCache
+from lintdist.config import Settings, rules_for
+from lintdist.discover import Candidate, discover
+from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
+from lintdist.launch import LaunchSettings, build_project
+from lintdist.model import Finding, Severity, Span
+from lintdist.registry import rule_by_code
+from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch, read_source
+
+# Below this many files, starting worker processes costs more than it saves.
+PARALLEL_THRESHOLD = 8
+
+
+@dataclass(frozen=True)
+class Task:
+    candidate: Candidate
+    codes: frozenset[str]
+    settings: LaunchSettings | None
+    mode: str  # "check", "fix" or "diff"
+    unsafe: bool
+    want_edits: bool
+
+
+@dataclass
+class FileReport:
+    display: str
+    findings: list[dict]
+    diff: str = ""
+    applied: int = 0
+    dropped: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    findings: list[Finding]
+    reports: list[FileReport]
+    files: int
+    internal_errors: list[str]
+
+
+def process(task: Task) -> FileReport:
+    """Check (and maybe fix) one file. Runs in a worker process; everything it returns is plain data."""
+    candidate = task.candidate
+    rules = rules_for(task.codes)
+    report = FileReport(candidate.display, [])
+    try:
+        source = read_source(candidate.path, candidate.kind)
+    except SourceError as error:
+        if error.code in task.codes:
+            report.findings = [source_error_finding(error, candidate.display).to_json()]
+        return report
+    common = dict(path=candidate.path, display=candidate.display, kind=candidate.kind, rules=rules, settings=task.settings)
+    try:
+        if task.mode == "check":
+            findings, context = check_text(source.text, explicit=candidate.explicit, **common)
+            if task.want_edits:
+                findings = with_edits(findings, context)
+        else:
+            outcome = fix_text(source.text, unsafe=task.unsafe, **common)
+            findings, report.applied, report.dropped = outcome.findings, outcome.applied, outcome.dropped
+            if outcome.text != source.text:
+                if task.mode == "diff":
+                    report.diff = "".join(
+                        difflib.unified_diff(
+                            source.text.splitlines(keepends=True),
+                            outcome.text.splitlines(keepends=True),
+                            fromfile=candidate.display,
+                            tofile=candidate.display,
+                        )
+                    )
+                else:
+                    write_atomically(candidate.path, outcome.text.encode(source.encoding))
+    except InternalError as error:
+        report.error = str(error)
+        return report
+    report.findings = [f.to_json(with_edits=task.want_edits) for f in findings if f.code in task.codes]
+    return report
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write beside the file and rename over it, keeping its permission bits."""
+    mode = path.stat().st_mode
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".lintdist")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, mode & 0o7777)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _load_config_document(path: Path):
+    try:
+        return parse_config(read_source(path, "config").text)
+    except SourceError:
+        return None
+
+
+def run(
+    paths: list[str],
+    settings: Settings,
+    *,
+    mode: str = "check",
+    unsafe: bool = False,
+    jobs: int | None = None,
+    use_cache: bool = True,
+    want_edits: bool = False,
+) -> RunResult:
+    candidates, discovery_errors = discover(paths, settings)
+    findings: list[Finding] = []
+    for error in discovery_errors:
+        rule = rule_by_code("LD002")
+        findings.append(
+            Finding("LD002", rule.name, Severity.ERROR, error.message, error.display, Span(1, 1, 1, 1), url=rule.url())
+        )
+
+    # The project pass: read configs and launch files once, and link scripts to them.
+    configs, launches = {}, {}
+    for candidate in candidates:
+        if candidate.kind not in {"config", "launch"}:
+            continue
+        try:
+            text = read_source(candidate.path, candidate.kind).text
+            if candidate.kind == "config" and CONFIG_MARKERS.search(text):
+                document = parse_config(text)
+                if document is not None:
+                    configs[candidate.path] = document
+            elif candidate.kind == "launch" and LAUNCHERS.search(text):
+                launches[candidate.path] = (parse_launch(text), text)
+        except SourceError:
+            continue  # reported by the file's own check
+    project = build_project(
+        configs,
+        launches,
+        [c.path for c in candidates if c.kind == "python"],
+        list(settings.accelerate_config),
+        {c.path: c.display for c in candidates},
+        _load_config_document,
+    )
+
+    tasks = []
+    for candidate in candidates:
+        try:
+            relative = candidate.path.absolute().relative_to(settings.root).as_posix()
+        except ValueError:
+            relative = candidate.path.as_posix()
+        codes = settings.enabled_for(relative)
+        launch = project.settings_for(candidate.path) if candidate.kind == "python" else None
+        tasks.append(Task(candidate, codes, launch, mode, unsafe, want_edits))
+
+    cache = ResultCache(settings.root, settings.fingerprint()) if use_cache and mode == "check" else None
+    reports: dict[int, FileReport] = {}
+    pending: list[tuple[int, Task, str | None]] = []
+    for index, task in enumerate(tasks):
+        extra = (task.candidate.kind, task.candidate.display, task.candidate.explicit, sorted(task.codes),
+                 task.settings.fingerprint() if task.settings else None, want_edits)
+        if cache is not None:
+            cached, digest = cache.lookup(task.candidate.display, task.candidate.path, extra)
+            if cached is not None:
+                reports[index] = FileReport(task.candidate.display, cached)
+                continue
+            pending.append((index, task, digest))
+        else:
+            pending.append((index, task, None))
+
+    workers = jobs or os.cpu_count() or 1
+    if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
+        with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
+            results = list(pool.map(process, [t for _, t, _ in pending], chunksize=max(1, len(pending) // (workers * 8))))
+    else:
+        results = [process(task) for _, task, _ in pending]
+    for (index, task, digest), report in zip(pending, results):
+        reports[index] = report
+        if cache is not None and report.error is None:
+            cache.store(task.candidate.display, task.candidate.path, digest, report.findings)
+    if cache is not None:
+        cache.save()
+
+    ordered = [reports[i] for i in sorted(reports)]
+    for report in ordered:
+        findings.extend(Finding.from_json(f) for f in report.findings)
+    findings.sort(key=lambda f: f.sort_key)
+    return RunResult(findings, ordered, len(candidates), [r.error for r in ordered if r.error])

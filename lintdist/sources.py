@@ -1,0 +1,255 @@
+"""Reading files into text, and parsing accelerate/DeepSpeed configs and launch commands.
+
+Text is decoded without newline translation so that line endings, the BOM and
+the encoding can be written back exactly as they were.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SourceError(Exception):
+    """A file that cannot be read or parsed; reported as a finding, never raised to the user."""
+
+    def __init__(self, code: str, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+@dataclass(frozen=True)
+class SourceText:
+    text: str
+    encoding: str  # "utf-8-sig" when the file starts with a BOM
+
+
+def read_source(path: Path, kind: str) -> SourceText:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SourceError("LD002", f"cannot read file: {error.strerror or error}") from error
+    if b"\0" in data[:8192]:
+        raise SourceError("LD001", "binary file (contains NUL bytes), not a text source")
+    encoding = "utf-8"
+    if kind == "python":
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError as error:
+            raise SourceError("LD001", f"bad coding cookie: {error}") from error
+    elif data.startswith(b"\xef\xbb\xbf"):
+        encoding = "utf-8-sig"
+    try:
+        text = data.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as error:
+        detail = f"at byte {error.start}" if isinstance(error, UnicodeDecodeError) else str(error)
+        raise SourceError(
+            "LD001",
+            f"cannot decode as {encoding} ({detail}); add a coding cookie or re-save the file as UTF-8",
+            line=data[: getattr(error, "start", 0)].count(b"\n") + 1,
+        ) from error
+    return SourceText(text, encoding)
+
+
+def line_col(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of a character offset."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+# -- accelerate and DeepSpeed configuration files --------------------------------------
+
+ACCELERATE_KEYS = ("distributed_type", "compute_environment", "fsdp_config", "deepspeed_config")
+DEEPSPEED_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu")
+CONFIG_MARKERS = re.compile("|".join(ACCELERATE_KEYS + DEEPSPEED_KEYS))
+
+
+@dataclass
+class ConfigDocument:
+    """A parsed accelerate or DeepSpeed config; ``data`` keeps ruamel's line and column information."""
+
+    data: Any
+    flavour: str  # "accelerate" or "deepspeed"
+
+    def key_position(self, *keys: str) -> tuple[int, int] | None:
+        """1-based line and column of a (nested) key."""
+        node = self.data
+        position = None
+        for key in keys:
+            if not hasattr(node, "lc") or key not in node:
+                return None
+            line, column = node.lc.key(key)
+            position = (line + 1, column + 1)
+            node = node[key]
+        return position
+
+
+def parse_config(text: str) -> ConfigDocument | None:
+    """The config, or None when the document carries no accelerate or DeepSpeed keys."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    yaml = YAML(typ="rt")
+    try:
+        data = yaml.load(text)
+    except MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise SourceError("LD001", f"invalid YAML: {error.problem or error}", line, column) from error
+    except YAMLError as error:
+        raise SourceError("LD001", f"invalid YAML: {error}") from error
+    if not isinstance(data, dict):
+        return None
+    if any(key in data for key in ACCELERATE_KEYS):
+        return ConfigDocument(data, "accelerate")
+    if any(key in data for key in DEEPSPEED_KEYS):
+        return ConfigDocument(data, "deepspeed")
+    return None
+
+
+# -- launch commands in shell files -----------------------------------------------------
+
+LAUNCHERS = re.compile(r"accelerate\s+launch|torchrun|torch\.distributed\.(?:run|launch)|(?<![\w.])deepspeed\s")
+ACCELERATE_BOOLEAN_FLAGS = frozenset(
+    "cpu debug downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph dynamo_use_regional_compilation "
+    "enable_cpu_affinity fp8_use_autocast_during_eval module m no_python multi_gpu quiet q same_network tpu "
+    "tpu_cluster tpu_use_sudo use_deepspeed use_fsdp use_megatron_lm use_parallelism_config "
+    "standalone run_path".split()
+)
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # without dashes, dashes inside turned to underscores
+    value: str | None
+    token: Token
+    value_token: Token | None = None  # the separate word holding the value, if any
+
+
+@dataclass
+class LaunchCommand:
+    launcher: str  # "accelerate", "torchrun" or "deepspeed"
+    env: list[tuple[str, str, Token]] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    script: Token | None = None
+
+
+@dataclass
+class LaunchFile:
+    exports: list[tuple[str, str, Token]]
+    commands: list[LaunchCommand]
+
+
+def shell_tokens(text: str) -> list[list[Token]]:
+    """Split shell text into commands of words, keeping each word's offsets.
+
+    Handles quotes, backslash escapes, line continuations, comments and the
+    separators ``;``, ``&&``, ``||``, ``|`` and newlines. Enough for launch
+    lines; not a shell.
+    """
+    commands: list[list[Token]] = [[]]
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\" and text.startswith("\n", i + 1):
+            i += 2
+        elif ch == "\\" and text.startswith("\r\n", i + 1):
+            i += 3
+        elif ch in " \t\r":
+            i += 1
+        elif ch == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif ch in "\n;&|()":
+            commands.append([])
+            i += 1
+        else:
+            start, word = i, []
+            while i < n and text[i] not in " \t\r\n;&|()":
+                c = text[i]
+                if c == "\\" and i + 1 < n:
+                    if text[i + 1] != "\n":
+                        word.append(text[i + 1])
+                    i += 2
+                elif c in "'\"":
+                    close = text.find(c, i + 1)
+                    close = n if close < 0 else close
+                    word.append(text[i + 1 : close])
+                    i = close + 1
+                else:
+                    word.append(c)
+                    i += 1
+            commands[-1].append(Token("".join(word), start, i))
+    return [c for c in commands if c]
+
+
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
+def parse_launch(text: str) -> LaunchFile:
+    exports: list[tuple[str, str, Token]] = []
+    commands: list[LaunchCommand] = []
+    for words in shell_tokens(text):
+        if words[0].text == "export":
+            exports.extend((m[1], m[2], w) for w in words[1:] if (m := ASSIGNMENT.match(w.text)))
+            continue
+        env = []
+        while words and (m := ASSIGNMENT.match(words[0].text)):
+            env.append((m[1], m[2], words[0]))
+            words = words[1:]
+        command = _launch_command(words)
+        if command is not None:
+            command.env = env
+            commands.append(command)
+        elif not words:
+            exports.extend(env)
+    return LaunchFile(exports, commands)
+
+
+def _launch_command(words: list[Token]) -> LaunchCommand | None:
+    texts = [w.text for w in words]
+    if texts[:2] == ["accelerate", "launch"]:
+        launcher, rest = "accelerate", words[2:]
+    elif texts[:1] == ["torchrun"]:
+        launcher, rest = "torchrun", words[1:]
+    elif len(texts) >= 3 and Path(texts[0]).name.startswith("python") and texts[1] == "-m" and texts[2] in {
+        "torch.distributed.run",
+        "torch.distributed.launch",
+    }:
+        launcher, rest = "torchrun", words[3:]
+    elif texts[:1] == ["deepspeed"]:
+        launcher, rest = "deepspeed", words[1:]
+    else:
+        return None
+    command = LaunchCommand(launcher)
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if not word.text.startswith("-"):
+            command.script = word
+            break
+        name, _, value = word.text.lstrip("-").partition("=")
+        name = name.replace("-", "_")
+        if value or "=" in word.text:
+            command.flags.append(Flag(name, value, word))
+        elif name not in ACCELERATE_BOOLEAN_FLAGS and i + 1 < len(rest) and not rest[i + 1].text.startswith("-"):
+            command.flags.append(Flag(name, rest[i + 1].text, word, rest[i + 1]))
+            i += 1
+        else:
+            command.flags.append(Flag(name, None, word))
+        i += 1
+    return command
