@@ -104,7 +104,7 @@ def _walk(top: Path, given: str, ignorer: _Ignorer, errors: list[DiscoveryError]
             return
         for entry in entries:
             child = folder / entry.name
-            child_display = os.path.join(display, entry.name)
+            child_display = os.path.normpath(os.path.join(display, entry.name))
             try:
                 is_dir = entry.is_dir()  # follows links
             except OSError:

@@ -1,0 +1,67 @@
+"""Lint every bundled fixture and compare with its expectation; prove every expected fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from lintdist.config import resolve_settings
+from lintdist.runner import run
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SOURCES = sorted(
+    p for p in FIXTURES.rglob("*") if p.suffix in {".py", ".yaml", ".yml", ".json", ".sh"} and ".fixed." not in p.name
+)
+FIXED = sorted(FIXTURES.rglob("*.fixed.*"))
+
+
+def _expected(source: Path) -> list[str]:
+    expectation = source.with_suffix(".expected")
+    if not expectation.exists():
+        return []
+    return [line.strip() for line in expectation.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def fixture_findings():
+    settings = resolve_settings(None, FIXTURES)
+    result = run([str(FIXTURES)], settings, use_cache=False, jobs=1)
+    assert result.internal_errors == []
+    found: dict[str, list[str]] = {}
+    for finding in result.findings:
+        found.setdefault(str(Path(finding.filename).resolve()), []).append(
+            f"{finding.span.line}:{finding.span.column}: {finding.code}"
+        )
+    return found
+
+
+@pytest.mark.parametrize("source", SOURCES + FIXED, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_fixture_findings_match_expectation(source, fixture_findings):
+    expected = [] if ".fixed." in source.name else _expected(source)
+    assert fixture_findings.get(str(source), []) == expected
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.suffix == ".py"], ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist):
+    target = tmp_path / source.name
+    shutil.copy(source, target)
+    original = target.read_bytes()
+
+    diff = lintdist("check", "--diff", "--no-cache", str(target))
+    assert target.read_bytes() == original, "--diff must write nothing"
+
+    lintdist("check", "--fix", "--no-cache", str(target))
+    fixed_path = source.with_name(source.name.replace(source.suffix, ".fixed" + source.suffix))
+    expected = fixed_path.read_bytes() if fixed_path.exists() else original
+    assert target.read_bytes() == expected
+    if fixed_path.exists():
+        assert diff.output.startswith(f"--- {target}"), diff.output
+        cst.parse_module(target.read_bytes())
+
+    second = lintdist("check", "--fix", "--no-cache", str(target))
+    assert target.read_bytes() == expected, "a second --fix must change nothing"
+    remaining = [line for line in second.output.splitlines() if ": LD" in line]
+    assert len(remaining) == (0 if fixed_path.exists() else len(_expected(source)))
