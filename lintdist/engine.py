@@ -77,8 +77,11 @@ def check_text(
     if IGNORE_FILE.search(text):
         return [], None
     rules = [rule for rule in rules if kind in rule.kinds and rule.code not in {"LD001", "LD002"}]
-    if not explicit and not _worth_parsing(text, kind, rules):
+    if not explicit and not _worth_parsing(text, kind):
         return [], None
+    # Rules whose trigger words are absent cannot fire: the file is still parsed (syntax errors are
+    # reported) but neither metadata nor the traversal is paid for.
+    rules = [rule for rule in rules if any(trigger in text for trigger in rule.triggers)]
     context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)
     try:
         if kind == "python":
@@ -97,14 +100,13 @@ def check_text(
     return sorted(findings, key=lambda f: f.sort_key), context
 
 
-def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
-    """The cheap pre-filter. Configs and launch files are parsed when they look like ones (to report
-    broken ones); Python files only when they mention a framework and a trigger of an enabled rule."""
+def _worth_parsing(text: str, kind: str) -> bool:
+    """The cheap pre-filter: files that do not look like training scripts, configs or launch files are skipped."""
     if kind == "config":
         return CONFIG_MARKERS.search(text) is not None
     if kind == "launch":
         return LAUNCHERS.search(text) is not None
-    return FRAMEWORKS.search(text) is not None and any(t in text for rule in rules for t in rule.triggers)
+    return FRAMEWORKS.search(text) is not None
 
 
 def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:
@@ -115,6 +117,8 @@ def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:
     except RecursionError as error:
         raise SourceError("LD001", "the file is nested too deeply to parse") from error
     context.module = module
+    if not rules:
+        return
     context.wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     context.facts = PythonFacts()
     instances = [rule(context) for rule in rules]
