@@ -18,6 +18,7 @@ from lintdist.report import (
     render_sarif,
     render_statistics,
     render_text,
+    rules_documentation,
     rules_table,
     summary,
 )
@@ -144,9 +145,10 @@ def rule_command(code: str) -> None:
 
 @cli.command("rules")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown (as in the README).")
-def rules_command(markdown: bool) -> None:
+@click.option("--docs", is_flag=True, help="Print every rule's documentation as Markdown (docs/rules.md).")
+def rules_command(markdown: bool, docs: bool) -> None:
     """List every rule: code, name, severity, default on/off and fix kind."""
-    click.echo(rules_table(markdown=markdown))
+    click.echo(rules_documentation() if docs else rules_table(markdown=markdown))
 
 
 def main() -> None:
