@@ -168,10 +168,18 @@ class PythonFacts(cst.BatchableCSTVisitor):
         return None
 
     def local_functions(self, call: cst.Call) -> list[cst.FunctionDef]:
-        """The functions of this file a call can reach: ``f(...)`` or ``self.f(...)`` in a class."""
+        """The functions of this file a call can reach: ``f(...)``, ``self.f(...)`` in a class, or
+        ``Cls(...)`` (its ``__init__``)."""
         func = call.func
         if isinstance(func, cst.Name):
-            return [f for f in self.functions.get(func.value, ()) if self.enclosing_class(f) is None]
+            constructors = [
+                f
+                for cls in self.classes
+                if cls.name.value == func.value
+                for f in self.functions.get("__init__", ())
+                if self.enclosing_class(f) is cls
+            ]
+            return constructors or [f for f in self.functions.get(func.value, ()) if self.enclosing_class(f) is None]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"}:
             cls = self.enclosing_class(call)
             return [f for f in self.functions.get(func.attr.value, ()) if cls is not None and self.enclosing_class(f) is cls]
@@ -239,6 +247,8 @@ class PythonFacts(cst.BatchableCSTVisitor):
                 if param is not None:
                     return self._parameter_origins(*param, depth) or [Origin(param[2])]
             return [Origin(expr)]
+        if isinstance(expr, cst.IfExp):
+            return self.origins(expr.body, at, depth + 1) + self.origins(expr.orelse, at, depth + 1)
         if isinstance(expr, cst.Call) and self.local_functions(expr):
             return [
                 o

@@ -296,6 +296,8 @@ for _ in range(3):
             node = origin.node
             if not isinstance(node, cst.Call) or origin.index is not None:
                 continue
+            if _wrapped(node) is not None:  # `progress = tqdm(loader)` ... `for batch in progress`
+                return self._sampler_use(_wrapped(node), node)
             is_dataloader = facts.is_instance_of(node, DATALOADER_CLASSES)
             sampler_arg = argument_of(node, "sampler", 3 if is_dataloader else None)
             candidates = [sampler_arg] if sampler_arg is not None else []
@@ -407,16 +409,18 @@ for _ in range(3):
         )
 
 
-def _iterated(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+def _wrapped(call: cst.Call) -> cst.BaseExpression | None:
+    """The iterable inside ``enumerate(x)``, ``tqdm(x, ...)``, ``iter(x)``; None for other calls."""
+    name = get_full_name_for_node(call.func) or ""
+    if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS:
+        return None
+    return argument_of(call, "iterable", 0)
+
+
+def _iterated(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """``loader`` from ``loader``, ``enumerate(loader)``, ``tqdm(loader, ...)``..."""
     while isinstance(expr, cst.Call):
-        name = get_full_name_for_node(expr.func) or ""
-        if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS:
-            return None
-        inner = argument_of(expr, "iterable", 0)
-        if inner is None:
-            return None
-        expr = inner
+        expr = _wrapped(expr)
     return expr if isinstance(expr, (cst.Name, cst.Attribute)) else None
 
 
