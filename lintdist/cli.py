@@ -10,7 +10,7 @@ import click
 
 from lintdist import __version__
 from lintdist.config import ConfigError, resolve_settings
-from lintdist.registry import all_rules, rule_by_code
+from lintdist.registry import rule_by_code
 from lintdist.report import (
     render_concise,
     render_github,

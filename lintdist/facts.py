@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Iterator, Union
 
 import libcst as cst
@@ -37,7 +36,10 @@ DDP_CLASSES = frozenset(
     }
 )
 NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad"})
+ITERATION_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "trange"})
+BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
 MAX_DEPTH = 6
+MAX_CALLER_DEPTH = 3
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class Binding:
     statement: cst.CSTNode
     function: FunctionNode | None
     index: int | None = None
+
+
+@dataclass(frozen=True)
+class SamplerUse:
+    """A loader built with a ``DistributedSampler`` (directly, or inside its batch sampler)."""
+
+    sampler: cst.Call  # the DistributedSampler(...) call
+    sampler_arg: cst.BaseExpression  # what the loader was given as its sampler
+    loader: cst.Call
+    shuffle: bool | None  # True, or None when ``shuffle=`` is an expression lintdist cannot evaluate
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,9 @@ class PythonFacts(cst.BatchableCSTVisitor):
         self.returns: dict[cst.FunctionDef, list[cst.BaseExpression]] = defaultdict(list)
         self._bindings: dict[str, list[Binding]] = defaultdict(list)
         self._function_stack: list[cst.FunctionDef] = []
+        # Derived facts, computed on first use. (Not cached_property: libcst's visitor discovery
+        # reads every attribute of a visitor before the traversal, which would compute them empty.)
+        self._memo: dict[str, object] = {}
 
     # -- the traversal -------------------------------------------------------------------
 
@@ -285,6 +300,97 @@ class PythonFacts(cst.BatchableCSTVisitor):
                 result.extend(self.origins(argument, call, depth + 1))
         return result
 
+    # -- loaders, samplers and loops ------------------------------------------------------------
+
+    def data_loops(self) -> list[tuple[cst.For, cst.BaseExpression]]:
+        """``for`` loops over a name, attribute or call (through ``enumerate``/``tqdm``/``iter``), with that expression."""
+        if "data_loops" in self._memo:
+            return self._memo["data_loops"]
+        result = self._memo["data_loops"] = []
+        for loop in self.loops:
+            if isinstance(loop, cst.For):
+                iterated = iterated_expression(loop.iter)
+                if iterated is not None:
+                    result.append((loop, iterated))
+        return result
+
+    def reaches_method(self, node: cst.CSTNode, names: frozenset[str]) -> bool:
+        """A call of one of these method (or function) names runs inside ``node``, directly or via local calls."""
+        return any(self.method_name(call) in names for call in self.reachable_calls(node))
+
+    def trains(self, node: cst.CSTNode) -> bool:
+        """A backward pass runs inside ``node``."""
+        return self.reaches_method(node, BACKWARD_METHODS)
+
+    def distributed_sampler(self, loader: cst.BaseExpression, at: cst.CSTNode) -> SamplerUse | None:
+        """The shuffling ``DistributedSampler`` behind a loader expression, unless the loader was prepared
+        by accelerate or Fabric (they set the epoch themselves)."""
+        facts = self
+        origins = facts.origins(loader, at)
+        if any(facts.is_prepare_call(o.node) for o in origins):
+            return None  # accelerate and Fabric loaders set the epoch themselves
+        for origin in origins:
+            node = origin.node
+            if not isinstance(node, cst.Call) or origin.index is not None:
+                continue
+            if wrapped_iterable(node) is not None:  # `progress = tqdm(loader)` ... `for batch in progress`
+                return self.distributed_sampler(wrapped_iterable(node), node)
+            is_dataloader = facts.is_instance_of(node, DATALOADER_CLASSES)
+            sampler_arg = argument_of(node, "sampler", 3 if is_dataloader else None)
+            candidates = [sampler_arg] if sampler_arg is not None else []
+            batch_sampler = argument_of(node, "batch_sampler", 4 if is_dataloader else None)
+            if batch_sampler is not None:
+                for inner in facts.origins(batch_sampler, node):
+                    if isinstance(inner.node, cst.Call):
+                        wrapped = argument_of(inner.node, "sampler", 0)
+                        if wrapped is not None:
+                            candidates.append(wrapped)
+            for candidate in candidates:
+                for sampler in facts.origins(candidate, node):
+                    call = sampler.node
+                    if isinstance(call, cst.Call) and facts.is_instance_of(call, SAMPLER_CLASSES, "DistributedSampler"):
+                        shuffle = argument_of(call, "shuffle", 3)
+                        if isinstance(shuffle, cst.Name) and shuffle.value == "False":
+                            continue
+                        known = shuffle is None or (isinstance(shuffle, cst.Name) and shuffle.value == "True")
+                        return SamplerUse(call, candidate, node, True if known else None)
+        return None
+
+    def epoch_loops(
+        self, node: cst.CSTNode, loader: cst.BaseExpression, depth: int = 0
+    ) -> list[tuple[Loop, cst.BaseExpression]]:
+        """The loops that run ``node`` once per iteration, with the loader's expression there.
+
+        When ``node`` sits in a function with no loop around it, the loops around
+        the function's call sites count, the loader followed through its parameter.
+        """
+        facts = self
+        outer = facts.enclosing_loop(node)
+        if outer is not None:
+            return [(outer, loader)]
+        function = facts.enclosing_function(node)
+        if function is None or depth >= MAX_CALLER_DEPTH:
+            return []
+        found = []
+        for call in facts.call_sites(function):
+            passed = self._passed(loader, node, function, call)
+            if passed is not None:
+                found.extend(self.epoch_loops(call, passed, depth + 1))
+        return found
+
+    def _passed(
+        self, loader: cst.BaseExpression, at: cst.CSTNode, function: cst.FunctionDef, call: cst.Call
+    ) -> cst.BaseExpression | None:
+        """The caller's expression for ``loader``: the argument, when ``loader`` is a parameter."""
+        if not isinstance(loader, cst.Name):
+            return loader
+        parameter = self.parameter(loader.value, at)
+        if parameter is None:
+            return loader
+        _, index, _ = parameter
+        offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
+        return argument_of(call, loader.value, index - offset if index >= 0 else None)
+
     # -- what the script does -------------------------------------------------------------
 
     def is_prepare_call(self, node: cst.CSTNode) -> bool:
@@ -296,10 +402,12 @@ class PythonFacts(cst.BatchableCSTVisitor):
             isinstance(o.node, cst.Call) and self.callee_is(o.node, ACCELERATOR_CLASSES) for o in self.origins(expr, at)
         )
 
-    @cached_property
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""
+        if "local_classes" in self._memo:
+            return self._memo["local_classes"]
         result: dict[str, set[str]] = {}
+        self._memo["local_classes"] = result
         for cls in self.classes:
             bases: set[str] = set()
             for arg in cls.bases:
@@ -316,12 +424,13 @@ class PythonFacts(cst.BatchableCSTVisitor):
         last_parts = {n.rsplit(".", 1)[-1] for n in names | {simple}}
         if name_part and any(name_part in part for part in last_parts):
             return True
-        return any(not self.local_classes.get(part, set()).isdisjoint(classes) for part in last_parts)
+        return any(not self.local_classes().get(part, set()).isdisjoint(classes) for part in last_parts)
 
-    @cached_property
     def wrapped_models(self) -> list[cst.Call]:
         """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""
-        return [call for call in self.calls if self.callee_is(call, DDP_CLASSES)]
+        if "wrapped_models" not in self._memo:
+            self._memo["wrapped_models"] = [call for call in self.calls if self.callee_is(call, DDP_CLASSES)]
+        return self._memo["wrapped_models"]
 
     def under_no_grad(self, node: cst.CSTNode) -> bool:
         """Inside ``with torch.no_grad():``/``inference_mode()`` or a function decorated with one."""
@@ -354,3 +463,18 @@ def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseE
                 return arg.value
             positional += 1
     return None
+
+
+def wrapped_iterable(call: cst.Call) -> cst.BaseExpression | None:
+    """The iterable inside ``enumerate(x)``, ``tqdm(x, ...)``, ``iter(x)``; None for other calls."""
+    name = get_full_name_for_node(call.func) or ""
+    if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS:
+        return None
+    return argument_of(call, "iterable", 0)
+
+
+def iterated_expression(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``loader`` from ``loader``, ``enumerate(loader)``, ``tqdm(DataLoader(...))``..."""
+    while isinstance(expr, cst.Call) and wrapped_iterable(expr) is not None:
+        expr = wrapped_iterable(expr)
+    return expr if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)) else None

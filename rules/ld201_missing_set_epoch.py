@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import GlobalScope, ScopeProvider
 
-from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, Loop, argument_of
+from lintdist.facts import Loop, SamplerUse
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-ITERATION_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "trange"})
-BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
-MAX_CALLER_DEPTH = 3
-
-
-@dataclass(frozen=True)
-class SamplerUse:
-    sampler: cst.Call  # the DistributedSampler(...) call
-    sampler_arg: cst.BaseExpression  # what the loader was given as its sampler
-    loader: cst.Call
-    certain: bool  # shuffle is known to be on
-
+SET_EPOCH = frozenset({"set_epoch"})
 
 class MissingSetEpoch(Rule):
     """
@@ -253,6 +240,36 @@ while epoch < 5:
         ),
         Invalid(
             """\
+import torch.utils.data
+
+
+class ShardedSampler(torch.utils.data.distributed.DistributedSampler):
+    pass
+
+
+sampler = ShardedSampler(dataset, shuffle=args.shuffle)
+for epoch in range(3):
+    for batch in torch.utils.data.DataLoader(dataset, 8, None, sampler):
+        model(batch).sum().backward()
+""",
+            lines=(9,),
+            fixed="""\
+import torch.utils.data
+
+
+class ShardedSampler(torch.utils.data.distributed.DistributedSampler):
+    pass
+
+
+sampler = ShardedSampler(dataset, shuffle=args.shuffle)
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for batch in torch.utils.data.DataLoader(dataset, 8, None, sampler):
+        model(batch).sum().backward()
+""",
+        ),
+        Invalid(
+            """\
 from torch.utils.data import DataLoader, DistributedSampler
 
 loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
@@ -265,97 +282,20 @@ for _ in range(3):
     )
 
     def finish(self) -> None:
+        facts = self.facts
         uses_by_loop: dict[int, tuple[Loop, list[tuple[SamplerUse, cst.BaseExpression]]]] = {}
-        for loop in self.facts.loops:
-            if not isinstance(loop, cst.For):
+        for loop, loader in facts.data_loops():
+            if facts.under_no_grad(loop) or not facts.trains(loop.body):
                 continue
-            loader = _iterated(loop.iter)
-            if loader is None or self.facts.under_no_grad(loop) or not self._trains(loop):
-                continue
-            use = self._sampler_use(loader, loop)
+            use = facts.distributed_sampler(loader, loop)
             if use is None:
                 continue
-            for epoch_loop, loader_there in self._epoch_loops(loop, loader):
+            for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
                 uses_by_loop.setdefault(id(epoch_loop), (epoch_loop, []))[1].append((use, loader_there))
         for epoch_loop, uses in uses_by_loop.values():
-            if _single_pass(epoch_loop) or self._sets_epoch(epoch_loop):
+            if _single_pass(epoch_loop) or facts.reaches_method(epoch_loop.body, SET_EPOCH):
                 continue
             self._report(epoch_loop, uses)
-
-    # -- detection ----------------------------------------------------------------------
-
-    def _trains(self, loop: cst.For) -> bool:
-        return any(self.facts.method_name(call) in BACKWARD_METHODS for call in self.facts.reachable_calls(loop.body))
-
-    def _sampler_use(self, loader: cst.BaseExpression, at: cst.CSTNode) -> SamplerUse | None:
-        facts = self.facts
-        origins = facts.origins(loader, at)
-        if any(facts.is_prepare_call(o.node) for o in origins):
-            return None  # accelerate and Fabric loaders set the epoch themselves
-        for origin in origins:
-            node = origin.node
-            if not isinstance(node, cst.Call) or origin.index is not None:
-                continue
-            if _wrapped(node) is not None:  # `progress = tqdm(loader)` ... `for batch in progress`
-                return self._sampler_use(_wrapped(node), node)
-            is_dataloader = facts.is_instance_of(node, DATALOADER_CLASSES)
-            sampler_arg = argument_of(node, "sampler", 3 if is_dataloader else None)
-            candidates = [sampler_arg] if sampler_arg is not None else []
-            batch_sampler = argument_of(node, "batch_sampler", 4 if is_dataloader else None)
-            if batch_sampler is not None:
-                for inner in facts.origins(batch_sampler, node):
-                    if isinstance(inner.node, cst.Call):
-                        wrapped = argument_of(inner.node, "sampler", 0)
-                        if wrapped is not None:
-                            candidates.append(wrapped)
-            for candidate in candidates:
-                for sampler in facts.origins(candidate, node):
-                    call = sampler.node
-                    if isinstance(call, cst.Call) and facts.is_instance_of(call, SAMPLER_CLASSES, "DistributedSampler"):
-                        shuffle = argument_of(call, "shuffle", 3)
-                        if isinstance(shuffle, cst.Name) and shuffle.value == "False":
-                            continue
-                        certain = shuffle is None or (isinstance(shuffle, cst.Name) and shuffle.value == "True")
-                        return SamplerUse(call, candidate, node, certain)
-        return None
-
-    def _epoch_loops(
-        self, node: cst.CSTNode, loader: cst.BaseExpression, depth: int = 0
-    ) -> list[tuple[Loop, cst.BaseExpression]]:
-        """The loops that run ``node`` once per iteration, with the loader's expression there.
-
-        When ``node`` sits in a function with no loop around it, the loops around
-        the function's call sites count, the loader followed through its parameter.
-        """
-        facts = self.facts
-        outer = facts.enclosing_loop(node)
-        if outer is not None:
-            return [(outer, loader)]
-        function = facts.enclosing_function(node)
-        if function is None or depth >= MAX_CALLER_DEPTH:
-            return []
-        found = []
-        for call in facts.call_sites(function):
-            passed = self._passed(loader, node, function, call)
-            if passed is not None:
-                found.extend(self._epoch_loops(call, passed, depth + 1))
-        return found
-
-    def _passed(
-        self, loader: cst.BaseExpression, at: cst.CSTNode, function: cst.FunctionDef, call: cst.Call
-    ) -> cst.BaseExpression | None:
-        """The caller's expression for ``loader``: the argument, when ``loader`` is a parameter."""
-        if not isinstance(loader, cst.Name):
-            return loader
-        parameter = self.facts.parameter(loader.value, at)
-        if parameter is None:
-            return loader
-        _, index, _ = parameter
-        offset = 1 if self.facts.enclosing_class(function) is not None and index >= 0 else 0
-        return argument_of(call, loader.value, index - offset if index >= 0 else None)
-
-    def _sets_epoch(self, epoch_loop: Loop) -> bool:
-        return any(self.facts.method_name(call) == "set_epoch" for call in self.facts.reachable_calls(epoch_loop.body))
 
     # -- the report and its fix -------------------------------------------------------------
 
@@ -381,7 +321,7 @@ for _ in range(3):
                 replacements=((body, body.with_changes(body=(statement, *body.body))),),
                 imports=(("lintdist.runtime", "set_epoch"),) if helper else (),
             )
-        self.report(epoch_loop, message, fix=fix, severity=None if use.certain else Severity.WARNING)
+        self.report(epoch_loop, message, fix=fix, severity=None if use.shuffle else Severity.WARNING)
 
     def _receiver(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> tuple[str | None, bool]:
         """What to call ``set_epoch`` on at the epoch loop: the sampler's name, or the loader through the helper."""
@@ -407,21 +347,6 @@ for _ in range(3):
             isinstance(a.node, cst.ImportFrom) and get_full_name_for_node(a.node.module) == "lintdist.runtime"
             for a in scope["set_epoch"]
         )
-
-
-def _wrapped(call: cst.Call) -> cst.BaseExpression | None:
-    """The iterable inside ``enumerate(x)``, ``tqdm(x, ...)``, ``iter(x)``; None for other calls."""
-    name = get_full_name_for_node(call.func) or ""
-    if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS:
-        return None
-    return argument_of(call, "iterable", 0)
-
-
-def _iterated(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    """``loader`` from ``loader``, ``enumerate(loader)``, ``tqdm(loader, ...)``..."""
-    while isinstance(expr, cst.Call):
-        expr = _wrapped(expr)
-    return expr if isinstance(expr, (cst.Name, cst.Attribute)) else None
 
 
 def _single_pass(loop: Loop) -> bool:
