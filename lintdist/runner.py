@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lintdist.cache import ResultCache
 from lintdist.config import Settings, rules_for
-from lintdist.discover import Candidate, discover
+from lintdist.discover import Candidate, discover, kind_of
 from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
 from lintdist.launch import LaunchSettings, build_project
 from lintdist.model import Finding, Severity, Span
@@ -104,6 +104,43 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+def _project_pass(candidates: list[Candidate], settings: Settings):
+    """Read configs and launch files once (the checked ones, and those beside checked scripts),
+    and link each script to the settings that run it."""
+    display = {c.path: c.display for c in candidates}
+    files = [(c.path, c.kind) for c in candidates if c.kind in {"config", "launch"}]
+    for folder in sorted({c.path.parent for c in candidates if c.kind == "python"}):
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            kind = kind_of(path, explicit=False)
+            if kind in {"config", "launch"} and path not in display and path.is_file():
+                display[path] = os.path.relpath(path)
+                files.append((path, kind))
+    configs, launches = {}, {}
+    for path, kind in files:
+        try:
+            text = read_source(path, kind).text
+            if kind == "config" and CONFIG_MARKERS.search(text):
+                document = parse_config(text)
+                if document is not None:
+                    configs[path] = document
+            elif kind == "launch" and LAUNCHERS.search(text):
+                launches[path] = (parse_launch(text), text)
+        except SourceError:
+            continue  # a checked file reports it in its own check
+    return build_project(
+        configs,
+        launches,
+        [c.path for c in candidates if c.kind == "python"],
+        list(settings.accelerate_config),
+        display,
+        _load_config_document,
+    )
+
+
 def _load_config_document(path: Path):
     try:
         return parse_config(read_source(path, "config").text)
@@ -129,29 +166,7 @@ def run(
             Finding("LD002", rule.name, Severity.ERROR, error.message, error.display, Span(1, 1, 1, 1), url=rule.url())
         )
 
-    # The project pass: read configs and launch files once, and link scripts to them.
-    configs, launches = {}, {}
-    for candidate in candidates:
-        if candidate.kind not in {"config", "launch"}:
-            continue
-        try:
-            text = read_source(candidate.path, candidate.kind).text
-            if candidate.kind == "config" and CONFIG_MARKERS.search(text):
-                document = parse_config(text)
-                if document is not None:
-                    configs[candidate.path] = document
-            elif candidate.kind == "launch" and LAUNCHERS.search(text):
-                launches[candidate.path] = (parse_launch(text), text)
-        except SourceError:
-            continue  # reported by the file's own check
-    project = build_project(
-        configs,
-        launches,
-        [c.path for c in candidates if c.kind == "python"],
-        list(settings.accelerate_config),
-        {c.path: c.display for c in candidates},
-        _load_config_document,
-    )
+    project = _project_pass(candidates, settings)
 
     tasks = []
     for candidate in candidates:

@@ -1,0 +1,150 @@
+"""Engine behaviour no shipped rule exercises yet, proven with small rules defined here:
+unsafe fixes, fixes that would break the file, text-edit fixes and suppressions in YAML and
+shell files, launch settings reaching a script, and a crashing rule."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+import lintdist.config
+import lintdist.registry
+import lintdist.report
+from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
+from lintdist.rule import Rule
+
+
+class RenameFoo(Rule):
+    code, name, severity, fix_kind, triggers = "LD901", "rename-foo", Severity.WARNING, "unsafe", ("foo",)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "foo":
+            fix = Fix(Applicability.UNSAFE, "Call `bar`", replacements=((node.func, cst.Name("bar")),))
+            self.report(node, "`foo` is deprecated", fix=fix)
+
+
+class BreakBaz(Rule):
+    code, name, severity, fix_kind, triggers = "LD902", "break-baz", Severity.ERROR, "safe", ("baz",)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "baz":
+            self.report(node, "baz", fix=Fix(Applicability.SAFE, "Rename", replacements=((node.func, cst.Name("for")),)))
+
+
+class OrigParamsKey(Rule):
+    code, name, severity, fix_kind = "LD903", "orig-params-key", Severity.WARNING, "safe"
+    kinds, triggers = frozenset({"config", "launch"}), ("use_orig_params",)
+
+    def finish(self) -> None:
+        text = self.context.text
+        start = text.find("fsdp_use_orig_params")
+        if start < 0:
+            return
+        if self.context.kind == "config":
+            line_start, line_end = text.rfind("\n", 0, start) + 1, text.index("\n", start) + 1
+            edit = TextEdit(line_start, line_end, "")
+        else:
+            end = text.index(" ", text.index(" ", start) + 1) + 1
+            edit = TextEdit(start - 2, end, "")
+        line = text.count("\n", 0, start) + 1
+        fix = Fix(Applicability.SAFE, "Remove the option", edits=(edit,))
+        self.report(None, "ignored under FSDP2", fix=fix, span=Span(line, 1, line, 2))
+
+
+class ShowSettings(Rule):
+    code, name, severity, triggers = "LD904", "show-settings", Severity.INFO, ("LocalSGD",)
+
+    def finish(self) -> None:
+        settings = self.context.settings
+        if settings is not None and settings.distributed_type is not None:
+            backend = settings.distributed_type
+            self.report(self.context.module, f"backend {backend.value} from {backend.path}:{backend.line}")
+
+
+class Crash(Rule):
+    code, name, severity, triggers = "LD905", "crash", Severity.ERROR, ("crash_me",)
+
+    def finish(self) -> None:
+        raise ZeroDivisionError("boom")
+
+
+@pytest.fixture(autouse=True)
+def synthetic_rules(monkeypatch):
+    rules = (*lintdist.registry.all_rules(), RenameFoo, BreakBaz, OrigParamsKey, ShowSettings, Crash)
+    for module in (lintdist.registry, lintdist.config, lintdist.report):
+        monkeypatch.setattr(module, "all_rules", lambda: rules)
+
+
+def test_unsafe_fixes_need_opting_in(tmp_path, lintdist):
+    path = tmp_path / "t.py"
+    path.write_text("import torch\nfoo(1)  # keep me\n")
+    result = lintdist("check", "--fix", "--no-cache", str(path))
+    assert result.exit_code == 1 and path.read_text() == "import torch\nfoo(1)  # keep me\n"
+    assert "1 more fixable with --unsafe-fixes." in result.output
+    assert lintdist("check", "--fix", "--unsafe-fixes", "--no-cache", str(path)).exit_code == 0
+    assert path.read_text() == "import torch\nbar(1)  # keep me\n"
+    path.write_text("import torch\nfoo(1)\n")
+    (tmp_path / "lintdist.toml").write_text("unsafe-fixes = true\n")
+    assert lintdist("check", "--fix", "--no-cache", str(path)).exit_code == 0
+    assert path.read_text() == "import torch\nbar(1)\n"
+
+
+def test_a_fix_that_breaks_the_file_is_dropped_and_reported(tmp_path, lintdist):
+    path = tmp_path / "t.py"
+    path.write_text("import torch\nbaz(1)\n")
+    result = lintdist("check", "--fix", "--no-cache", str(path))
+    assert result.exit_code == 1
+    assert path.read_text() == "import torch\nbaz(1)\n"
+    assert "LD902 fix at line 2 dropped: its result does not parse" in result.output
+
+
+def test_yaml_fix_keeps_comments_and_suppression_works_in_yaml_and_shell(tmp_path, lintdist):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_use_orig_params: true\n  fsdp_offload_params: false\n")
+    launch = tmp_path / "run.sh"
+    launch.write_text("accelerate launch --fsdp_use_orig_params true --num_processes 2 train.py  # lintdist: ignore[LD903]\n")
+    result = lintdist("check", "--fix", "--no-cache", str(tmp_path))
+    assert config.read_text() == "# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_offload_params: false\n"
+    assert "LD903" not in result.output and result.exit_code == 0
+
+    config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_use_orig_params: true  # noqa: LD903\n")
+    launch.write_text("torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --fsdp_use_orig_params true --num_processes 2 train.py\n")
+    result = lintdist("check", "--no-cache", "--output-format", "concise", str(tmp_path))
+    assert result.output.count("LD903") == 1 and "run.sh:3:1: LD903" in result.output
+    lintdist("check", "--fix", "--no-cache", str(tmp_path))
+    assert launch.read_text() == "torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --num_processes 2 train.py\n"
+
+
+def test_launch_settings_reach_the_script_through_worker_processes(tmp_path, lintdist):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "ds.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n")
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file configs/ds.yaml train.py --lr 1e-4\n")
+    (tmp_path / "train.py").write_text("from accelerate.local_sgd import LocalSGD\n")
+    for index in range(10):  # enough files for the worker pool
+        (tmp_path / f"other_{index}.py").write_text("import torch\n")
+    result = lintdist("check", "--no-cache", "--jobs", "2", "--select", "LD904", "--output-format", "concise", str(tmp_path))
+    assert f"train.py:1:1: LD904 [info] backend DEEPSPEED from {tmp_path / 'configs' / 'ds.yaml'}:2" in result.output
+
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file configs/ds.yaml --use_fsdp train.py\n")
+    result = lintdist("check", "--no-cache", "--select", "LD904", "--output-format", "concise", str(tmp_path))
+    assert f"backend FSDP from {tmp_path / 'run.sh'}:1" in result.output, "a launch flag wins over the YAML"
+
+
+def test_accelerate_config_setting_and_a_single_config_beside_the_script(tmp_path, lintdist):
+    (tmp_path / "train.py").write_text("from accelerate.local_sgd import LocalSGD\n")
+    (tmp_path / "xla.yaml").write_text("distributed_type: XLA\n")
+    result = lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path / "train.py"))
+    assert "backend XLA" in result.output, "the single accelerate config beside the script is assumed"
+    (tmp_path / "ds.yaml").write_text("distributed_type: DEEPSPEED\n")
+    assert "backend" not in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output, "two configs: ambiguous"
+    (tmp_path / "lintdist.toml").write_text('accelerate-config = ["ds.yaml"]\n')
+    assert "backend DEEPSPEED" in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output
+
+
+def test_a_crashing_rule_is_named_and_exits_2(tmp_path, lintdist):
+    (tmp_path / "a.py").write_text("import torch\ncrash_me()\n")
+    (tmp_path / "b.py").write_text("import torch\nfoo()\n")
+    result = lintdist("check", "--no-cache", str(tmp_path))
+    assert result.exit_code == 2
+    assert "LD905 crashed on" in result.output and "ZeroDivisionError: boom" in result.output
+    assert "LD901" in result.output, "the other files are still checked"

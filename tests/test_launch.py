@@ -1,0 +1,61 @@
+"""Launch lines and accelerate configs normalised into one settings table."""
+
+from __future__ import annotations
+
+from lintdist.launch import LaunchSettings, command_settings, config_settings
+from lintdist.sources import parse_config, parse_launch
+
+SCRIPT = """\
+#!/bin/bash
+export FSDP_VERSION=2   # the new API
+NCCL_DEBUG=INFO ACCELERATE_USE_FSDP=true accelerate launch \\
+    --config-file "configs/fsdp.yaml" --num_processes=8 \\
+    --fsdp_use_orig_params true --multi_gpu train.py --epochs 3
+python -m torch.distributed.run --nproc-per-node 4 pretrain.py && echo done
+deepspeed --num_gpus 2 ds_train.py --deepspeed ds.json; torchrun --standalone --nproc_per_node=2 tiny.py
+echo "accelerate launch is not a command here"
+"""
+
+
+def test_launch_commands_flags_env_and_scripts():
+    launch = parse_launch(SCRIPT)
+    assert [(c.launcher, c.script.text) for c in launch.commands] == [
+        ("accelerate", "train.py"),
+        ("torchrun", "pretrain.py"),
+        ("deepspeed", "ds_train.py"),
+        ("torchrun", "tiny.py"),
+    ]
+    accelerate = launch.commands[0]
+    assert [(f.name, f.value) for f in accelerate.flags] == [
+        ("config_file", "configs/fsdp.yaml"),
+        ("num_processes", "8"),
+        ("fsdp_use_orig_params", "true"),
+        ("multi_gpu", None),
+    ]
+    assert [name for name, _, _ in accelerate.env] == ["NCCL_DEBUG", "ACCELERATE_USE_FSDP"]
+    assert [(name, value) for name, value, _ in launch.exports] == [("FSDP_VERSION", "2")]
+    assert [(f.name, f.value) for f in launch.commands[3].flags] == [("standalone", None), ("nproc_per_node", "2")]
+
+
+def test_settings_keep_the_place_that_said_them():
+    launch = parse_launch(SCRIPT)
+    settings = LaunchSettings()
+    for setting in command_settings(launch.commands[0], launch, SCRIPT, "run.sh"):
+        settings.set(setting)
+    assert (settings.get("fsdp_version").value, settings.get("fsdp_version").line, settings.get("fsdp_version").spelling) == ("2", 2, "env")
+    orig = settings.get("fsdp_use_orig_params")
+    assert (orig.line, orig.column, orig.spelling) == (5, 5, "flag")
+    assert settings.distributed_type.value == "FSDP" and settings.distributed_type.line == 3
+
+
+def test_yaml_keys_get_the_fsdp_prefix_and_positions():
+    document = parse_config("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  reshard_after_forward: true\n")
+    settings = {s.name: s for s in config_settings(document, "c.yaml")}
+    assert settings["fsdp_version"].value == 2 and (settings["fsdp_version"].line, settings["fsdp_version"].column) == (4, 3)
+    assert "fsdp_reshard_after_forward" in settings
+    assert settings["distributed_type"].value == "FSDP"
+
+
+def test_non_accelerate_yaml_is_not_a_config():
+    assert parse_config("name: my-ci\non: push\n") is None
+    assert parse_config('{"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 4}').flavour == "deepspeed"
