@@ -64,8 +64,9 @@ def check(paths, select, ignore, extend_select, output_format, exit_zero, statis
           no_cache, jobs, config_file, quiet) -> None:
     """Check PATHS (files or directories; default: the current directory).
 
-    Finds Python scripts, accelerate/DeepSpeed configs (*.yaml, *.yml, *.json)
-    and launch files (*.sh), honouring .gitignore and the configured excludes.
+    Finds Python scripts, notebooks (*.ipynb), accelerate/DeepSpeed configs
+    (*.yaml, *.yml, *.json) and launch files (*.sh), honouring .gitignore and
+    the configured excludes.
     A file named explicitly is always checked.
 
     Exit status: 0 no findings, 1 findings, 2 usage error or internal failure.

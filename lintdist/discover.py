@@ -10,7 +10,7 @@ import pathspec
 
 from lintdist.config import Settings
 
-KIND_BY_SUFFIX = {".py": "python", ".pyi": "python", ".yaml": "config", ".yml": "config", ".json": "config", ".sh": "launch", ".bash": "launch"}
+KIND_BY_SUFFIX = {".py": "python", ".pyi": "python", ".yaml": "config", ".yml": "config", ".json": "config", ".sh": "launch", ".bash": "launch", ".ipynb": "notebook"}
 
 
 @dataclass(frozen=True)

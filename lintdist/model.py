@@ -69,10 +69,17 @@ class Finding:
     url: str | None = None
     # The fix as text replacements, filled in only for reporters that show them (SARIF).
     edits: tuple[TextEdit, ...] = field(default=(), compare=False)
+    # For notebooks: the cell (1-based, as Jupyter numbers them); lines are then lines of that cell.
+    cell: int | None = None
+
+    @property
+    def location(self) -> str:
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.filename}:{cell}{self.span.line}:{self.span.column}"
 
     @property
     def sort_key(self) -> tuple:
-        return (self.filename, self.span.line, self.span.column, self.code, self.message)
+        return (self.filename, self.cell or 0, self.span.line, self.span.column, self.code, self.message)
 
     def to_json(self, *, with_edits: bool = False) -> dict:
         data = {
@@ -90,6 +97,8 @@ class Finding:
             else {"applicability": self.fix_applicability.value, "message": self.fix_message},
             "url": self.url,
         }
+        if self.cell is not None:
+            data["cell"] = self.cell
         if with_edits:
             data["edits"] = [[e.start, e.end, e.replacement] for e in self.edits]
         return data
@@ -108,4 +117,5 @@ class Finding:
             fix_message=None if fix is None else fix["message"],
             url=data.get("url"),
             edits=tuple(TextEdit(*e) for e in data.get("edits", ())),
+            cell=data.get("cell"),
         )

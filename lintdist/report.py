@@ -38,14 +38,12 @@ def render_text(findings: list[Finding], *, colour: bool, frames: bool = True) -
     out: list[str] = []
     sources: dict[str, list[str]] = {}
     for f in findings:
-        location = click.style(f"{f.filename}:{f.span.line}:{f.span.column}:", bold=True) if colour else (
-            f"{f.filename}:{f.span.line}:{f.span.column}:"
-        )
+        location = click.style(f"{f.location}:", bold=True) if colour else f"{f.location}:"
         code = click.style(f.code, fg=SEVERITY_COLOUR[f.severity], bold=True) if colour else f.code
         out.append(f"{location} {code} [{f.severity.value}] {f.message}")
         if not frames:
             continue
-        lines = _source_lines(f.filename, sources)
+        lines = _source_lines(f.filename, sources) if f.cell is None else []
         if 0 < f.span.line <= len(lines):
             number = str(f.span.line)
             line = lines[f.span.line - 1].replace("\t", " ")
@@ -63,7 +61,7 @@ def render_text(findings: list[Finding], *, colour: bool, frames: bool = True) -
 
 
 def render_concise(findings: list[Finding]) -> str:
-    return "\n".join(f"{f.filename}:{f.span.line}:{f.span.column}: {f.code} [{f.severity.value}] {f.message}" for f in findings)
+    return "\n".join(f"{f.location}: {f.code} [{f.severity.value}] {f.message}" for f in findings)
 
 
 def render_json(findings: list[Finding]) -> str:
@@ -78,7 +76,7 @@ def render_github(findings: list[Finding]) -> str:
     return "\n".join(
         f"::{GITHUB_LEVEL[f.severity]} file={escape(f.filename, property_value=True)},line={f.span.line},"
         f"col={f.span.column},endLine={f.span.end_line},endColumn={f.span.end_column},"
-        f"title={escape(f.code + ' ' + f.name, property_value=True)}::{escape(f.message)}"
+        f"title={escape(f.code + ' ' + f.name, property_value=True)}::{escape(_cell_prefix(f) + f.message)}"
         for f in findings
     )
 
@@ -93,7 +91,7 @@ def render_sarif(findings: list[Finding]) -> str:
             "ruleId": f.code,
             "ruleIndex": index[f.code],
             "level": SARIF_LEVEL[f.severity],
-            "message": {"text": f.message},
+            "message": {"text": _cell_prefix(f) + f.message},
             "locations": [
                 {
                     "physicalLocation": {
@@ -156,6 +154,11 @@ def render_sarif(findings: list[Finding]) -> str:
         ],
     }
     return json.dumps(log, indent=2)
+
+
+def _cell_prefix(finding: Finding) -> str:
+    """Formats without a notion of notebook cells name the cell in the message."""
+    return f"cell {finding.cell}: " if finding.cell is not None else ""
 
 
 def render_statistics(findings: list[Finding]) -> str:

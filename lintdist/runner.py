@@ -6,7 +6,7 @@ import difflib
 import os
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lintdist.cache import ResultCache
@@ -15,6 +15,7 @@ from lintdist.discover import Candidate, discover, kind_of
 from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
 from lintdist.launch import LaunchSettings, build_project
 from lintdist.model import Finding, Severity, Span
+from lintdist.notebook import Notebook, read_notebook, write_notebook
 from lintdist.registry import rule_by_code
 from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch, read_source
 
@@ -61,32 +62,51 @@ def process(task: Task) -> FileReport:
         if error.code in task.codes:
             report.findings = [source_error_finding(error, candidate.display).to_json()]
         return report
-    common = dict(path=candidate.path, display=candidate.display, kind=candidate.kind, rules=rules, settings=task.settings)
+    notebook = None
+    text, kind = source.text, candidate.kind
+    if kind == "notebook":
+        try:
+            notebook = read_notebook(source.text)
+        except SourceError as error:
+            report.findings = [source_error_finding(error, candidate.display).to_json()] if error.code in task.codes else []
+            return report
+        text, kind = notebook.python, "python"
+    common = dict(path=candidate.path, display=candidate.display, kind=kind, rules=rules, settings=task.settings)
     try:
         if task.mode == "check":
-            findings, context = check_text(source.text, explicit=candidate.explicit, **common)
-            if task.want_edits:
+            findings, context = check_text(text, explicit=candidate.explicit, **common)
+            if task.want_edits and notebook is None:
                 findings = with_edits(findings, context)
         else:
-            outcome = fix_text(source.text, unsafe=task.unsafe, **common)
+            outcome = fix_text(text, unsafe=task.unsafe, **common)
             findings, report.applied, report.dropped = outcome.findings, outcome.applied, outcome.dropped
-            if outcome.text != source.text:
+            if outcome.text != text:
+                new_text = outcome.text if notebook is None else write_notebook(notebook, outcome.text)
                 if task.mode == "diff":
                     report.diff = "".join(
                         difflib.unified_diff(
                             source.text.splitlines(keepends=True),
-                            outcome.text.splitlines(keepends=True),
+                            new_text.splitlines(keepends=True),
                             fromfile=candidate.display,
                             tofile=candidate.display,
                         )
                     )
                 else:
-                    write_atomically(candidate.path, outcome.text.encode(source.encoding))
+                    write_atomically(candidate.path, new_text.encode(source.encoding))
     except InternalError as error:
         report.error = str(error)
         return report
+    if notebook is not None:
+        findings = [_in_cell(f, notebook) for f in findings]
     report.findings = [f.to_json(with_edits=task.want_edits) for f in findings if f.code in task.codes]
     return report
+
+
+def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
+    cell, line = notebook.location(finding.span.line)
+    _, end_line = notebook.location(finding.span.end_line)
+    span = Span(line, finding.span.column, end_line, finding.span.end_column)
+    return replace(finding, span=span, cell=cell)
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -13,7 +13,7 @@ from lintdist.runner import run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SOURCES = sorted(
-    p for p in FIXTURES.rglob("*") if p.suffix in {".py", ".yaml", ".yml", ".json", ".sh"} and ".fixed." not in p.name
+    p for p in FIXTURES.rglob("*") if p.suffix in {".py", ".ipynb", ".yaml", ".yml", ".json", ".sh"} and ".fixed." not in p.name
 )
 FIXED = sorted(FIXTURES.rglob("*.fixed.*"))
 
@@ -32,8 +32,9 @@ def fixture_findings():
     assert result.internal_errors == []
     found: dict[str, list[str]] = {}
     for finding in result.findings:
+        cell = f"cell {finding.cell}:" if finding.cell is not None else ""
         found.setdefault(str(Path(finding.filename).resolve()), []).append(
-            f"{finding.span.line}:{finding.span.column}: {finding.code}"
+            f"{cell}{finding.span.line}:{finding.span.column}: {finding.code}"
         )
     return found
 
@@ -44,7 +45,7 @@ def test_fixture_findings_match_expectation(source, fixture_findings):
     assert fixture_findings.get(str(source), []) == expected
 
 
-@pytest.mark.parametrize("source", [s for s in SOURCES if s.suffix == ".py"], ids=lambda p: str(p.relative_to(FIXTURES)))
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.suffix in {".py", ".ipynb"}], ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist):
     target = tmp_path / source.name
     shutil.copy(source, target)
@@ -59,9 +60,10 @@ def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist)
     assert target.read_bytes() == expected
     if fixed_path.exists():
         assert diff.output.startswith(f"--- {target}"), diff.output
-        cst.parse_module(target.read_bytes())
+        if source.suffix == ".py":
+            cst.parse_module(target.read_bytes())
 
     second = lintdist("check", "--fix", "--no-cache", str(target))
     assert target.read_bytes() == expected, "a second --fix must change nothing"
-    remaining = [line for line in second.output.splitlines() if ": LD" in line]
+    remaining = [line for line in second.output.splitlines() if " LD" in line and "[" in line]
     assert len(remaining) == (0 if fixed_path.exists() else len(_expected(source)))
