@@ -1,0 +1,806 @@
+"""Self-test: check lintdist.runtime against single-process references on this machine or cluster.
+
+    torchrun --nproc_per_node N -m lintdist.runtime.selftest [--backend gloo|nccl]
+    python -m lintdist.runtime.selftest                         # one process, no launcher
+
+Each check runs on every rank and returns a `Verdict`; rank 0 prints one line per check and
+every rank exits 1 if any rank saw a mismatch. The backend is NCCL when CUDA is available,
+else gloo. The test suite runs the same check functions under its own process groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import gc
+import importlib.util
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from lintdist.runtime import (
+    TokenLossWindow,
+    any_rank,
+    count_loss_tokens,
+    grad_sync,
+    main_process_first,
+    microbatch_groups,
+    scheduler_total_steps,
+    set_epoch,
+    shift_labels,
+)
+
+IGNORE_INDEX = -100
+VOCAB = 11
+HIDDEN = 4
+LEARNING_RATE = 0.1
+FLOAT64_TOLERANCE = 1e-9
+# bf16 autocast: relative to the largest reference gradient entry.
+AUTOCAST_RELATIVE_TOLERANCE = 5e-2
+# A wrong recipe "differs" when it misses the reference by far more than rounding.
+MISMATCH_THRESHOLD = 1e-6
+
+SETUP_NAMES = {"plain": "plain module", "ddp": "raw DDP", "accelerate": "accelerate", "fsdp2": "FSDP2"}
+WRONG_RECIPES = {
+    "mean-per-micro-batch": "per-micro-batch mean",
+    "local-count": "local token count",
+    "no-world-factor": "no W factor",
+}
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where the checks run: this rank, the world size and the device (no process group when world_size == 1 and
+    `distributed` is false)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check on one rank; `line()` is what the self-test prints."""
+
+    helper: str
+    setup: str
+    status: str
+    detail: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    variant: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "FAIL"
+
+    def line(self) -> str:
+        variant = f" [{self.variant}]" if self.variant else ""
+        return f"{self.status} {self.helper} ({self.setup}): {self.detail}{variant}"
+
+
+@dataclass(frozen=True)
+class TokenLossCase:
+    """One token-loss equivalence run.
+
+    `lengths[rank][micro_batch]` lists the loss-token length of each sequence (0 = all padding);
+    every rank has the same number of micro-batches, grouped `accumulation` at a time (the last
+    window may be shorter). `reduction` "sum" uses `scale_sum`, "mean" uses `scale_mean`.
+    `recipe` is "correct" or a key of WRONG_RECIPES (sum-reduced forms). `autocast` runs the
+    forward under bf16 autocast with float32 parameters; otherwise everything is float64.
+    """
+
+    setup: str
+    accumulation: int
+    lengths: tuple[tuple[tuple[int, ...], ...], ...]
+    reduction: str = "sum"
+    shifted: bool = False
+    recipe: str = "correct"
+    extra_padding: int = 1
+    seed: int = 0
+    autocast: bool = False
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago, for MASTER_PORT."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Context:
+    """Join the process group that torchrun's environment describes, or create a one-process group.
+
+    NCCL on `cuda:LOCAL_RANK` when CUDA is available (or `backend="nccl"`), else gloo on CPU.
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1"
+        )
+        os.environ["MASTER_PORT"] = str(free_port())
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return Context(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group after the models that hold it."""
+    # DDP reducers and FSDP states left in reference cycles must die before their process group,
+    # or gloo's threads abort the process at exit ("terminate called without an active exception").
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def local_context(device: torch.device | str = "cpu") -> Context:
+    """A context for running checks in this process without a process group."""
+    return Context(rank=0, world_size=1, device=torch.device(device), distributed=False)
+
+
+class TinyCausalLM(torch.nn.Module):
+    """Embedding, tanh and a vocabulary head: small enough for one DDP bucket, deterministic per seed."""
+
+    def __init__(self, seed: int, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN, dtype=dtype)
+        self.head = torch.nn.Linear(HIDDEN, VOCAB, dtype=dtype)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=dtype))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Written out so that the output is not a view (FSDP2 warns about views).
+        return torch.tanh(self.embed(input_ids)) @ self.head.weight.T + self.head.bias
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, shifted: bool, reduction: str) -> torch.Tensor:
+    """Cross-entropy over the loss tokens, shifting like a causal LM when `shifted`."""
+    targets = shift_labels(labels, IGNORE_INDEX) if shifted else labels
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction
+    )
+
+
+def canonical_lengths(
+    world_size: int, micro_batches: int = 7, max_length: int = 6
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Variable lengths that differ within and across ranks, with one fully padded micro-batch."""
+    return tuple(
+        tuple(
+            tuple(0 if (rank, step) == (0, 1) else (3 * rank + 5 * step + 2 * seq) % (max_length + 1)
+                  for seq in range(1 + (rank + step) % 3))
+            for step in range(micro_batches)
+        )
+        for rank in range(world_size)
+    )
+
+
+def micro_batch_token_counts(case: TokenLossCase) -> list[list[int]]:
+    """n[rank][micro_batch]: the loss tokens of each micro-batch, computed from the lengths alone."""
+    drop = 1 if case.shifted else 0
+    return [[sum(max(length - drop, 0) for length in step) for step in rank] for rank in case.lengths]
+
+
+def wrong_recipes_expected_to_differ(case: TokenLossCase) -> list[str]:
+    """The wrong recipes that provably miss the reference on `case` (the others coincide with it)."""
+    counts = micro_batch_token_counts(case)
+    steps = len(counts[0])
+    windows = [range(start, min(start + case.accumulation, steps)) for start in range(0, steps, case.accumulation)]
+    expected = []
+    if any(len({counts[r][g] for r in range(len(counts)) for g in window}) > 1 for window in windows):
+        expected.append("mean-per-micro-batch")
+    if any(len({sum(counts[r][g] for g in window) for r in range(len(counts))}) > 1 for window in windows):
+        expected.append("local-count")
+    if len(counts) > 1 and any(sum(row) for row in counts):
+        expected.append("no-world-factor")
+    return expected
+
+
+def build_micro_batches(case: TokenLossCase, rank: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """The micro-batches of `rank`: random tokens, `-100` labels on padding, padded to the longest + extra."""
+    generator = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)
+    batches = []
+    for lengths in case.lengths[rank]:
+        width = max(max(lengths) + case.extra_padding, 1)
+        input_ids = torch.randint(1, VOCAB, (len(lengths), width), generator=generator)
+        padding = torch.arange(width) >= torch.tensor(lengths)[:, None]
+        batches.append(
+            {
+                "input_ids": input_ids.masked_fill(padding, 0).to(device),
+                "labels": input_ids.masked_fill(padding, IGNORE_INDEX).to(device),
+            }
+        )
+    return batches
+
+
+def reference_gradients(
+    model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]], shifted: bool
+) -> list[torch.Tensor]:
+    """Single-process gradient of the global token mean, written out without lintdist.runtime."""
+    total: torch.Tensor | float = 0.0
+    count = 0
+    for batch in batches:
+        logits, labels = model(batch["input_ids"]), batch["labels"]
+        if shifted:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        total = total + F.cross_entropy(
+            logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        count += int(labels.ne(IGNORE_INDEX).sum())
+    return list(torch.autograd.grad(total / max(count, 1), list(model.parameters())))
+
+
+def _accelerator(ctx: Context, accumulation: int = 1) -> Any:
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=ctx.device.type == "cpu", gradient_accumulation_steps=accumulation)
+
+
+def _wrap(
+    ctx: Context, setup: str, model: torch.nn.Module, accumulation: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, str]:
+    """Put `model` under `setup`; returns the model to call, its optimizer, the accelerator (or None), a label."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    label = f"{SETUP_NAMES[setup]}, W={ctx.world_size}, G={accumulation}"
+    if setup == "plain":
+        return model, optimizer, None, label
+    if setup == "ddp":
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), optimizer, None, label
+    if setup == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
+        return model, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), None, label
+    accelerator = _accelerator(ctx, accumulation)
+    wrapped, optimizer = accelerator.prepare(model, optimizer)
+    label = label.replace("accelerate", f"accelerate {accelerator.distributed_type.value}")
+    return wrapped, optimizer, accelerator, label
+
+
+def _full_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    grads = []
+    for parameter in model.parameters():
+        grad = parameter.grad
+        grads.append(grad.full_tensor() if hasattr(grad, "full_tensor") else grad.detach().clone())
+    return grads
+
+
+def _recipe_loss(
+    case: TokenLossCase, window: TokenLossWindow, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    labels = batch["labels"]
+    if case.recipe == "correct" and case.reduction == "mean":
+        return window.scale_mean(token_loss(logits, labels, shifted=case.shifted, reduction="mean"), batch)
+    loss_sum = token_loss(logits, labels, shifted=case.shifted, reduction="sum")
+    if case.recipe == "correct":
+        return window.scale_sum(loss_sum)
+    if case.recipe == "mean-per-micro-batch":
+        # `accumulate` + `.loss` (accelerate divides by G), or `loss / G` in a raw loop.
+        loss_mean = torch.nan_to_num(token_loss(logits, labels, shifted=case.shifted, reduction="mean"))
+        return loss_mean * window.grad_divisor / case.accumulation
+    if case.recipe == "local-count":
+        local = count_loss_tokens(window.micro_batches, shifted=case.shifted).clamp(min=1)
+        return loss_sum * window.grad_divisor / local
+    if case.recipe == "no-world-factor":
+        return window.scale_sum(loss_sum) / window.world_size
+    raise ValueError(f"unknown recipe {case.recipe!r}")
+
+
+def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
+    """Train `case` under its setup and compare every window's gradient with the global token mean's."""
+    if len(case.lengths) != ctx.world_size:
+        raise ValueError(f"case has {len(case.lengths)} ranks, the world has {ctx.world_size}")
+    dtype = torch.float32 if case.autocast else torch.float64
+    model = TinyCausalLM(case.seed, dtype).to(ctx.device)
+    reference = copy.deepcopy(model)
+    wrapped, optimizer, accelerator, label = _wrap(ctx, case.setup, model, case.accumulation)
+    batches = [build_micro_batches(case, rank, ctx.device) for rank in range(ctx.world_size)]
+    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if case.autocast else nullcontext()
+    max_error = reference_max = 0.0
+    squares = [0.0, 0.0]
+    synced_after_window = True
+    for index, local in enumerate(microbatch_groups(batches[ctx.rank], case.accumulation)):
+        start = index * case.accumulation
+        everyone = [batch for rank_batches in batches for batch in rank_batches[start : start + len(local)]]
+        expected = reference_gradients(reference, everyone, case.shifted)
+        window = TokenLossWindow(local, accelerator=accelerator, model=wrapped, shifted=case.shifted)
+        for i, batch in enumerate(local):
+            with window.sync(i):
+                with autocast:
+                    logits = wrapped(batch["input_ids"])
+                loss = _recipe_loss(case, window, logits, batch)
+                if accelerator is None:
+                    loss.backward()
+                else:
+                    accelerator.backward(loss)
+            if accelerator is not None:
+                if i == len(local) - 1:
+                    grads = _full_gradients(wrapped)
+                    synced_after_window &= bool(accelerator.sync_gradients)
+                # AcceleratedOptimizer.step and zero_grad must do nothing until the window's last micro-batch.
+                optimizer.step()
+                optimizer.zero_grad()
+        if accelerator is None:
+            grads = _full_gradients(wrapped)
+            optimizer.step()
+            optimizer.zero_grad()
+        for got, want in zip(grads, expected, strict=True):
+            max_error = max(max_error, float((got.double() - want.double()).abs().max()))
+            reference_max = max(reference_max, float(want.abs().max()))
+            squares[0] += float(got.double().square().sum())
+            squares[1] += float(want.double().square().sum())
+        with torch.no_grad():
+            for parameter, grad in zip(reference.parameters(), expected, strict=True):
+                parameter.sub_(LEARNING_RATE * grad)
+    tolerance = AUTOCAST_RELATIVE_TOLERANCE * reference_max if case.autocast else FLOAT64_TOLERANCE
+    ratio = math.sqrt(squares[0] / squares[1]) if squares[1] else 1.0
+    finite = math.isfinite(max_error)
+    passed = finite and max_error <= tolerance and synced_after_window
+    variant = ", ".join(
+        part
+        for part in (
+            "bf16 autocast" if case.autocast else "",
+            case.recipe if case.recipe != "correct" else f"scale_{case.reduction}",
+            "shifted" if case.shifted else "unshifted",
+        )
+        if part
+    )
+    detail = f"max |grad - ref| = {max_error:.1e}, |grad|/|ref| = {ratio:.4f}"
+    if not synced_after_window:
+        detail += ", accelerator.sync_gradients was False after a window"
+    return Verdict(
+        "token-loss",
+        label,
+        "PASS" if passed else "FAIL",
+        detail,
+        {"max_error": max_error, "norm_ratio": ratio, "reference_max": reference_max, "tolerance": tolerance},
+        variant,
+    )
+
+
+def _ranks_max_difference(ctx: Context, tensors: Sequence[torch.Tensor]) -> float:
+    """Largest difference between this gradient on rank 0 and on any rank (0 with one rank)."""
+    flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
+    gathered = [torch.empty_like(flat) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, flat)
+    return max(float((other - gathered[0]).abs().max()) for other in gathered)
+
+
+class _Probe(Exception):
+    """Raised inside a block to check that a context manager cleans up."""
+
+
+def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
+    """No gradient communication before a window's last micro-batch; state restored on exit and on error."""
+    if setup == "fsdp2":
+        return _check_grad_sync_fsdp2(ctx, accumulation)
+    model = TinyCausalLM(seed=1).to(ctx.device)
+    wrapped, _, accelerator, label = _wrap(ctx, setup, model, accumulation)
+    label = label.replace(f", G={accumulation}", "")
+    if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+        return Verdict("grad-sync", label, "SKIP", "the prepared model is not DDP here (one process)")
+    calls = [0]
+
+    # No annotations: DDP compares them with dist.GradBucket, and this module's are strings.
+    def counting_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+        state[0] += 1
+        return allreduce_hook(None, bucket)
+
+    wrapped.register_comm_hook(calls, counting_allreduce)
+    case = TokenLossCase(setup, accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
+    batches = build_micro_batches(case, ctx.rank, ctx.device)
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        loss = token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum")
+        if accelerator is None:
+            loss.backward()
+        else:
+            accelerator.backward(loss)
+
+    backward(batches[0])
+    buckets, calls[0] = calls[0], 0
+    wrapped.zero_grad(set_to_none=True)
+    for batch in batches:
+        backward(batch)
+    calls_without_grad_sync, calls[0] = calls[0], 0
+    wrapped.zero_grad(set_to_none=True)
+    differ_before_last = 0.0
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        if last:
+            calls_before_last = calls[0]
+            differ_before_last = _ranks_max_difference(ctx, [p.grad for p in wrapped.parameters()])
+        with grad_sync(wrapped, last, accelerator=accelerator):
+            backward(batch)
+    calls_with_grad_sync = calls[0]
+    differ_after_last = _ranks_max_difference(ctx, [p.grad for p in wrapped.parameters()])
+
+    states = []
+    with grad_sync(wrapped, False, accelerator=accelerator):
+        states.append(wrapped.require_backward_grad_sync)
+    states.append(wrapped.require_backward_grad_sync)
+    if accelerator is not None:
+        states.append(accelerator.sync_gradients)
+        accelerator.sync_gradients = True
+    try:
+        with grad_sync(wrapped, False, accelerator=accelerator):
+            raise _Probe
+    except _Probe:
+        states.append(wrapped.require_backward_grad_sync)
+    if accelerator is not None:
+        states.append(accelerator.sync_gradients)
+
+    skips = accelerator is None or bool(accelerator.use_distributed)
+    expected_states = [not skips, True] + ([False] if accelerator else []) + [True] + ([True] if accelerator else [])
+    problems = []
+    if buckets < 1 or calls_without_grad_sync != accumulation * buckets:
+        problems.append(f"hook count is off without grad_sync ({calls_without_grad_sync} for {buckets} bucket(s))")
+    if calls_before_last != (0 if skips else (accumulation - 1) * buckets):
+        problems.append(f"{calls_before_last} all-reduce(s) before the last micro-batch")
+    if calls_with_grad_sync != (buckets if skips else accumulation * buckets):
+        problems.append(f"{calls_with_grad_sync} all-reduce(s) per window")
+    if ctx.world_size > 1 and differ_before_last == 0.0:
+        problems.append("ranks' gradients were equal before the last backward")
+    if differ_after_last != 0.0:
+        problems.append(f"ranks' gradients differ by {differ_after_last:.1e} after the window")
+    if states != expected_states:
+        problems.append(f"sync state {states}, expected {expected_states}")
+    detail = (
+        f"{calls_with_grad_sync} all-reduce(s) per window of {accumulation} ({buckets} bucket(s)), "
+        f"{calls_without_grad_sync} without grad_sync; state restored on exit and on exceptions"
+    )
+    if not skips:
+        detail += " (accelerate's no_sync does nothing with one process)"
+    return Verdict(
+        "grad-sync",
+        label,
+        "FAIL" if problems else "PASS",
+        "; ".join(problems) or detail,
+        {
+            "buckets": buckets,
+            "calls_per_window": calls_with_grad_sync,
+            "calls_before_last": calls_before_last,
+            "calls_without_grad_sync": calls_without_grad_sync,
+            "ranks_differ_before_last": differ_before_last,
+            "ranks_differ_after_last": differ_after_last,
+        },
+    )
+
+
+def _check_grad_sync_fsdp2(ctx: Context, accumulation: int) -> Verdict:
+    # FSDP2 writes the sharded .grad only when it reduce-scatters, so .grad stays None while not syncing.
+    model = TinyCausalLM(seed=1).to(ctx.device)
+    wrapped, _, _, label = _wrap(ctx, "fsdp2", model, accumulation)
+    label = label.replace(f", G={accumulation}", "")
+    case = TokenLossCase("fsdp2", accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
+    batches = build_micro_batches(case, ctx.rank, ctx.device)
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum").backward()
+
+    def reduced() -> bool:
+        return all(parameter.grad is not None for parameter in wrapped.parameters())
+
+    backward(batches[0])
+    reduced_without_grad_sync = reduced()
+    wrapped.zero_grad(set_to_none=True)
+    reduced_before_last = False
+    for i, batch in enumerate(batches):
+        with grad_sync(wrapped, i == len(batches) - 1):
+            backward(batch)
+        if i < len(batches) - 1:
+            reduced_before_last |= reduced()
+    reduced_after_last = reduced()
+    wrapped.zero_grad(set_to_none=True)
+    try:
+        with grad_sync(wrapped, False):
+            raise _Probe
+    except _Probe:
+        backward(batches[0])
+    reduced_after_exception = reduced()
+    passed = reduced_without_grad_sync and not reduced_before_last and reduced_after_last and reduced_after_exception
+    detail = (
+        "no reduce-scatter before the last micro-batch, one at the last; sync restored after an exception"
+        if passed
+        else f"reduced: without grad_sync {reduced_without_grad_sync}, before last {reduced_before_last}, "
+        f"after last {reduced_after_last}, after exception {reduced_after_exception}"
+    )
+    return Verdict(
+        "grad-sync",
+        label,
+        "PASS" if passed else "FAIL",
+        detail,
+        {"reduced_before_last": float(reduced_before_last), "reduced_after_last": float(reduced_after_last)},
+    )
+
+
+def _all_gather_object(ctx: Context, value: Any) -> list[Any]:
+    if not ctx.distributed:
+        return [value]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def check_set_epoch(ctx: Context, epochs: int = 3, samples_per_rank: int = 8) -> Verdict:
+    """`set_epoch` on a loader: a new permutation each epoch, disjoint across ranks, covering the dataset."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dataset = list(range(ctx.world_size * samples_per_rank))
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, sampler=sampler, batch_size=3)
+    orders = []
+    for epoch in range(epochs):
+        set_epoch(loader, epoch)
+        orders.append([int(index) for batch in loader for index in batch])
+    repeated_without = [int(index) for batch in loader for index in batch] == orders[-1]
+    everyone = _all_gather_object(ctx, orders)
+    per_epoch = [[index for rank_orders in everyone for index in rank_orders[epoch]] for epoch in range(epochs)]
+    disjoint = all(sorted(indices) == dataset for indices in per_epoch)
+    distinct = len({tuple(indices) for indices in per_epoch}) == epochs
+    passed = disjoint and distinct and repeated_without and sampler.epoch == epochs - 1
+    detail = (
+        f"{epochs} epochs, each a different permutation, disjoint across {ctx.world_size} rank(s) and covering "
+        f"all {len(dataset)} samples; without set_epoch the order repeats"
+    )
+    if not passed:
+        detail = f"disjoint and covering: {disjoint}, distinct epochs: {distinct}, repeats without: {repeated_without}"
+    return Verdict(
+        "set-epoch",
+        f"DistributedSampler, W={ctx.world_size}",
+        "PASS" if passed else "FAIL",
+        detail,
+        {"disjoint": float(disjoint), "distinct": float(distinct)},
+    )
+
+
+def check_main_process_first(
+    ctx: Context, *, accelerate: bool = False, local: bool = False, directory: str | None = None
+) -> Verdict:
+    """The others see the main's file on entry; an exception on the main still releases them and re-raises."""
+    accelerator = _accelerator(ctx) if accelerate else None
+    name = [f"lintdist-main-first-{uuid.uuid4().hex}"]
+    if ctx.distributed:
+        dist.broadcast_object_list(name, src=0)
+    path = Path(directory or tempfile.gettempdir()) / name[0]
+    hosts = _all_gather_object(ctx, socket.gethostname())
+    first = (int(os.environ.get("LOCAL_RANK", ctx.rank)) if local else ctx.rank) == 0
+    # Without `local`, only ranks on rank 0's host can see its file.
+    can_see = local or hosts[ctx.rank] == hosts[0]
+    seen_on_entry = True
+    with main_process_first(accelerator=accelerator, local=local):
+        if first:
+            time.sleep(0.2)
+            path.write_text("written by the main process")
+        elif can_see:
+            seen_on_entry = path.exists()
+    entered, raised = False, False
+    try:
+        with main_process_first(accelerator=accelerator, local=local):
+            entered = True
+            if first:
+                raise _Probe("failure on the main process")
+    except _Probe:
+        raised = True
+    everyone = _all_gather_object(ctx, (seen_on_entry, entered, raised == first))
+    if first:
+        path.unlink()
+    passed = all(all(flags) for flags in everyone)
+    flavour = ("accelerate" if accelerate else "torch.distributed") + (", local" if local else "")
+    detail = (
+        f"{ctx.world_size - 1} other rank(s) saw the main's file on entry; an exception on the main released "
+        "them and was re-raised there"
+    )
+    return Verdict(
+        "main-process-first",
+        f"{flavour}, W={ctx.world_size}",
+        "PASS" if passed else "FAIL",
+        detail if passed else f"(saw the file, entered, raised only on the main) per rank: {everyone}",
+    )
+
+
+def check_any_rank(ctx: Context, *, accelerate: bool = False, stop_step: int = 3, max_steps: int = 8) -> Verdict:
+    """The last rank raises a flag at `stop_step`: every rank leaves the loop at that step."""
+    accelerator = _accelerator(ctx) if accelerate else None
+    stopped_at = None
+    for step in range(max_steps):
+        flag = torch.tensor(ctx.rank == ctx.world_size - 1 and step == stop_step, device=ctx.device)
+        if any_rank(flag, accelerator=accelerator):
+            stopped_at = step
+            break
+    everyone = _all_gather_object(ctx, stopped_at)
+    passed = all(step == stop_step for step in everyone)
+    flavour = "accelerate" if accelerate else "torch.distributed"
+    detail = f"all {ctx.world_size} rank(s) stopped at step {stop_step}" if passed else f"stopped at {everyone}"
+    return Verdict("any-rank", f"{flavour}, W={ctx.world_size}", "PASS" if passed else "FAIL", detail)
+
+
+def _schedule_end(ctx: Context, optimizer_steps: int, accumulation: int, use_helper: bool) -> int | None:
+    """The optimizer step at which a linear decay to 0 reaches 0 under accelerate, or None."""
+    accelerator = _accelerator(ctx, accumulation)
+    total = scheduler_total_steps(optimizer_steps, accelerator) if use_helper else optimizer_steps
+    model = TinyCausalLM(seed=2).to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / total))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    case = TokenLossCase("accelerate", accumulation, canonical_lengths(ctx.world_size, optimizer_steps * accumulation))
+    batches = build_micro_batches(case, ctx.rank, ctx.device)
+    for step, micro_batches in enumerate(microbatch_groups(batches, accumulation), start=1):
+        window = TokenLossWindow(micro_batches, accelerator=accelerator, model=model)
+        for i, batch in enumerate(micro_batches):
+            with window.sync(i):
+                loss_sum = token_loss(model(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum")
+                accelerator.backward(window.scale_sum(loss_sum))
+            # Both are skipped by accelerate until the window's last micro-batch.
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        if scheduler.get_last_lr()[0] == 0.0:
+            return step
+    return None
+
+
+def check_scheduler_total_steps(ctx: Context, optimizer_steps: int = 4, accumulation: int = 2) -> Verdict:
+    """A linear-decay LambdaLR built for `scheduler_total_steps(K)` reaches 0 exactly at optimizer step K."""
+    end = _schedule_end(ctx, optimizer_steps, accumulation, use_helper=True)
+    naive_end = _schedule_end(ctx, optimizer_steps, accumulation, use_helper=False)
+    return Verdict(
+        "scheduler-total-steps",
+        f"accelerate LambdaLR, W={ctx.world_size}, G={accumulation}",
+        "PASS" if end == optimizer_steps else "FAIL",
+        f"last value at optimizer step {end} of {optimizer_steps} (built for K steps instead: step {naive_end})",
+        {"end": float(end or 0), "naive_end": float(naive_end or 0)},
+    )
+
+
+def check_shift_labels(ctx: Context, seed: int = 3) -> Verdict:
+    """Loss and token count with `shift_labels` equal the causal-LM shift of `logits[:, :-1]` against `labels[:, 1:]`."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, VOCAB, (3, 7), generator=generator)
+    labels[torch.rand(labels.shape, generator=generator) < 0.3] = IGNORE_INDEX
+    logits = torch.randn(3, 7, VOCAB, generator=generator, dtype=torch.float64)
+    labels, logits = labels.to(ctx.device), logits.to(ctx.device)
+    textbook = F.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    shifted = shift_labels(labels, IGNORE_INDEX)
+    ours = F.cross_entropy(logits.reshape(-1, VOCAB), shifted.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    counts = {
+        int(count_loss_tokens({"labels": labels}, shifted=True)),
+        int(count_loss_tokens({"labels": labels, "shift_labels": shifted})),
+        int(labels[:, 1:].ne(IGNORE_INDEX).sum()),
+    }
+    error = float((ours - textbook).abs())
+    passed = error <= FLOAT64_TOLERANCE and len(counts) == 1
+    return Verdict(
+        "shift-labels",
+        f"{ctx.device.type}",
+        "PASS" if passed else "FAIL",
+        f"|loss - causal-LM loss| = {error:.1e}, token counts {sorted(counts)}",
+    )
+
+
+def _unavailable(setup: str) -> str | None:
+    """Why `setup` cannot run here, or None."""
+    if setup == "accelerate" and importlib.util.find_spec("accelerate") is None:
+        return "accelerate is not installed"
+    if setup == "fsdp2":
+        try:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+        except ImportError:
+            return f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard"
+    return None
+
+
+def _summary(verdicts: list[Verdict]) -> Verdict:
+    """One verdict for several variants of a check: the worst one, named."""
+    worst = max(verdicts, key=lambda verdict: (not verdict.passed, verdict.metrics.get("max_error", 0.0)))
+    status = "PASS" if all(verdict.passed for verdict in verdicts) else "FAIL"
+    variant = f"worst of {len(verdicts)}: {worst.variant}"
+    return dataclasses.replace(worst, status=status, variant=variant)
+
+
+def check_wrong_recipes(ctx: Context, case: TokenLossCase) -> Verdict:
+    """The common wrong recipes must miss the reference wherever the math says they do (so the check can fail)."""
+    runs = {recipe: check_token_loss(ctx, dataclasses.replace(case, recipe=recipe)) for recipe in WRONG_RECIPES}
+    expected = wrong_recipes_expected_to_differ(case)
+    missed = [recipe for recipe in expected if runs[recipe].metrics["max_error"] <= MISMATCH_THRESHOLD]
+    detail = ", ".join(
+        f"{WRONG_RECIPES[recipe]} |grad|/|ref| = {run.metrics['norm_ratio']:.3f} "
+        f"(max err {run.metrics['max_error']:.1e}{'' if recipe in expected else ', exact here'})"
+        for recipe, run in runs.items()
+    )
+    metrics = {f"{recipe}:{key}": value for recipe, run in runs.items() for key, value in run.metrics.items()}
+    prefix = f"wrong recipes matched the reference: {missed}; " if missed else "wrong recipes differ as expected: "
+    return Verdict(
+        "token-loss-wrong-recipes", runs["local-count"].setup, "FAIL" if missed else "PASS", prefix + detail, metrics
+    )
+
+
+def selftest_verdicts(ctx: Context) -> Iterator[Verdict]:
+    """Every check, with the canonical lengths for this world size: one verdict per helper and setup."""
+    lengths = canonical_lengths(ctx.world_size)
+    for setup in ("ddp", "accelerate", "fsdp2"):
+        reason = _unavailable(setup)
+        if reason:
+            yield Verdict("token-loss", SETUP_NAMES[setup], "SKIP", reason)
+            continue
+        for accumulation in (1, 3):
+            yield _summary(
+                [
+                    check_token_loss(ctx, TokenLossCase(setup, accumulation, lengths, reduction, shifted))
+                    for reduction in ("sum", "mean")
+                    for shifted in (False, True)
+                ]
+            )
+        yield check_wrong_recipes(ctx, TokenLossCase(setup, 3, lengths))
+        yield check_grad_sync(ctx, setup)
+    yield check_token_loss(ctx, TokenLossCase("ddp", 3, lengths, reduction="mean", shifted=True, autocast=True))
+    yield check_set_epoch(ctx)
+    yield check_any_rank(ctx)
+    yield check_main_process_first(ctx)
+    yield check_main_process_first(ctx, local=True)
+    if _unavailable("accelerate") is None:
+        yield check_any_rank(ctx, accelerate=True)
+        yield check_main_process_first(ctx, accelerate=True)
+        yield check_scheduler_total_steps(ctx)
+    yield check_shift_labels(ctx)
+
+
+def merge_ranks(ctx: Context, verdicts: list[Verdict]) -> list[Verdict]:
+    """Each check's verdict as rank 0 saw it, unless another rank failed it."""
+    merged = []
+    for per_rank in zip(*_all_gather_object(ctx, verdicts), strict=True):
+        merged.append(next((verdict for verdict in per_rank if not verdict.passed), per_rank[0]))
+    return merged
+
+
+def report(verdicts: Sequence[Verdict], stream: Any = sys.stdout) -> int:
+    """Print one line per verdict; 0 when nothing failed, else 1."""
+    for verdict in verdicts:
+        print(verdict.line(), file=stream, flush=True)
+    failed = sum(not verdict.passed for verdict in verdicts)
+    print(f"{'FAIL' if failed else 'PASS'}: {len(verdicts) - failed}/{len(verdicts)} checks passed", file=stream)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m lintdist.runtime.selftest`."""
+    parser = argparse.ArgumentParser(prog="python -m lintdist.runtime.selftest", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, else gloo")
+    parser.add_argument("--timeout", type=float, default=120.0, help="process-group timeout in seconds")
+    args = parser.parse_args(argv)
+    ctx = init_distributed(args.backend, args.timeout)
+    verdicts = merge_ranks(ctx, list(selftest_verdicts(ctx)))
+    shutdown_distributed()
+    if ctx.rank == 0:
+        return report(verdicts)
+    return 0 if all(verdict.passed for verdict in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
