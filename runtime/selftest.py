@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from lintdist.runtime import (
     set_epoch,
     shift_labels,
 )
+from lintdist.runtime._dist import barrier
 
 IGNORE_INDEX = -100
 VOCAB = 11
@@ -148,7 +149,7 @@ def shutdown_distributed() -> None:
     # DDP reducers and FSDP states left in reference cycles must die before their process group,
     # or gloo's threads abort the process at exit ("terminate called without an active exception").
     gc.collect()
-    dist.barrier()
+    barrier()
     dist.destroy_process_group()
 
 
@@ -789,8 +790,9 @@ def merge_ranks(ctx: Context, verdicts: list[Verdict]) -> list[Verdict]:
     return merged
 
 
-def report(verdicts: Sequence[Verdict], stream: Any = sys.stdout) -> int:
-    """Print one line per verdict; 0 when nothing failed, else 1."""
+def report(verdicts: Sequence[Verdict], stream: TextIO | None = None) -> int:
+    """Print one line per verdict (to stdout by default); 0 when nothing failed, else 1."""
+    stream = stream or sys.stdout
     for verdict in verdicts:
         print(verdict.line(), file=stream, flush=True)
     failed = sum(not verdict.passed for verdict in verdicts)
