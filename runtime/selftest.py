@@ -720,9 +720,7 @@ def _unavailable(setup: str) -> str | None:
     if setup == "accelerate" and importlib.util.find_spec("accelerate") is None:
         return "accelerate is not installed"
     if setup == "fsdp2":
-        try:
-            from torch.distributed.fsdp import fully_shard  # noqa: F401
-        except ImportError:
+        if not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
             return f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard"
     return None
 
