@@ -67,8 +67,7 @@ WRONG_RECIPES = {
 
 @dataclass(frozen=True)
 class Context:
-    """Where the checks run: this rank, the world size and the device (no process group when world_size == 1 and
-    `distributed` is false)."""
+    """Where the checks run: this rank, the world size, the device, and whether a process group exists."""
 
     rank: int
     world_size: int
@@ -100,7 +99,7 @@ class Verdict:
 class TokenLossCase:
     """One token-loss equivalence run.
 
-    `lengths[rank][micro_batch]` lists the loss-token length of each sequence (0 = all padding);
+    `lengths[rank][micro_batch]` lists the unpadded length of each sequence (0 = all padding);
     every rank has the same number of micro-batches, grouped `accumulation` at a time (the last
     window may be shorter). `reduction` "sum" uses `scale_sum`, "mean" uses `scale_mean`.
     `recipe` is "correct" or a key of WRONG_RECIPES (sum-reduced forms). `autocast` runs the
@@ -187,15 +186,15 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, shifted: bool, red
 def canonical_lengths(
     world_size: int, micro_batches: int = 7, max_length: int = 6
 ) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Variable lengths that differ within and across ranks, with one fully padded micro-batch."""
-    return tuple(
-        tuple(
-            tuple(0 if (rank, step) == (0, 1) else (3 * rank + 5 * step + 2 * seq) % (max_length + 1)
-                  for seq in range(1 + (rank + step) % 3))
-            for step in range(micro_batches)
-        )
-        for rank in range(world_size)
-    )
+    """Variable lengths and batch sizes that differ within and across ranks; rank 0's second micro-batch is all padding."""
+
+    def micro_batch(rank: int, step: int) -> tuple[int, ...]:
+        sizes = range(1 + (rank + step) % 3)
+        if (rank, step) == (0, 1):
+            return tuple(0 for _ in sizes)
+        return tuple((3 * rank + 5 * step + 2 * seq) % (max_length + 1) for seq in sizes)
+
+    return tuple(tuple(micro_batch(rank, step) for step in range(micro_batches)) for rank in range(world_size))
 
 
 def micro_batch_token_counts(case: TokenLossCase) -> list[list[int]]:
@@ -205,7 +204,11 @@ def micro_batch_token_counts(case: TokenLossCase) -> list[list[int]]:
 
 
 def wrong_recipes_expected_to_differ(case: TokenLossCase) -> list[str]:
-    """The wrong recipes that provably miss the reference on `case` (the others coincide with it)."""
+    """The wrong recipes whose token weighting or scale differs from the reference's on `case`.
+
+    The others coincide with the reference exactly there (e.g. every recipe but the
+    per-micro-batch mean with one rank).
+    """
     counts = micro_batch_token_counts(case)
     steps = len(counts[0])
     windows = [range(start, min(start + case.accumulation, steps)) for start in range(0, steps, case.accumulation)]
