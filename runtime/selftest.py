@@ -57,7 +57,13 @@ AUTOCAST_RELATIVE_TOLERANCE = 5e-2
 # A wrong recipe "differs" when it misses the reference by far more than rounding.
 MISMATCH_THRESHOLD = 1e-6
 
-SETUP_NAMES = {"plain": "plain module", "ddp": "raw DDP", "accelerate": "accelerate", "fsdp2": "FSDP2"}
+SETUP_NAMES = {
+    "plain": "plain module",
+    "ddp": "raw DDP",
+    "accelerate": "accelerate",
+    "fsdp1": "FSDP1",
+    "fsdp2": "FSDP2",
+}
 WRONG_RECIPES = {
     "mean-per-micro-batch": "per-micro-batch mean",
     "local-count": "local token count",
@@ -279,6 +285,11 @@ def _wrap(
 
         fully_shard(model, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
         return model, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), None, label
+    if setup == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrapped = FullyShardedDataParallel(model, device_id=ctx.device, use_orig_params=True)
+        return wrapped, torch.optim.SGD(wrapped.parameters(), lr=LEARNING_RATE), None, label
     accelerator = _accelerator(ctx, accumulation)
     wrapped, optimizer = accelerator.prepare(model, optimizer)
     label = label.replace("accelerate", f"accelerate {accelerator.distributed_type.value}")
@@ -286,6 +297,11 @@ def _wrap(
 
 
 def _full_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The unsharded gradient of every parameter (a collective under FSDP1 and FSDP2)."""
+    summon = getattr(model, "summon_full_params", None)
+    if summon is not None:
+        with summon(model, with_grads=True):
+            return [parameter.grad.detach().clone() for parameter in model.parameters()]
     grads = []
     for parameter in model.parameters():
         grad = parameter.grad
@@ -412,6 +428,8 @@ def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
     """No gradient communication before a window's last micro-batch; state restored on exit and on error."""
     if setup == "fsdp2":
         return _check_grad_sync_fsdp2(ctx, accumulation)
+    if setup == "fsdp1":
+        return _check_grad_sync_fsdp1(ctx, accumulation)
     model = TinyCausalLM(seed=1).to(ctx.device)
     wrapped, _, accelerator, label = _wrap(ctx, setup, model, accumulation)
     label = label.replace(f", G={accumulation}", "")
@@ -502,6 +520,56 @@ def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
             "ranks_differ_before_last": differ_before_last,
             "ranks_differ_after_last": differ_after_last,
         },
+    )
+
+
+def _check_grad_sync_fsdp1(ctx: Context, accumulation: int) -> Verdict:
+    # FSDP1's no_sync keeps unsharded local gradients; the synced backward reduce-scatters them.
+    model = TinyCausalLM(seed=1).to(ctx.device)
+    # Outside forward and backward, FSDP1's parameters are views of this rank's shard.
+    shapes = [parameter.shape for parameter in model.parameters()]
+    wrapped, _, _, label = _wrap(ctx, "fsdp1", model, accumulation)
+    label = label.replace(f", G={accumulation}", "")
+    case = TokenLossCase("fsdp1", accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
+    batches = build_micro_batches(case, ctx.rank, ctx.device)
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum").backward()
+
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        if last:
+            local = [parameter.grad for parameter in wrapped.parameters()]
+            unsharded = all(grad is not None and grad.shape == shape for grad, shape in zip(local, shapes))
+            differ_before_last = _ranks_max_difference(ctx, local) if unsharded else 0.0
+        with grad_sync(wrapped, last):
+            backward(batch)
+    differ_after_last = _ranks_max_difference(ctx, _full_gradients(wrapped))
+    wrapped.zero_grad(set_to_none=True)
+    try:
+        with grad_sync(wrapped, False):
+            raise _Probe
+    except _Probe:
+        backward(batches[0])
+    differ_after_exception = _ranks_max_difference(ctx, _full_gradients(wrapped))
+    passed = (
+        unsharded
+        and (ctx.world_size == 1 or differ_before_last > 0)
+        and differ_after_last == 0
+        and differ_after_exception == 0
+    )
+    detail = (
+        "local unsharded gradients before the last micro-batch, reduced at the last; sync restored after an exception"
+        if passed
+        else f"unsharded before last {unsharded}, ranks differ by {differ_before_last:.1e} before the last, "
+        f"{differ_after_last:.1e} after it, {differ_after_exception:.1e} after an exception"
+    )
+    return Verdict(
+        "grad-sync",
+        label,
+        "PASS" if passed else "FAIL",
+        detail,
+        {"ranks_differ_before_last": differ_before_last, "ranks_differ_after_last": differ_after_last},
     )
 
 
@@ -756,7 +824,7 @@ def check_wrong_recipes(ctx: Context, case: TokenLossCase) -> Verdict:
 def selftest_verdicts(ctx: Context) -> Iterator[Verdict]:
     """Every check, with the canonical lengths for this world size: one verdict per helper and setup."""
     lengths = canonical_lengths(ctx.world_size)
-    for setup in ("ddp", "accelerate", "fsdp2"):
+    for setup in ("ddp", "accelerate", "fsdp1", "fsdp2"):
         reason = _unavailable(setup)
         if reason:
             yield Verdict("token-loss", SETUP_NAMES[setup], "SKIP", reason)

@@ -13,7 +13,7 @@ from lintdist.runtime import selftest
 
 pytestmark = pytest.mark.slow
 
-SETUPS = ("ddp", "accelerate", "fsdp2")
+SETUPS = ("ddp", "accelerate", "fsdp1", "fsdp2")
 DRAWN_CASES = 10
 TOLERANCE = 1e-9
 
@@ -79,13 +79,13 @@ def _all_pass(verdicts: list[selftest.Verdict]) -> bool:
 
 def test_token_loss_gradient_equals_global_token_mean(world: WorldRun) -> None:
     runs = {name: run for name, run in world.token_loss().items() if not run[0].autocast}
-    assert len(runs) > 24
+    assert len(runs) > len(SETUPS) * 8
     for name, (case, verdicts) in runs.items():
         for verdict in verdicts:
             assert verdict.status == "PASS", f"{name}: {verdict.line()}\n{case}"
             assert verdict.metrics["max_error"] <= TOLERANCE, name
     covered = {(case.setup, case.accumulation, case.reduction, case.shifted) for case, _ in runs.values()}
-    assert len(covered) >= 3 * 2 * 2 * 2
+    assert len(covered) == len(SETUPS) * 2 * 2 * 2
 
 
 def test_accelerate_runs_in_its_multi_cpu_mode(world: WorldRun) -> None:
@@ -130,6 +130,10 @@ def test_grad_sync_skips_communication_until_the_last_micro_batch(world: WorldRu
             assert metrics["calls_before_last"] == (0 if distributed else 2 * metrics["buckets"])
             assert (metrics["ranks_differ_before_last"] > 0) == (world.world_size > 1)
             assert metrics["ranks_differ_after_last"] == 0
+    for verdict in world.verdicts["grad-sync-fsdp1"]:
+        assert verdict.status == "PASS", verdict.line()
+        assert (verdict.metrics["ranks_differ_before_last"] > 0) == (world.world_size > 1)
+        assert verdict.metrics["ranks_differ_after_last"] == 0
     for verdict in world.verdicts["grad-sync-fsdp2"]:
         assert verdict.status == "PASS", verdict.line()
         assert verdict.metrics["reduced_before_last"] == 0 and verdict.metrics["reduced_after_last"] == 1

@@ -13,9 +13,11 @@ pytestmark = pytest.mark.slow
 HELPERS = (
     "token-loss (raw DDP",
     "token-loss (accelerate MULTI_CPU",
+    "token-loss (FSDP1",
     "token-loss (FSDP2",
     "token-loss-wrong-recipes",
     "grad-sync (raw DDP",
+    "grad-sync (FSDP1",
     "grad-sync (FSDP2",
     "set-epoch",
     "any-rank",
