@@ -157,6 +157,7 @@ class FakeAccelerator:
         self.num_processes = 3
         self.device = torch.device("cpu")
         self.no_sync_entered: list[Any] = []
+        self.reductions = 0
 
     @contextmanager
     def no_sync(self, model: torch.nn.Module) -> Any:
@@ -164,6 +165,7 @@ class FakeAccelerator:
         yield
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        self.reductions += 1
         return tensor * self.num_processes if reduction == "sum" else tensor.clone()
 
 
@@ -238,6 +240,7 @@ def test_scale_factors_use_the_accelerator_divisor_and_world_size() -> None:
     one = torch.tensor(1.0, dtype=torch.float64)
     assert window.scale_sum(one).item() == pytest.approx(4 * 3 / 30)
     assert window.scale_mean(one, batch).item() == pytest.approx(5 * 4 * 3 / 30)
+    assert accelerator.reductions == 1  # one all-reduce per window, none per micro-batch
     override = TokenLossWindow([batch], accelerator=accelerator, model=torch.nn.Identity(), dp_world_size=1)
     assert override.world_size == 1 and override.scale_sum(one).item() == pytest.approx(4 / 15)
     assert TokenLossWindow([batch], shifted=True).num_items.item() == 3
