@@ -245,10 +245,10 @@ def build_micro_batches(case: TokenLossCase, rank: int, device: torch.device) ->
     return batches
 
 
-def reference_gradients(
+def reference_step(
     model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]], shifted: bool
-) -> list[torch.Tensor]:
-    """Single-process gradient of the global token mean, written out without lintdist.runtime."""
+) -> tuple[float, list[torch.Tensor]]:
+    """Single-process global token mean and its gradient, written out without lintdist.runtime."""
     total: torch.Tensor | float = 0.0
     count = 0
     for batch in batches:
@@ -259,7 +259,8 @@ def reference_gradients(
             logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
         )
         count += int(labels.ne(IGNORE_INDEX).sum())
-    return list(torch.autograd.grad(total / max(count, 1), list(model.parameters())))
+    loss = total / max(count, 1)
+    return float(loss.detach()), list(torch.autograd.grad(loss, list(model.parameters())))
 
 
 def _accelerator(ctx: Context, accumulation: int = 1) -> Any:
@@ -340,20 +341,22 @@ def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
     wrapped, optimizer, accelerator, label = _wrap(ctx, case.setup, model, case.accumulation)
     batches = [build_micro_batches(case, rank, ctx.device) for rank in range(ctx.world_size)]
     autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if case.autocast else nullcontext()
-    max_error = reference_max = 0.0
+    max_error = reference_max = loss_error = 0.0
     squares = [0.0, 0.0]
     first_window_ratio = 1.0
     synced_after_window = True
     for index, local in enumerate(microbatch_groups(batches[ctx.rank], case.accumulation)):
         start = index * case.accumulation
         everyone = [batch for rank_batches in batches for batch in rank_batches[start : start + len(local)]]
-        expected = reference_gradients(reference, everyone, case.shifted)
+        expected_loss, expected = reference_step(reference, everyone, case.shifted)
         window = TokenLossWindow(local, accelerator=accelerator, model=wrapped, shifted=case.shifted)
+        window_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         for i, batch in enumerate(local):
             with window.sync(i):
                 with autocast:
                     logits = wrapped(batch["input_ids"])
                 loss = _recipe_loss(case, window, logits, batch)
+                window_loss += loss.detach()
                 if accelerator is None:
                     loss.backward()
                 else:
@@ -370,10 +373,17 @@ def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
             optimizer.step()
             optimizer.zero_grad()
         for got, want in zip(grads, expected, strict=True):
-            max_error = max(max_error, float((got.double() - want.double()).abs().max()))
+            # A NaN must fail the comparison, and max() would drop it.
+            error = (got.double() - want.double()).abs().max().nan_to_num(nan=math.inf)
+            max_error = max(max_error, float(error))
             reference_max = max(reference_max, float(want.abs().max()))
             squares[0] += float(got.double().square().sum())
             squares[1] += float(want.double().square().sum())
+        if ctx.distributed:
+            dist.all_reduce(window_loss)
+        # What a loop would log: the scaled losses summed over the window and ranks, over G_div * W.
+        logged = float(window_loss) / (window.grad_divisor * window.world_size)
+        loss_error = max(loss_error, abs(logged - expected_loss) if math.isfinite(logged) else math.inf)
         if index == 0 and squares[1]:
             # Later windows start from parameters that a wrong recipe has already moved.
             first_window_ratio = math.sqrt(squares[0] / squares[1])
@@ -381,9 +391,9 @@ def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
             for parameter, grad in zip(reference.parameters(), expected, strict=True):
                 parameter.sub_(LEARNING_RATE * grad)
     tolerance = AUTOCAST_RELATIVE_TOLERANCE * reference_max if case.autocast else FLOAT64_TOLERANCE
+    loss_tolerance = AUTOCAST_RELATIVE_TOLERANCE if case.autocast else FLOAT64_TOLERANCE
     ratio = math.sqrt(squares[0] / squares[1]) if squares[1] else 1.0
-    finite = math.isfinite(max_error)
-    passed = finite and max_error <= tolerance and synced_after_window
+    passed = max_error <= tolerance and loss_error <= loss_tolerance and synced_after_window
     variant = ", ".join(
         part
         for part in (
@@ -393,7 +403,7 @@ def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
         )
         if part
     )
-    detail = f"max |grad - ref| = {max_error:.1e}, |grad|/|ref| = {ratio:.4f}"
+    detail = f"max |grad - ref| = {max_error:.1e}, |grad|/|ref| = {ratio:.4f}, |loss - ref| = {loss_error:.1e}"
     if not synced_after_window:
         detail += ", accelerator.sync_gradients was False after a window"
     return Verdict(
@@ -405,6 +415,7 @@ def check_token_loss(ctx: Context, case: TokenLossCase) -> Verdict:
             "max_error": max_error,
             "norm_ratio": ratio,
             "first_window_norm_ratio": first_window_ratio,
+            "loss_error": loss_error,
             "reference_max": reference_max,
             "tolerance": tolerance,
         },

@@ -84,6 +84,8 @@ def test_token_loss_gradient_equals_global_token_mean(world: WorldRun) -> None:
         for verdict in verdicts:
             assert verdict.status == "PASS", f"{name}: {verdict.line()}\n{case}"
             assert verdict.metrics["max_error"] <= TOLERANCE, name
+            # The logged loss (scaled losses summed over the window and ranks, over G_div * W) is the global mean.
+            assert verdict.metrics["loss_error"] <= TOLERANCE, name
     covered = {(case.setup, case.accumulation, case.reduction, case.shifted) for case, _ in runs.values()}
     assert len(covered) == len(SETUPS) * 2 * 2 * 2
 
