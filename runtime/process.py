@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,7 +44,8 @@ def main_process_first(*, accelerator: Any = None, local: bool = False) -> Itera
     if not is_distributed():
         yield
         return
-    rank = dist.get_node_local_rank(fallback_rank=dist.get_rank()) if local else dist.get_rank()
+    # LOCAL_RANK is set by torchrun and accelerate; without it, rank 0 alone goes first.
+    rank = int(os.environ.get("LOCAL_RANK", dist.get_rank())) if local else dist.get_rank()
     if rank != 0:
         barrier()
     try:
