@@ -72,23 +72,24 @@ def test_shift_labels_is_the_causal_lm_shift(labels: torch.Tensor) -> None:
 @settings(max_examples=30, deadline=None)
 @given(labels_tensors(), st.integers(0, 2**16))
 def test_shift_labels_gives_transformers_causal_lm_loss(labels: torch.Tensor, seed: int) -> None:
-    from transformers.loss.loss_utils import ForCausalLMLoss
+    causal_lm_loss = pytest.importorskip("transformers.loss.loss_utils").ForCausalLMLoss
 
     vocab = 10
     logits = torch.randn(*labels.shape, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     # num_items_in_batch=1 makes transformers sum, so a misaligned token changes the value.
-    internal = ForCausalLMLoss(logits, labels, vocab, num_items_in_batch=1)
-    ours = ForCausalLMLoss(logits, None, vocab, num_items_in_batch=1, shift_labels=shift_labels(labels))
+    internal = causal_lm_loss(logits, labels, vocab, num_items_in_batch=1)
+    ours = causal_lm_loss(logits, None, vocab, num_items_in_batch=1, shift_labels=shift_labels(labels))
     assert torch.equal(ours, internal)
-    mean_internal = ForCausalLMLoss(logits, labels, vocab)
-    mean_ours = ForCausalLMLoss(logits, None, vocab, shift_labels=shift_labels(labels))
+    mean_internal = causal_lm_loss(logits, labels, vocab)
+    mean_ours = causal_lm_loss(logits, None, vocab, shift_labels=shift_labels(labels))
     assert torch.equal(mean_ours, mean_internal) or (mean_ours.isnan() and mean_internal.isnan())
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(labels_tensors(), min_size=1, max_size=4), st.booleans())
 def test_count_loss_tokens_matches_the_transformers_trainer(batches: list[torch.Tensor], shifted: bool) -> None:
-    from transformers import Trainer
+    # transformers 5 counts causal-LM items over labels[..., 1:] (`_loss_shifts_labels`).
+    trainer_class = pytest.importorskip("transformers", minversion="5.0").Trainer
 
     trainer = SimpleNamespace(
         model_accepts_loss_kwargs=True,
@@ -100,10 +101,10 @@ def test_count_loss_tokens_matches_the_transformers_trainer(batches: list[torch.
         get_sp_size=lambda: 1,
     )
     dict_batches = [{"labels": labels} for labels in batches]
-    expected = Trainer._get_num_items_in_batch(trainer, dict_batches, torch.device("cpu"))
+    expected = trainer_class._get_num_items_in_batch(trainer, dict_batches, torch.device("cpu"))
     assert int(count_loss_tokens(dict_batches, shifted=shifted)) == int(expected)
     with_shift_key = [{"labels": labels, "shift_labels": shift_labels(labels)} for labels in batches]
-    expected = Trainer._get_num_items_in_batch(trainer, with_shift_key, torch.device("cpu"))
+    expected = trainer_class._get_num_items_in_batch(trainer, with_shift_key, torch.device("cpu"))
     assert int(count_loss_tokens(with_shift_key, shifted=shifted)) == int(expected)
 
 
