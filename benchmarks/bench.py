@@ -1,13 +1,20 @@
 """Time lintdist against a bare libcst parse of the same files, in one run.
 
-    python benchmarks/bench.py [--jobs N] [--repeat K] [PACKAGE ...]   (default: transformers accelerate)
+    python benchmarks/bench.py [--jobs N] [--repeat K] [--fixit BIN] [--torchfix BIN] [PACKAGE ...]
+    (default packages: transformers accelerate)
 
 Measures, on the installed source trees of the packages:
   bare   every .py file parsed with libcst.parse_module, N worker processes
   cold   `lintdist check --no-cache --jobs N` (files the pre-filter skips are not parsed)
   warm   `lintdist check --jobs N` run twice; the second run is timed
-and prints the ratios cold/bare and warm/cold (best of K runs each). Not a test:
-timings depend on the machine.
+and prints the ratios cold/bare and warm/cold (best of K runs each). With
+--fixit and --torchfix (the `fixit` and `torchfix` executables, each installed in
+its own virtual environment: torchfix pins libcst < 1.6), it also times
+`fixit lint` and `torchfix -j N` on the same files and prints their ratios to
+lintdist cold. Not a test: timings depend on the machine.
+
+    python -m venv /tmp/fixit && /tmp/fixit/bin/pip install fixit
+    python -m venv /tmp/torchfix && /tmp/torchfix/bin/pip install torchfix
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ def main() -> None:
     parser.add_argument("packages", nargs="*", default=["transformers", "accelerate"])
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fixit", help="path of a `fixit` executable")
+    parser.add_argument("--torchfix", help="path of a `torchfix` executable")
     args = parser.parse_args()
 
     roots = [package_root(name) for name in args.packages]
@@ -75,10 +84,18 @@ def main() -> None:
             timed(lintdist, cache)
             warm_times.append(timed(lintdist, cache))
         warm = min(warm_times)
+        others = {}
+        if args.fixit:
+            others["fixit lint"] = min(timed([args.fixit, "lint", *map(str, roots)], work) for _ in range(args.repeat))
+        if args.torchfix:
+            command = [args.torchfix, "-j", str(args.jobs), *map(str, roots)]
+            others["torchfix"] = min(timed(command, work) for _ in range(args.repeat))
     print(f"files: {len(files)} .py files in {', '.join(args.packages)}; jobs: {args.jobs}; best of {args.repeat}")
     print(f"bare libcst parse: {bare:.2f} s")
     print(f"lintdist cold:     {cold:.2f} s   cold/bare = {cold / bare:.2f}x   (target <= 1.2x)")
     print(f"lintdist warm:     {warm:.2f} s   warm/cold = {warm / cold:.3f}x  (target < 0.1x)")
+    for name, seconds in others.items():
+        print(f"{name + ':':<18} {seconds:.2f} s   {name}/lintdist-cold = {seconds / cold:.2f}x   {name}/bare = {seconds / bare:.2f}x")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def check_text(
     """All findings of ``rules`` in one file's text, suppressions applied."""
     if IGNORE_FILE.search(text):
         return [], None
-    rules = [rule for rule in rules if kind in rule.kinds and rule.code not in {"LD001", "LD002"}]
+    rules = [rule for rule in rules if kind in rule.kinds]
     if not explicit and not _worth_parsing(text, kind):
         return [], None
     # Rules whose trigger words are absent cannot fire: the file is still parsed (syntax errors are

@@ -164,7 +164,10 @@ class PythonFacts(cst.BatchableCSTVisitor):
         return None
 
     def calls_within(self, node: cst.CSTNode) -> list[cst.Call]:
-        return [call for call in self.calls if self.is_within(call, node)]
+        key = f"calls_within:{id(node)}"
+        if key not in self._memo:
+            self._memo[key] = [call for call in self.calls if self.is_within(call, node)]
+        return self._memo[key]
 
     # -- names ----------------------------------------------------------------------------
 

@@ -47,7 +47,6 @@ class FileReport:
 class RunResult:
     findings: list[Finding]
     reports: list[FileReport]
-    files: int
     internal_errors: list[str]
 
 
@@ -180,7 +179,7 @@ def run(
 ) -> RunResult:
     candidates, discovery_errors = discover(paths, settings)
     findings: list[Finding] = []
-    for error in discovery_errors:
+    for error in discovery_errors if "LD002" in settings.enabled else ():
         rule = rule_by_code("LD002")
         findings.append(
             Finding("LD002", rule.name, Severity.ERROR, error.message, error.display, Span(1, 1, 1, 1), url=rule.url())
@@ -230,4 +229,4 @@ def run(
     for report in ordered:
         findings.extend(Finding.from_json(f) for f in report.findings)
     findings.sort(key=lambda f: f.sort_key)
-    return RunResult(findings, ordered, len(candidates), [r.error for r in ordered if r.error])
+    return RunResult(findings, ordered, [r.error for r in ordered if r.error])

@@ -285,10 +285,8 @@ for _ in range(3):
         facts = self.facts
         uses_by_loop: dict[int, tuple[Loop, list[tuple[SamplerUse, cst.BaseExpression]]]] = {}
         for loop, loader in facts.data_loops():
-            if facts.under_no_grad(loop) or not facts.trains(loop.body):
-                continue
             use = facts.distributed_sampler(loader, loop)
-            if use is None:
+            if use is None or facts.under_no_grad(loop) or not facts.trains(loop.body):
                 continue
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
                 uses_by_loop.setdefault(id(epoch_loop), (epoch_loop, []))[1].append((use, loader_there))
