@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -435,6 +435,24 @@ class _Probe(Exception):
     """Raised inside a block to check that a context manager cleans up."""
 
 
+def _grad_sync_setup(
+    ctx: Context, setup: str, accumulation: int, model: torch.nn.Module
+) -> tuple[torch.nn.Module, Any, str, list[dict[str, torch.Tensor]], Callable[[dict[str, torch.Tensor]], None]]:
+    """The wrapped model, its accelerator (or None), its label, this rank's micro-batches, and a backward of one."""
+    wrapped, _, accelerator, label = _wrap(ctx, setup, model, accumulation)
+    case = TokenLossCase(setup, accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
+    batches = build_micro_batches(case, ctx.rank, ctx.device)
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        loss = token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum")
+        if accelerator is None:
+            loss.backward()
+        else:
+            accelerator.backward(loss)
+
+    return wrapped, accelerator, label.replace(f", G={accumulation}", ""), batches, backward
+
+
 def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
     """No gradient communication before a window's last micro-batch; state restored on exit and on error."""
     if setup == "fsdp2":
@@ -442,8 +460,7 @@ def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
     if setup == "fsdp1":
         return _check_grad_sync_fsdp1(ctx, accumulation)
     model = TinyCausalLM(seed=1).to(ctx.device)
-    wrapped, _, accelerator, label = _wrap(ctx, setup, model, accumulation)
-    label = label.replace(f", G={accumulation}", "")
+    wrapped, accelerator, label, batches, backward = _grad_sync_setup(ctx, setup, accumulation, model)
     if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
         return Verdict("grad-sync", label, "SKIP", "the prepared model is not DDP here (one process)")
     calls = [0]
@@ -454,15 +471,6 @@ def check_grad_sync(ctx: Context, setup: str, accumulation: int = 3) -> Verdict:
         return allreduce_hook(None, bucket)
 
     wrapped.register_comm_hook(calls, counting_allreduce)
-    case = TokenLossCase(setup, accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
-    batches = build_micro_batches(case, ctx.rank, ctx.device)
-
-    def backward(batch: dict[str, torch.Tensor]) -> None:
-        loss = token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum")
-        if accelerator is None:
-            loss.backward()
-        else:
-            accelerator.backward(loss)
 
     backward(batches[0])
     buckets, calls[0] = calls[0], 0
@@ -539,13 +547,7 @@ def _check_grad_sync_fsdp1(ctx: Context, accumulation: int) -> Verdict:
     model = TinyCausalLM(seed=1).to(ctx.device)
     # Outside forward and backward, FSDP1's parameters are views of this rank's shard.
     shapes = [parameter.shape for parameter in model.parameters()]
-    wrapped, _, _, label = _wrap(ctx, "fsdp1", model, accumulation)
-    label = label.replace(f", G={accumulation}", "")
-    case = TokenLossCase("fsdp1", accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
-    batches = build_micro_batches(case, ctx.rank, ctx.device)
-
-    def backward(batch: dict[str, torch.Tensor]) -> None:
-        token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum").backward()
+    wrapped, _, label, batches, backward = _grad_sync_setup(ctx, "fsdp1", accumulation, model)
 
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
@@ -587,13 +589,7 @@ def _check_grad_sync_fsdp1(ctx: Context, accumulation: int) -> Verdict:
 def _check_grad_sync_fsdp2(ctx: Context, accumulation: int) -> Verdict:
     # FSDP2 writes the sharded .grad only when it reduce-scatters, so .grad stays None while not syncing.
     model = TinyCausalLM(seed=1).to(ctx.device)
-    wrapped, _, _, label = _wrap(ctx, "fsdp2", model, accumulation)
-    label = label.replace(f", G={accumulation}", "")
-    case = TokenLossCase("fsdp2", accumulation, canonical_lengths(ctx.world_size, accumulation), seed=1)
-    batches = build_micro_batches(case, ctx.rank, ctx.device)
-
-    def backward(batch: dict[str, torch.Tensor]) -> None:
-        token_loss(wrapped(batch["input_ids"]), batch["labels"], shifted=False, reduction="sum").backward()
+    wrapped, _, label, batches, backward = _grad_sync_setup(ctx, "fsdp2", accumulation, model)
 
     def reduced() -> bool:
         return all(parameter.grad is not None for parameter in wrapped.parameters())
