@@ -70,7 +70,7 @@ def check(paths, select, ignore, extend_select, output_format, exit_zero, statis
     A file named explicitly is always checked.
 
     Exit status: 0 no findings, 1 findings, 2 usage error or internal failure.
-    With --fix, 0 only if no finding remains.
+    With --fix, 0 only if no finding remains; with --diff, 1 when there is a diff.
     """
     from lintdist.runner import run
 
@@ -128,7 +128,8 @@ def check(paths, select, ignore, extend_select, output_format, exit_zero, statis
         click.echo(f"error: internal failure: {error}", err=True)
     if result.internal_errors:
         sys.exit(2)
-    sys.exit(0 if exit_zero or not findings else 1)
+    pending_diff = diff and any(r.diff for r in result.reports)
+    sys.exit(0 if exit_zero or not (findings or pending_diff) else 1)
 
 
 @cli.command("rule")

@@ -184,6 +184,14 @@ def test_help_texts(lintdist):
         assert option in help_text
 
 
+def test_diff_writes_nothing_and_exits_1_when_there_is_a_diff(project, lintdist):
+    result = lintdist("check", "--diff", "train.py")
+    assert result.exit_code == 1
+    assert "+    sampler.set_epoch(epoch)" in result.output
+    assert (project / "train.py").read_text() == BROKEN
+    assert lintdist("check", "--diff", "clean.py").exit_code == 0
+
+
 def test_fix_exit_code_and_summary(project, lintdist):
     result = lintdist("check", "--fix", "train.py")
     assert result.exit_code == 0
