@@ -72,7 +72,17 @@ def main() -> None:
 
     roots = [package_root(name) for name in args.packages]
     files = sorted(str(p) for root in roots for p in root.rglob("*.py"))
-    lintdist = [sys.executable, "-m", "lintdist", "check", "--exit-zero", "-q", "--jobs", str(args.jobs), *map(str, roots)]
+    lintdist = [
+        sys.executable,
+        "-m",
+        "lintdist",
+        "check",
+        "--exit-zero",
+        "-q",
+        "--jobs",
+        str(args.jobs),
+        *map(str, roots),
+    ]
     with tempfile.TemporaryDirectory() as work:
         bare_script = Path(work) / "bare.py"
         bare_script.write_text(BARE)
@@ -95,7 +105,9 @@ def main() -> None:
     print(f"lintdist cold:     {cold:.2f} s   cold/bare = {cold / bare:.2f}x   (target <= 1.2x)")
     print(f"lintdist warm:     {warm:.2f} s   warm/cold = {warm / cold:.3f}x  (target < 0.1x)")
     for name, seconds in others.items():
-        print(f"{name + ':':<18} {seconds:.2f} s   {name}/lintdist-cold = {seconds / cold:.2f}x   {name}/bare = {seconds / bare:.2f}x")
+        print(
+            f"{name + ':':<18} {seconds:.2f} s   {name}/lintdist-cold = {seconds / cold:.2f}x   {name}/bare = {seconds / bare:.2f}x"
+        )
 
 
 if __name__ == "__main__":

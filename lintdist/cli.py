@@ -46,10 +46,14 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
-@click.option("--select", multiple=True, help="Rule codes or prefixes to enable (replaces the default set), e.g. LD2,LD401.")
+@click.option(
+    "--select", multiple=True, help="Rule codes or prefixes to enable (replaces the default set), e.g. LD2,LD401."
+)
 @click.option("--ignore", multiple=True, help="Rule codes or prefixes to disable.")
 @click.option("--extend-select", multiple=True, help="Rule codes or prefixes to enable on top of the selection.")
-@click.option("--output-format", type=click.Choice(FORMATS), default="text", show_default=True, help="How to print findings.")
+@click.option(
+    "--output-format", type=click.Choice(FORMATS), default="text", show_default=True, help="How to print findings."
+)
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of the findings.")
 @click.option("--fix", is_flag=True, help="Apply safe fixes, re-check, and write the files.")
@@ -57,11 +61,30 @@ def cli() -> None:
 @click.option("--diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write .lintdist_cache/.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes (default: all cores).")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
-              help="A lintdist.toml or pyproject.toml to use instead of the one found upward from the paths.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A lintdist.toml or pyproject.toml to use instead of the one found upward from the paths.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print the findings only: no code frames, no summary.")
-def check(paths, select, ignore, extend_select, output_format, exit_zero, statistics, fix, unsafe_fixes, diff,
-          no_cache, jobs, config_file, quiet) -> None:
+def check(
+    paths,
+    select,
+    ignore,
+    extend_select,
+    output_format,
+    exit_zero,
+    statistics,
+    fix,
+    unsafe_fixes,
+    diff,
+    no_cache,
+    jobs,
+    config_file,
+    quiet,
+) -> None:
     """Check PATHS (files or directories; default: the current directory).
 
     Finds Python scripts, notebooks (*.ipynb), accelerate/DeepSpeed configs
@@ -123,7 +146,9 @@ def check(paths, select, ignore, extend_select, output_format, exit_zero, statis
             click.echo(text)
     applied = sum(r.applied for r in result.reports)
     if output_format in {"text", "concise"} and not quiet and not diff:
-        click.echo(summary(findings, unsafe=settings.unsafe_fixes, fixed=applied if mode == "fix" else 0), err=statistics)
+        click.echo(
+            summary(findings, unsafe=settings.unsafe_fixes, fixed=applied if mode == "fix" else 0), err=statistics
+        )
     for error in result.internal_errors:
         click.echo(f"error: internal failure: {error}", err=True)
     if result.internal_errors:

@@ -16,12 +16,40 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 KNOWN_KEYS = frozenset(
-    {"select", "ignore", "extend-select", "exclude", "extend-exclude", "per-file-ignores", "unsafe-fixes", "accelerate-config"}
+    {
+        "select",
+        "ignore",
+        "extend-select",
+        "exclude",
+        "extend-exclude",
+        "per-file-ignores",
+        "unsafe-fixes",
+        "accelerate-config",
+    }
 )
 DEFAULT_EXCLUDE = (
-    ".bzr", ".direnv", ".eggs", ".git", ".hg", ".mypy_cache", ".nox", ".pytest_cache", ".ruff_cache", ".svn",
-    ".tox", ".venv", ".lintdist_cache", "__pycache__", "__pypackages__", "_build", "buck-out", "build", "dist",
-    "node_modules", "site-packages", "venv",
+    ".bzr",
+    ".direnv",
+    ".eggs",
+    ".git",
+    ".hg",
+    ".mypy_cache",
+    ".nox",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".svn",
+    ".tox",
+    ".venv",
+    ".lintdist_cache",
+    "__pycache__",
+    "__pypackages__",
+    "_build",
+    "buck-out",
+    "build",
+    "dist",
+    "node_modules",
+    "site-packages",
+    "venv",
 )
 
 

@@ -26,11 +26,11 @@ class FileContext:
     options: dict[str, Any] = field(default_factory=dict)
     module: cst.Module | None = None
     wrapper: MetadataWrapper | None = None
-    facts: "PythonFacts | None" = None
-    config: "ConfigDocument | None" = None
-    launch: "LaunchFile | None" = None
+    facts: PythonFacts | None = None
+    config: ConfigDocument | None = None
+    launch: LaunchFile | None = None
     # Launch settings in force for this script, gathered by the project pass.
-    settings: "LaunchSettings | None" = None
+    settings: LaunchSettings | None = None
     findings: list[Finding] = field(default_factory=list)
 
     def add(self, finding: Finding) -> None:

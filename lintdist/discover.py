@@ -10,7 +10,16 @@ import pathspec
 
 from lintdist.config import Settings
 
-KIND_BY_SUFFIX = {".py": "python", ".pyi": "python", ".yaml": "config", ".yml": "config", ".json": "config", ".sh": "launch", ".bash": "launch", ".ipynb": "notebook"}
+KIND_BY_SUFFIX = {
+    ".py": "python",
+    ".pyi": "python",
+    ".yaml": "config",
+    ".yml": "config",
+    ".json": "config",
+    ".sh": "launch",
+    ".bash": "launch",
+    ".ipynb": "notebook",
+}
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,9 @@ def _syntax_error(text: str, error: cst.ParserSyntaxError) -> SourceError:
         compile(text, "<lintdist>", "exec", dont_inherit=True)
     except SyntaxError as python_error:
         if python_error.lineno:
-            return SourceError("LD001", f"syntax error: {python_error.msg}", python_error.lineno, python_error.offset or 1)
+            return SourceError(
+                "LD001", f"syntax error: {python_error.msg}", python_error.lineno, python_error.offset or 1
+            )
     except (ValueError, RecursionError, MemoryError):
         pass
     return SourceError("LD001", f"syntax error: {error.message}", error.raw_line, error.raw_column + 1)
@@ -152,7 +154,9 @@ def _finish(rule: Rule, context: FileContext) -> None:
     try:
         rule.finish()
     except Exception as error:  # a rule bug must name itself and the file, not kill the run silently
-        raise InternalError(f"{rule.code} crashed on {context.display_name}: {type(error).__name__}: {error}") from error
+        raise InternalError(
+            f"{rule.code} crashed on {context.display_name}: {type(error).__name__}: {error}"
+        ) from error
 
 
 # -- fixes ----------------------------------------------------------------------------------
@@ -231,7 +235,9 @@ def fix_text(
     refused: set[tuple[str, str]] = set()
     checked = None
     for _ in range(MAX_FIX_ROUNDS):
-        findings, context = check_text(outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings)
+        findings, context = check_text(
+            outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings
+        )
         outcome.findings, checked = findings, outcome.text
         fixable = [
             f for f in findings if f.fix and f.fix.applicability in allowed and (f.code, f.message) not in refused
@@ -252,7 +258,9 @@ def fix_text(
                     good.append(finding)
                 else:
                     refused.add((finding.code, finding.message))
-                    outcome.dropped.append(f"{finding.code} fix at line {finding.span.line} dropped: its result does not parse")
+                    outcome.dropped.append(
+                        f"{finding.code} fix at line {finding.span.line} dropped: its result does not parse"
+                    )
             chosen = good
             new_text = _render(context, [f.fix for f in chosen])
         if new_text == outcome.text:
@@ -260,7 +268,9 @@ def fix_text(
         outcome.text = new_text
         outcome.applied += len(chosen)
     if checked != outcome.text:
-        outcome.findings, _ = check_text(outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings)
+        outcome.findings, _ = check_text(
+            outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings
+        )
     return outcome
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Union
+from collections.abc import Iterator
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -22,9 +23,7 @@ Loop = Union[cst.For, cst.While]
 ACCELERATOR_CLASSES = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 PREPARE_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
 DATALOADER_CLASSES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-SAMPLER_CLASSES = frozenset(
-    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-)
+SAMPLER_CLASSES = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
 DDP_CLASSES = frozenset(
     {
         "torch.nn.parallel.DistributedDataParallel",
@@ -200,7 +199,9 @@ class PythonFacts(cst.BatchableCSTVisitor):
             return constructors or [f for f in self.functions.get(func.value, ()) if self.enclosing_class(f) is None]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"}:
             cls = self.enclosing_class(call)
-            return [f for f in self.functions.get(func.attr.value, ()) if cls is not None and self.enclosing_class(f) is cls]
+            return [
+                f for f in self.functions.get(func.attr.value, ()) if cls is not None and self.enclosing_class(f) is cls
+            ]
         return []
 
     def call_sites(self, function: cst.FunctionDef) -> list[cst.Call]:
@@ -230,7 +231,11 @@ class PythonFacts(cst.BatchableCSTVisitor):
         candidates = self._bindings.get(key, [])
         if key.split(".", 1)[0] in {"self", "cls"}:
             cls = self.enclosing_class(at)
-            return [b for b in candidates if cls is not None and b.function is not None and self.enclosing_class(b.function) is cls]
+            return [
+                b
+                for b in candidates
+                if cls is not None and b.function is not None and self.enclosing_class(b.function) is cls
+            ]
         function = self.enclosing_function(at)
         local = [b for b in candidates if b.function is function]
         if local or function is None:
@@ -398,7 +403,11 @@ class PythonFacts(cst.BatchableCSTVisitor):
 
     def is_prepare_call(self, node: cst.CSTNode) -> bool:
         """``accelerator.prepare(...)``, ``prepare_data_loader`` or Fabric's ``setup_dataloaders``."""
-        return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in PREPARE_METHODS
+        return (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in PREPARE_METHODS
+        )
 
     def is_accelerator(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None) -> bool:
         return any(

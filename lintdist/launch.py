@@ -52,7 +52,9 @@ class LaunchSettings:
         for flag, backend in (("use_fsdp", "FSDP"), ("use_deepspeed", "DEEPSPEED"), ("tpu", "XLA")):
             setting = self.values.get(flag)
             if setting is not None and str(setting.value).lower() in {"true", "1", "none"}:
-                return Setting("distributed_type", backend, setting.path, setting.line, setting.column, setting.spelling)
+                return Setting(
+                    "distributed_type", backend, setting.path, setting.line, setting.column, setting.spelling
+                )
         return self.values.get("distributed_type")
 
     def fingerprint(self) -> tuple:

@@ -104,7 +104,7 @@ class Finding:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "Finding":
+    def from_json(cls, data: dict) -> Finding:
         fix = data.get("fix")
         return cls(
             code=data["code"],

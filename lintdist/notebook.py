@@ -43,7 +43,7 @@ def _mask(source: str) -> str:
     masked = []
     for line in lines:
         body = line.rstrip("\r\n")
-        ending = line[len(body):]
+        ending = line[len(body) :]
         stripped = body.lstrip()
         if cell_magic:
             masked.append(MAGIC + body + ending)
@@ -86,10 +86,10 @@ def write_notebook(notebook: Notebook, python: str) -> str:
     current: list[str] = preamble
     for line in python.splitlines(keepends=True):
         if line.startswith(CELL_MARKER):
-            current = sources.setdefault(int(line[len(CELL_MARKER):].strip()) - 1, [])
+            current = sources.setdefault(int(line[len(CELL_MARKER) :].strip()) - 1, [])
             continue
         match = MAGIC_LINE.match(line.rstrip("\r\n"))
-        current.append(match.group(1) + match.group(2) + line[len(line.rstrip("\r\n")):] if match else line)
+        current.append(match.group(1) + match.group(2) + line[len(line.rstrip("\r\n")) :] if match else line)
     if preamble and sources:
         first = min(sources)
         sources[first] = preamble + sources[first]

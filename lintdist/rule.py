@@ -64,7 +64,7 @@ class Rule(cst.BatchableCSTVisitor):
 
     METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider, QualifiedNameProvider, ScopeProvider)
 
-    def __init__(self, context: "FileContext") -> None:
+    def __init__(self, context: FileContext) -> None:
         super().__init__()
         self.context = context
 

@@ -67,7 +67,9 @@ def process(task: Task) -> FileReport:
         try:
             notebook = read_notebook(source.text)
         except SourceError as error:
-            report.findings = [source_error_finding(error, candidate.display).to_json()] if error.code in task.codes else []
+            report.findings = (
+                [source_error_finding(error, candidate.display).to_json()] if error.code in task.codes else []
+            )
             return report
         text, kind = notebook.python, "python"
     common = dict(path=candidate.path, display=candidate.display, kind=kind, rules=rules, settings=task.settings)
@@ -201,8 +203,14 @@ def run(
     reports: dict[int, FileReport] = {}
     pending: list[tuple[int, Task, str | None]] = []
     for index, task in enumerate(tasks):
-        extra = (task.candidate.kind, task.candidate.display, task.candidate.explicit, sorted(task.codes),
-                 task.settings.fingerprint() if task.settings else None, want_edits)
+        extra = (
+            task.candidate.kind,
+            task.candidate.display,
+            task.candidate.explicit,
+            sorted(task.codes),
+            task.settings.fingerprint() if task.settings else None,
+            want_edits,
+        )
         if cache is not None:
             cached, digest = cache.lookup(task.candidate.display, task.candidate.path, extra)
             if cached is not None:
@@ -215,7 +223,9 @@ def run(
     workers = jobs or os.cpu_count() or 1
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
         with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
-            results = list(pool.map(process, [t for _, t, _ in pending], chunksize=max(1, len(pending) // (workers * 8))))
+            results = list(
+                pool.map(process, [t for _, t, _ in pending], chunksize=max(1, len(pending) // (workers * 8)))
+            )
     else:
         results = [process(task) for _, task, _ in pending]
     for (index, task, digest), report in zip(pending, results):

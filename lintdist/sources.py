@@ -118,10 +118,32 @@ def parse_config(text: str) -> ConfigDocument | None:
 
 LAUNCHERS = re.compile(r"accelerate\s+launch|torchrun|torch\.distributed\.(?:run|launch)|(?<![\w.])deepspeed\s")
 ACCELERATE_BOOLEAN_FLAGS = frozenset(
-    "cpu debug downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph dynamo_use_regional_compilation "
-    "enable_cpu_affinity fp8_use_autocast_during_eval module m no_python multi_gpu quiet q same_network tpu "
-    "tpu_cluster tpu_use_sudo use_deepspeed use_fsdp use_megatron_lm use_parallelism_config "
-    "standalone run_path".split()
+    [
+        "cpu",
+        "debug",
+        "downcast_bf16",
+        "dynamo_use_dynamic",
+        "dynamo_use_fullgraph",
+        "dynamo_use_regional_compilation",
+        "enable_cpu_affinity",
+        "fp8_use_autocast_during_eval",
+        "module",
+        "m",
+        "no_python",
+        "multi_gpu",
+        "quiet",
+        "q",
+        "same_network",
+        "tpu",
+        "tpu_cluster",
+        "tpu_use_sudo",
+        "use_deepspeed",
+        "use_fsdp",
+        "use_megatron_lm",
+        "use_parallelism_config",
+        "standalone",
+        "run_path",
+    ]
 )
 
 
@@ -226,10 +248,16 @@ def _launch_command(words: list[Token]) -> LaunchCommand | None:
         launcher, rest = "accelerate", words[2:]
     elif texts[:1] == ["torchrun"]:
         launcher, rest = "torchrun", words[1:]
-    elif len(texts) >= 3 and Path(texts[0]).name.startswith("python") and texts[1] == "-m" and texts[2] in {
-        "torch.distributed.run",
-        "torch.distributed.launch",
-    }:
+    elif (
+        len(texts) >= 3
+        and Path(texts[0]).name.startswith("python")
+        and texts[1] == "-m"
+        and texts[2]
+        in {
+            "torch.distributed.run",
+            "torch.distributed.launch",
+        }
+    ):
         launcher, rest = "torchrun", words[3:]
     elif texts[:1] == ["deepspeed"]:
         launcher, rest = "deepspeed", words[1:]

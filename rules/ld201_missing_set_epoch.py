@@ -12,6 +12,7 @@ from lintdist.rule import Invalid, Rule, Valid
 
 SET_EPOCH = frozenset({"set_epoch"})
 
+
 class MissingSetEpoch(Rule):
     """
     ## What it does
@@ -283,40 +284,44 @@ for _ in range(3):
 
     def finish(self) -> None:
         facts = self.facts
-        uses_by_loop: dict[int, tuple[Loop, list[tuple[SamplerUse, cst.BaseExpression]]]] = {}
+        # epoch loop -> the first training loader with a DistributedSampler it runs, and that loader's expression there
+        epoch_loops: dict[int, tuple[Loop, SamplerUse, cst.BaseExpression]] = {}
         for loop, loader in facts.data_loops():
             use = facts.distributed_sampler(loader, loop)
             if use is None or facts.under_no_grad(loop) or not facts.trains(loop.body):
                 continue
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
-                uses_by_loop.setdefault(id(epoch_loop), (epoch_loop, []))[1].append((use, loader_there))
-        for epoch_loop, uses in uses_by_loop.values():
-            if _single_pass(epoch_loop) or facts.reaches_method(epoch_loop.body, SET_EPOCH):
-                continue
-            self._report(epoch_loop, uses)
+                epoch_loops.setdefault(id(epoch_loop), (epoch_loop, use, loader_there))
+        for epoch_loop, use, loader_there in epoch_loops.values():
+            if not _single_pass(epoch_loop) and not facts.reaches_method(epoch_loop.body, SET_EPOCH):
+                self._report(epoch_loop, use, loader_there)
 
     # -- the report and its fix -------------------------------------------------------------
 
-    def _report(self, epoch_loop: Loop, uses: list[tuple[SamplerUse, cst.BaseExpression]]) -> None:
-        use, loader_there = uses[0]
+    def _report(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> None:
         epoch = _epoch_variable(epoch_loop)
         receiver, helper = self._receiver(epoch_loop, use, loader_there)
-        call_text = (f"set_epoch({receiver}, {epoch or 'epoch'})" if helper else f"{receiver}.set_epoch({epoch or 'epoch'})") if receiver else None
-        subject = f"`{get_full_name_for_node(use.sampler_arg)}`" if isinstance(use.sampler_arg, (cst.Name, cst.Attribute)) else (
-            "the `DistributedSampler` of this loader"
-        )
-        advice = f"call `{call_text}` at the start of each epoch" if call_text else "call `sampler.set_epoch(epoch)` at the start of each epoch"
+        if receiver is None:
+            call_text = "sampler.set_epoch(epoch)"
+        elif helper:
+            call_text = f"set_epoch({receiver}, {epoch or 'epoch'})"
+        else:
+            call_text = f"{receiver}.set_epoch({epoch or 'epoch'})"
+        if isinstance(use.sampler_arg, (cst.Name, cst.Attribute)):
+            subject = f"`{get_full_name_for_node(use.sampler_arg)}`"
+        else:
+            subject = "the `DistributedSampler` of this loader"
         message = (
-            f"{subject} is never told the epoch, so every epoch replays the same shuffle order on every rank; {advice}"
+            f"{subject} is never told the epoch, so every epoch replays the same shuffle order on every rank; "
+            f"call `{call_text}` at the start of each epoch"
         )
         fix = None
         if epoch and receiver and isinstance(epoch_loop.body, cst.IndentedBlock):
-            statement = cst.parse_statement(f"{call_text}\n")
             body = epoch_loop.body
             fix = Fix(
                 Applicability.SAFE,
                 f"Insert `{call_text}` at the start of the epoch loop",
-                replacements=((body, body.with_changes(body=(statement, *body.body))),),
+                replacements=((body, body.with_changes(body=(cst.parse_statement(f"{call_text}\n"), *body.body))),),
                 imports=(("lintdist.runtime", "set_epoch"),) if helper else (),
             )
         self.report(epoch_loop, message, fix=fix, severity=None if use.shuffle else Severity.WARNING)

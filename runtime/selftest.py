@@ -136,9 +136,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Co
     NCCL on `cuda:LOCAL_RANK` when CUDA is available (or `backend="nccl"`), else gloo on CPU.
     """
     if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1"
-        )
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ["MASTER_PORT"] = str(free_port())
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cpu")

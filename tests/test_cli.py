@@ -44,7 +44,10 @@ def test_text_output_has_location_frame_help_and_summary(project, lintdist):
     lines = result.output.splitlines()
     assert lines[0].startswith("train.py:5:1: LD201 [error] `sampler` is never told the epoch")
     assert "5 | for epoch in range(10):" in result.output
-    assert "  = help: Insert `sampler.set_epoch(epoch)` at the start of the epoch loop (safe fix: `lintdist check --fix`)" in lines
+    assert (
+        "  = help: Insert `sampler.set_epoch(epoch)` at the start of the epoch loop (safe fix: `lintdist check --fix`)"
+        in lines
+    )
     assert lines[-1] == "1 finding (1 fixable with --fix)"
     assert "\x1b[" not in result.output, "no colour off a terminal"
 
@@ -71,7 +74,10 @@ def test_json_output_follows_the_design_schema(project, lintdist):
             "column": 1,
             "end_line": 7,
             "end_column": 38,
-            "fix": {"applicability": "safe", "message": "Insert `sampler.set_epoch(epoch)` at the start of the epoch loop"},
+            "fix": {
+                "applicability": "safe",
+                "message": "Insert `sampler.set_epoch(epoch)` at the start of the epoch loop",
+            },
             "url": "https://github.com/lintdist/lintdist/blob/main/docs/rules.md#ld201",
         }
     ]
@@ -168,7 +174,14 @@ def test_exclude_and_gitignore(project, lintdist):
 def test_rule_and_rules_commands_and_version(lintdist):
     doc = lintdist("rule", "ld201")
     assert doc.exit_code == 0
-    for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety", "## References"):
+    for section in (
+        "## What it does",
+        "## Why is this bad?",
+        "## Example",
+        "## Use instead",
+        "## Fix safety",
+        "## References",
+    ):
         assert section in doc.output
     assert "Severity: error; on by default; safe fix (--fix)." in doc.output
     assert lintdist("rule", "LD999").exit_code == 2
@@ -179,8 +192,21 @@ def test_rule_and_rules_commands_and_version(lintdist):
 
 def test_help_texts(lintdist):
     help_text = lintdist("check", "--help").output
-    for option in ("--select", "--ignore", "--extend-select", "--output-format", "--exit-zero", "--statistics", "--fix",
-                   "--unsafe-fixes", "--diff", "--no-cache", "--jobs", "--config", "--quiet"):
+    for option in (
+        "--select",
+        "--ignore",
+        "--extend-select",
+        "--output-format",
+        "--exit-zero",
+        "--statistics",
+        "--fix",
+        "--unsafe-fixes",
+        "--diff",
+        "--no-cache",
+        "--jobs",
+        "--config",
+        "--quiet",
+    ):
         assert option in help_text
 
 

@@ -28,7 +28,9 @@ class BreakBaz(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if isinstance(node.func, cst.Name) and node.func.value == "baz":
-            self.report(node, "baz", fix=Fix(Applicability.SAFE, "Rename", replacements=((node.func, cst.Name("for")),)))
+            self.report(
+                node, "baz", fix=Fix(Applicability.SAFE, "Rename", replacements=((node.func, cst.Name("for")),))
+            )
 
 
 class OrigParamsKey(Rule):
@@ -100,19 +102,31 @@ def test_a_fix_that_breaks_the_file_is_dropped_and_reported(tmp_path, lintdist):
 
 def test_yaml_fix_keeps_comments_and_suppression_works_in_yaml_and_shell(tmp_path, lintdist):
     config = tmp_path / "fsdp.yaml"
-    config.write_text("# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_use_orig_params: true\n  fsdp_offload_params: false\n")
+    config.write_text(
+        "# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_use_orig_params: true\n  fsdp_offload_params: false\n"
+    )
     launch = tmp_path / "run.sh"
-    launch.write_text("accelerate launch --fsdp_use_orig_params true --num_processes 2 train.py  # lintdist: ignore[LD903]\n")
+    launch.write_text(
+        "accelerate launch --fsdp_use_orig_params true --num_processes 2 train.py  # lintdist: ignore[LD903]\n"
+    )
     result = lintdist("check", "--fix", "--no-cache", str(tmp_path))
-    assert config.read_text() == "# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_offload_params: false\n"
+    assert (
+        config.read_text()
+        == "# FSDP2 run\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2  # new API\n  fsdp_offload_params: false\n"
+    )
     assert "LD903" not in result.output and result.exit_code == 0
 
     config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_use_orig_params: true  # noqa: LD903\n")
-    launch.write_text("torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --fsdp_use_orig_params true --num_processes 2 train.py\n")
+    launch.write_text(
+        "torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --fsdp_use_orig_params true --num_processes 2 train.py\n"
+    )
     result = lintdist("check", "--no-cache", "--output-format", "concise", str(tmp_path))
     assert result.output.count("LD903") == 1 and "run.sh:3:1: LD903" in result.output
     lintdist("check", "--fix", "--no-cache", str(tmp_path))
-    assert launch.read_text() == "torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --num_processes 2 train.py\n"
+    assert (
+        launch.read_text()
+        == "torchrun \\\n  --nproc_per_node 2 train.py\naccelerate launch --num_processes 2 train.py\n"
+    )
 
 
 def test_launch_settings_reach_the_script_through_worker_processes(tmp_path, lintdist):
@@ -122,7 +136,9 @@ def test_launch_settings_reach_the_script_through_worker_processes(tmp_path, lin
     (tmp_path / "train.py").write_text("from accelerate.local_sgd import LocalSGD\n")
     for index in range(10):  # enough files for the worker pool
         (tmp_path / f"other_{index}.py").write_text("import torch\n")
-    result = lintdist("check", "--no-cache", "--jobs", "2", "--select", "LD904", "--output-format", "concise", str(tmp_path))
+    result = lintdist(
+        "check", "--no-cache", "--jobs", "2", "--select", "LD904", "--output-format", "concise", str(tmp_path)
+    )
     assert f"train.py:1:1: LD904 [info] backend DEEPSPEED from {tmp_path / 'configs' / 'ds.yaml'}:2" in result.output
 
     (tmp_path / "run.sh").write_text("accelerate launch --config_file configs/ds.yaml --use_fsdp train.py\n")
@@ -136,7 +152,9 @@ def test_accelerate_config_setting_and_a_single_config_beside_the_script(tmp_pat
     result = lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path / "train.py"))
     assert "backend XLA" in result.output, "the single accelerate config beside the script is assumed"
     (tmp_path / "ds.yaml").write_text("distributed_type: DEEPSPEED\n")
-    assert "backend" not in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output, "two configs: ambiguous"
+    assert "backend" not in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output, (
+        "two configs: ambiguous"
+    )
     (tmp_path / "lintdist.toml").write_text('accelerate-config = ["ds.yaml"]\n')
     assert "backend DEEPSPEED" in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output
 

@@ -13,7 +13,9 @@ from lintdist.runner import run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SOURCES = sorted(
-    p for p in FIXTURES.rglob("*") if p.suffix in {".py", ".ipynb", ".yaml", ".yml", ".json", ".sh"} and ".fixed." not in p.name
+    p
+    for p in FIXTURES.rglob("*")
+    if p.suffix in {".py", ".ipynb", ".yaml", ".yml", ".json", ".sh"} and ".fixed." not in p.name
 )
 FIXED = sorted(FIXTURES.rglob("*.fixed.*"))
 
@@ -45,7 +47,9 @@ def test_fixture_findings_match_expectation(source, fixture_findings):
     assert fixture_findings.get(str(source), []) == expected
 
 
-@pytest.mark.parametrize("source", [s for s in SOURCES if s.suffix in {".py", ".ipynb"}], ids=lambda p: str(p.relative_to(FIXTURES)))
+@pytest.mark.parametrize(
+    "source", [s for s in SOURCES if s.suffix in {".py", ".ipynb"}], ids=lambda p: str(p.relative_to(FIXTURES))
+)
 def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist):
     target = tmp_path / source.name
     shutil.copy(source, target)

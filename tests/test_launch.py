@@ -42,20 +42,31 @@ def test_settings_keep_the_place_that_said_them():
     settings = LaunchSettings()
     for setting in command_settings(launch.commands[0], launch, SCRIPT, "run.sh"):
         settings.set(setting)
-    assert (settings.get("fsdp_version").value, settings.get("fsdp_version").line, settings.get("fsdp_version").spelling) == ("2", 2, "env")
+    assert (
+        settings.get("fsdp_version").value,
+        settings.get("fsdp_version").line,
+        settings.get("fsdp_version").spelling,
+    ) == ("2", 2, "env")
     orig = settings.get("fsdp_use_orig_params")
     assert (orig.line, orig.column, orig.spelling) == (5, 5, "flag")
     assert settings.distributed_type.value == "FSDP" and settings.distributed_type.line == 3
 
 
 def test_yaml_keys_get_the_fsdp_prefix_and_positions():
-    document = parse_config("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  reshard_after_forward: true\n")
+    document = parse_config(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  reshard_after_forward: true\n"
+    )
     settings = {s.name: s for s in config_settings(document, "c.yaml")}
-    assert settings["fsdp_version"].value == 2 and (settings["fsdp_version"].line, settings["fsdp_version"].column) == (4, 3)
+    assert settings["fsdp_version"].value == 2 and (settings["fsdp_version"].line, settings["fsdp_version"].column) == (
+        4,
+        3,
+    )
     assert "fsdp_reshard_after_forward" in settings
     assert settings["distributed_type"].value == "FSDP"
 
 
 def test_non_accelerate_yaml_is_not_a_config():
     assert parse_config("name: my-ci\non: push\n") is None
-    assert parse_config('{"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 4}').flavour == "deepspeed"
+    assert (
+        parse_config('{"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 4}').flavour == "deepspeed"
+    )

@@ -14,7 +14,13 @@ def _notebook(*sources: str, kinds=None) -> dict:
 
 
 def test_magics_are_masked_and_restored_and_cells_round_trip():
-    data = _notebook("# Title", "%load_ext autoreload\nimport torch\n", "%%bash\necho hi\n", "x = 1\nfor i in y:\n    !ls\nlen?", kinds=["markdown", "code", "code", "code"])
+    data = _notebook(
+        "# Title",
+        "%load_ext autoreload\nimport torch\n",
+        "%%bash\necho hi\n",
+        "x = 1\nfor i in y:\n    !ls\nlen?",
+        kinds=["markdown", "code", "code", "code"],
+    )
     text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
     notebook = read_notebook(text)
     import libcst
@@ -35,7 +41,9 @@ def test_findings_are_located_by_cell_and_fixes_land_in_their_cell(tmp_path, lin
     assert lintdist("check", "--no-cache", "--fix", str(path)).exit_code == 0
     cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
     # libcst's import insertion separates the import block from the code with a blank line
-    assert cells[0] == setup.replace("DistributedSampler\n", "DistributedSampler\nfrom lintdist.runtime import set_epoch\n\n")
+    assert cells[0] == setup.replace(
+        "DistributedSampler\n", "DistributedSampler\nfrom lintdist.runtime import set_epoch\n\n"
+    )
     assert cells[1] == "%matplotlib inline"
     assert cells[2] == loop.replace("range(3):\n", "range(3):\n    set_epoch(loader, epoch)\n")
 

@@ -28,13 +28,23 @@ def test_hooks_run_through_pre_commit(tmp_path):
     _git("init", "-q", cwd=work)
     (work / "train.py").write_text(BROKEN)
     _git("add", "train.py", cwd=work)
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
 
     def try_hook(hook: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "pre_commit", "try-repo", str(REPO), hook, "--files", "train.py", "--verbose"],
-            cwd=work, env=env, capture_output=True, text=True, timeout=600,
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
 
     check = try_hook("lintdist")

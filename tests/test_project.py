@@ -17,7 +17,9 @@ def test_readme_rule_table_is_generated_from_the_rules():
 
 
 def test_rule_docs_page_is_generated_from_the_rules():
-    assert (ROOT / "docs" / "rules.md").read_text() == rules_documentation() + "\n", "run `lintdist rules --docs > docs/rules.md`"
+    assert (ROOT / "docs" / "rules.md").read_text() == rules_documentation() + "\n", (
+        "run `lintdist rules --docs > docs/rules.md`"
+    )
 
 
 def test_ci_runs_exactly_the_readme_test_command():

@@ -22,7 +22,9 @@ def _check(rule, example, tmp_path):
     for name, text in example.project.items():
         (tmp_path / name).write_text(text)
     path = tmp_path / example.filename
-    kind = {"yaml": "config", "yml": "config", "json": "config", "sh": "launch"}.get(example.filename.rsplit(".", 1)[-1], "python")
+    kind = {"yaml": "config", "yml": "config", "json": "config", "sh": "launch"}.get(
+        example.filename.rsplit(".", 1)[-1], "python"
+    )
     findings, _ = check_text(example.code, path=path, display=example.filename, kind=kind, rules=[rule])
     return findings, kind, path
 

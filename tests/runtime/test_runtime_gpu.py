@@ -45,7 +45,11 @@ def test_selftest_with_nccl_on_one_gpu(cuda: torch.device) -> None:
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "lintdist.runtime.selftest", "--backend", "nccl", "--timeout", "60"],
-        capture_output=True, text=True, env=env, timeout=280, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS token-loss (raw DDP, W=1, G=3)" in result.stdout

@@ -25,9 +25,7 @@ class WorldRun:
     verdicts: dict[str, list[selftest.Verdict]]
 
     def token_loss(self, recipe: str = "correct") -> dict[str, tuple[selftest.TokenLossCase, list[selftest.Verdict]]]:
-        return {
-            name: (case, self.verdicts[name]) for name, case in self.cases.items() if case.recipe == recipe
-        }
+        return {name: (case, self.verdicts[name]) for name, case in self.cases.items() if case.recipe == recipe}
 
 
 def _plan(world_size: int) -> tuple[dict[str, selftest.TokenLossCase], dict[str, Job]]:
@@ -91,8 +89,12 @@ def test_token_loss_gradient_equals_global_token_mean(world: WorldRun) -> None:
 
 
 def test_accelerate_runs_in_its_multi_cpu_mode(world: WorldRun) -> None:
-    setups = {verdict.setup for case, verdicts in world.token_loss().values() for verdict in verdicts
-              if case.setup == "accelerate"}
+    setups = {
+        verdict.setup
+        for case, verdicts in world.token_loss().values()
+        for verdict in verdicts
+        if case.setup == "accelerate"
+    }
     assert setups and all(setup.startswith("accelerate MULTI_CPU") for setup in setups), setups
 
 

@@ -45,8 +45,20 @@ def _assert_all_pass(result: subprocess.CompletedProcess[str], world_size: int) 
 
 def test_selftest_under_torchrun_with_two_ranks() -> None:
     result = _run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "lintdist.runtime.selftest", "--backend", "gloo", "--timeout", "60"]
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lintdist.runtime.selftest",
+            "--backend",
+            "gloo",
+            "--timeout",
+            "60",
+        ]
     )
     lines = _assert_all_pass(result, world_size=2)
     # Rank 0 prints; the other rank only contributes its verdicts.
@@ -57,6 +69,10 @@ def test_selftest_as_a_single_process_without_a_launcher() -> None:
     env_free = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "lintdist.runtime.selftest", "--backend", "gloo"],
-        capture_output=True, text=True, env={**env_free, "OMP_NUM_THREADS": "1"}, timeout=240, check=False,
+        capture_output=True,
+        text=True,
+        env={**env_free, "OMP_NUM_THREADS": "1"},
+        timeout=240,
+        check=False,
     )
     _assert_all_pass(result, world_size=1)

@@ -40,8 +40,9 @@ IGNORE = -100
 def labels_tensors(max_rows: int = 3, max_cols: int = 6) -> st.SearchStrategy[torch.Tensor]:
     shape = st.tuples(st.integers(1, max_rows), st.integers(1, max_cols))
     return shape.flatmap(
-        lambda s: st.lists(st.one_of(st.just(IGNORE), st.integers(0, 9)), min_size=s[0] * s[1], max_size=s[0] * s[1])
-        .map(lambda values, s=s: torch.tensor(values).reshape(s))
+        lambda s: st.lists(
+            st.one_of(st.just(IGNORE), st.integers(0, 9)), min_size=s[0] * s[1], max_size=s[0] * s[1]
+        ).map(lambda values, s=s: torch.tensor(values).reshape(s))
     )
 
 
