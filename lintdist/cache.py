@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
+import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from lintdist import __version__
@@ -29,15 +29,14 @@ class ResultCache:
     def __init__(self, root: Path, settings_fingerprint: tuple) -> None:
         self.folder = root / ".lintdist_cache" / __version__
         name = hashlib.sha256(repr(settings_fingerprint).encode()).hexdigest()[:16]
-        self.file = self.folder / f"{name}.pickle"
+        self.file = self.folder / f"{name}.json"
         self.entries: dict[str, Entry] = {}
         self.dirty = False
+        # JSON, not pickle: a cache folder is data, and loading it must never run code.
         try:
-            with open(self.file, "rb") as handle:
-                loaded = pickle.load(handle)
-            if isinstance(loaded, dict):
-                self.entries = loaded
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+            with open(self.file, encoding="utf-8") as handle:
+                self.entries = {key: Entry(*value) for key, value in json.load(handle).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
             self.entries = {}
 
     def lookup(self, key: str, path: Path, extra: tuple) -> tuple[list[dict] | None, str | None]:
@@ -80,8 +79,8 @@ class ResultCache:
             if not gitignore.exists():
                 gitignore.write_text("# Created by lintdist.\n*\n", encoding="utf-8")
             handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(handle, "wb") as out:
-                pickle.dump(self.entries, out, protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump({key: astuple(entry) for key, entry in self.entries.items()}, out)
             os.replace(temporary, self.file)
         except OSError:
             pass  # a read-only checkout still gets its results, only not cached
