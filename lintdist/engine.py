@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -276,8 +277,6 @@ def fix_text(
 
 def fix_edits(finding: Finding, context: FileContext) -> list[TextEdit]:
     """The text edits of one finding's fix on its own, for reporters that show fixes as replacements (SARIF)."""
-    import difflib
-
     if finding.fix is None:
         return []
     if finding.fix.edits:
