@@ -32,14 +32,6 @@ class InternalError(Exception):
     """A rule crashed: reported with the file and rule, exit code 2."""
 
 
-@dataclass
-class CheckResult:
-    findings: list[Finding]
-    text: str | None = None  # the decoded text, when the file could be read
-    encoding: str = "utf-8"
-    context: FileContext | None = None
-
-
 def source_error_finding(error: SourceError, display: str) -> Finding:
     rule = rule_by_code(error.code)
     return Finding(
@@ -246,8 +238,8 @@ def fix_text(
         if not fixable or context is None:
             break
         chosen, taken = [], []
-        for finding in sorted(fixable, key=lambda f: _fix_extent(f, context)):
-            start, end = _fix_extent(finding, context)
+        extents = sorted(((_fix_extent(f, context), f) for f in fixable), key=lambda item: item[0])
+        for (start, end), finding in extents:
             if all(end <= s or start >= e for s, e in taken):
                 chosen.append(finding)
                 taken.append((start, end))

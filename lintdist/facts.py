@@ -301,12 +301,23 @@ class PythonFacts(cst.BatchableCSTVisitor):
 
     def _parameter_origins(self, function: cst.FunctionDef, index: int, param: cst.Param, depth: int) -> list[Origin]:
         result = []
-        offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
         for call in self.call_sites(function):
-            argument = argument_of(call, param.name.value, index - offset if index >= 0 else None)
+            argument = self.argument_for(call, function, param.name.value, index)
             if argument is not None:
                 result.extend(self.origins(argument, call, depth + 1))
         return result
+
+    def argument_for(
+        self, call: cst.Call, function: cst.FunctionDef, name: str, index: int
+    ) -> cst.BaseExpression | None:
+        """What a call site of ``function`` passes for its parameter ``name`` at ``index`` (-1: keyword-only).
+
+        Methods and constructors are called without ``self``, so positions shift by one.
+        """
+        if index < 0:
+            return argument_of(call, name, None)
+        offset = 1 if self.enclosing_class(function) is not None else 0
+        return argument_of(call, name, index - offset)
 
     # -- loaders, samplers and loops ------------------------------------------------------------
 
@@ -395,9 +406,7 @@ class PythonFacts(cst.BatchableCSTVisitor):
         parameter = self.parameter(loader.value, at)
         if parameter is None:
             return loader
-        _, index, _ = parameter
-        offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
-        return argument_of(call, loader.value, index - offset if index >= 0 else None)
+        return self.argument_for(call, function, loader.value, parameter[1])
 
     # -- what the script does -------------------------------------------------------------
 

@@ -34,15 +34,18 @@ def _source_lines(filename: str, cache: dict[str, list[str]]) -> list[str]:
     return cache[filename]
 
 
-def render_text(findings: list[Finding], *, colour: bool, frames: bool = True) -> str:
+def _headline(f: Finding, colour: bool = False) -> str:
+    """``path:line:col: CODE [severity] message``."""
+    location = click.style(f"{f.location}:", bold=True) if colour else f"{f.location}:"
+    code = click.style(f.code, fg=SEVERITY_COLOUR[f.severity], bold=True) if colour else f.code
+    return f"{location} {code} [{f.severity.value}] {f.message}"
+
+
+def render_text(findings: list[Finding], *, colour: bool) -> str:
     out: list[str] = []
     sources: dict[str, list[str]] = {}
     for f in findings:
-        location = click.style(f"{f.location}:", bold=True) if colour else f"{f.location}:"
-        code = click.style(f.code, fg=SEVERITY_COLOUR[f.severity], bold=True) if colour else f.code
-        out.append(f"{location} {code} [{f.severity.value}] {f.message}")
-        if not frames:
-            continue
+        out.append(_headline(f, colour))
         lines = _source_lines(f.filename, sources) if f.cell is None else []
         if 0 < f.span.line <= len(lines):
             number = str(f.span.line)
@@ -66,7 +69,7 @@ def render_text(findings: list[Finding], *, colour: bool, frames: bool = True) -
 
 
 def render_concise(findings: list[Finding]) -> str:
-    return "\n".join(f"{f.location}: {f.code} [{f.severity.value}] {f.message}" for f in findings)
+    return "\n".join(_headline(f) for f in findings)
 
 
 def render_json(findings: list[Finding]) -> str:

@@ -57,21 +57,12 @@ def process(task: Task) -> FileReport:
     report = FileReport(candidate.display, [])
     try:
         source = read_source(candidate.path, candidate.kind)
+        notebook = read_notebook(source.text) if candidate.kind == "notebook" else None
     except SourceError as error:
         if error.code in task.codes:
             report.findings = [source_error_finding(error, candidate.display).to_json()]
         return report
-    notebook = None
-    text, kind = source.text, candidate.kind
-    if kind == "notebook":
-        try:
-            notebook = read_notebook(source.text)
-        except SourceError as error:
-            report.findings = (
-                [source_error_finding(error, candidate.display).to_json()] if error.code in task.codes else []
-            )
-            return report
-        text, kind = notebook.python, "python"
+    text, kind = (source.text, candidate.kind) if notebook is None else (notebook.python, "python")
     common = dict(path=candidate.path, display=candidate.display, kind=kind, rules=rules, settings=task.settings)
     try:
         if task.mode == "check":
