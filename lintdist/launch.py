@@ -11,7 +11,7 @@ The project pass links each script to the configs and launch lines that run it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lintdist.sources import ConfigDocument, LaunchCommand, LaunchFile, line_col
@@ -51,10 +51,9 @@ class LaunchSettings:
         """The backend the launch selects (``FSDP``, ``DEEPSPEED``, ``MULTI_GPU``...), if any spelling says."""
         for flag, backend in (("use_fsdp", "FSDP"), ("use_deepspeed", "DEEPSPEED"), ("tpu", "XLA")):
             setting = self.values.get(flag)
+            # A bare flag (`--use_fsdp`) has no value; a spelled-out one must be true.
             if setting is not None and str(setting.value).lower() in {"true", "1", "none"}:
-                return Setting(
-                    "distributed_type", backend, setting.path, setting.line, setting.column, setting.spelling
-                )
+                return replace(setting, name="distributed_type", value=backend)
         return self.values.get("distributed_type")
 
     def fingerprint(self) -> tuple:
