@@ -1,20 +1,28 @@
-"""Time lintdist against a bare libcst parse of the same files, in one run.
+"""Time lintdist against a bare libcst parse, fixit and TorchFix, each comparison in one run.
 
-    python benchmarks/bench.py [--jobs N] [--repeat K] [--fixit BIN] [--torchfix BIN] [PACKAGE ...]
-    (default packages: transformers accelerate)
+    python benchmarks/bench.py [--scripts DIR ...] [--library DIR ...] [--startup FILE]
+                               [--fixit BIN] [--torchfix BIN] [--lintdist BIN] [--jobs N] [--repeat K]
 
-Measures, on the installed source trees of the packages:
-  bare   every .py file parsed with libcst.parse_module, N worker processes
-  cold   `lintdist check --no-cache --jobs N` (files the pre-filter skips are not parsed)
-  warm   `lintdist check --jobs N` run twice; the second run is timed
-and prints the ratios cold/bare and warm/cold (best of K runs each). With
---fixit and --torchfix (the `fixit` and `torchfix` executables, each installed in
-its own virtual environment: torchfix pins libcst < 1.6), it also times
-`fixit lint` and `torchfix -j N` on the same files and prints their ratios to
-lintdist cold. Not a test: timings depend on the machine.
+Every figure is the median of K runs, and every comparison is a ratio of two times taken in the
+same invocation, so that the machine's speed cancels out:
+
+  scripts   a folder of training scripts (fetched public repositories: never vendored here):
+            `lintdist check --no-cache --jobs N` with the default rules, against a bare libcst
+            parse of the same .py files on N processes, `fixit lint` and `torchfix -j N`
+  library   a library source tree (by default the installed transformers and accelerate):
+            `lintdist check --no-cache --select ALL --jobs N` against the bare N-process parse
+            of every .py file in it
+  startup   one script, whole process: `lintdist check --no-cache FILE` against the floor,
+            a python process that imports libcst and parses FILE; also `lintdist --version`
+  warm      `lintdist check` run twice with its cache; the second run against a cold one
+
+--fixit and --torchfix name executables installed in their own virtual environments (TorchFix
+pins libcst < 1.6):
 
     python -m venv /tmp/fixit && /tmp/fixit/bin/pip install fixit
     python -m venv /tmp/torchfix && /tmp/torchfix/bin/pip install torchfix
+
+Not a test: timings depend on the machine. Results go in benchmarks/RESULTS.md by hand.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,10 +52,16 @@ def parse(path):
         pass
 
 if __name__ == "__main__":
-    files = sys.argv[2:]
-    with Pool(int(sys.argv[1])) as pool:
-        pool.map(parse, files, chunksize=max(1, len(files) // (int(sys.argv[1]) * 8)))
+    jobs, files = int(sys.argv[1]), sys.argv[2:]
+    if jobs == 1:
+        for path in files:
+            parse(path)
+    else:
+        with Pool(jobs) as pool:
+            pool.map(parse, files, chunksize=max(1, len(files) // (jobs * 8)))
 """
+
+FLOOR = "import sys, libcst; libcst.parse_module(open(sys.argv[1], 'rb').read())"
 
 
 def package_root(name: str) -> Path:
@@ -55,59 +71,92 @@ def package_root(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def python_files(folders: list[Path]) -> list[str]:
+    return sorted(str(p) for folder in folders for p in folder.rglob("*.py"))
+
+
 def timed(command: list[str], cwd: str) -> float:
     start = time.perf_counter()
     subprocess.run(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return time.perf_counter() - start
 
 
+def median(command: list[str], cwd: str, repeat: int) -> float:
+    return statistics.median(timed(command, cwd) for _ in range(repeat))
+
+
+def line(name: str, seconds: float, ratios: dict[str, float]) -> str:
+    text = "   ".join(f"{label} = {value:.3f}x" for label, value in ratios.items())
+    return f"  {name + ':':<26} {seconds:8.2f} s   {text}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("packages", nargs="*", default=["transformers", "accelerate"])
-    parser.add_argument("--jobs", type=int, default=os.cpu_count())
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scripts", type=Path, action="append", default=[], help="a folder of training scripts")
+    parser.add_argument("--library", type=Path, action="append", default=[], help="a library source tree")
+    parser.add_argument("--startup", type=Path, help="one script for the start-up comparison")
     parser.add_argument("--fixit", help="path of a `fixit` executable")
     parser.add_argument("--torchfix", help="path of a `torchfix` executable")
+    parser.add_argument("--lintdist", help="path of a `lintdist` executable (default: this python's lintdist)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    if not (args.scripts or args.library or args.startup):
+        args.library = [package_root("transformers"), package_root("accelerate")]
 
-    roots = [package_root(name) for name in args.packages]
-    files = sorted(str(p) for root in roots for p in root.rglob("*.py"))
-    lintdist = [
-        sys.executable,
-        "-m",
-        "lintdist",
-        "check",
-        "--exit-zero",
-        "-q",
-        "--jobs",
-        str(args.jobs),
-        *map(str, roots),
-    ]
+    lintdist = [args.lintdist] if args.lintdist else [sys.executable, "-m", "lintdist"]
+    check = [*lintdist, "check", "--exit-zero", "-q", "--jobs", str(args.jobs)]
+    jobs, repeat = str(args.jobs), args.repeat
+    print(f"jobs: {args.jobs}; median of {repeat}; python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory() as work:
         bare_script = Path(work) / "bare.py"
         bare_script.write_text(BARE)
-        bare = min(timed([sys.executable, str(bare_script), str(args.jobs), *files], work) for _ in range(args.repeat))
-        cold = min(timed([*lintdist, "--no-cache"], work) for _ in range(args.repeat))
-        warm_times = []
-        for _ in range(args.repeat):
-            cache = tempfile.mkdtemp(dir=work)
-            timed(lintdist, cache)
-            warm_times.append(timed(lintdist, cache))
-        warm = min(warm_times)
-        others = {}
-        if args.fixit:
-            others["fixit lint"] = min(timed([args.fixit, "lint", *map(str, roots)], work) for _ in range(args.repeat))
-        if args.torchfix:
-            command = [args.torchfix, "-j", str(args.jobs), *map(str, roots)]
-            others["torchfix"] = min(timed(command, work) for _ in range(args.repeat))
-    print(f"files: {len(files)} .py files in {', '.join(args.packages)}; jobs: {args.jobs}; best of {args.repeat}")
-    print(f"bare libcst parse: {bare:.2f} s")
-    print(f"lintdist cold:     {cold:.2f} s   cold/bare = {cold / bare:.2f}x   (target <= 1.2x)")
-    print(f"lintdist warm:     {warm:.2f} s   warm/cold = {warm / cold:.3f}x  (target < 0.1x)")
-    for name, seconds in others.items():
-        print(
-            f"{name + ':':<18} {seconds:.2f} s   {name}/lintdist-cold = {seconds / cold:.2f}x   {name}/bare = {seconds / bare:.2f}x"
-        )
+        bare = [sys.executable, str(bare_script)]
+
+        if args.scripts:
+            files = python_files(args.scripts)
+            folders = list(map(str, args.scripts))
+            base = median([*bare, jobs, *files], work, repeat)
+            cold = median([*check, "--no-cache", *folders], work, repeat)
+            print(f"scripts: {len(files)} .py files in {', '.join(folders)}")
+            print(line("bare libcst parse", base, {}))
+            print(line("lintdist cold", cold, {"lintdist/bare": cold / base}))
+            if args.fixit:
+                fixit = median([args.fixit, "lint", *folders], work, repeat)
+                print(line("fixit lint", fixit, {"lintdist/fixit": cold / fixit, "fixit/bare": fixit / base}))
+            if args.torchfix:
+                torchfix = median([args.torchfix, "-j", jobs, *folders], work, repeat)
+                print(
+                    line("torchfix", torchfix, {"lintdist/torchfix": cold / torchfix, "torchfix/bare": torchfix / base})
+                )
+            warm_times = []
+            for _ in range(repeat):
+                cache = tempfile.mkdtemp(dir=work)
+                timed([*check, *[os.path.abspath(f) for f in folders]], cache)
+                warm_times.append(timed([*check, *[os.path.abspath(f) for f in folders]], cache))
+                shutil.rmtree(cache)
+            warm = statistics.median(warm_times)
+            print(line("lintdist warm", warm, {"warm/cold": warm / cold}))
+
+        if args.library:
+            files = python_files(args.library)
+            folders = list(map(str, args.library))
+            base = median([*bare, jobs, *files], work, repeat)
+            cold = median([*check, "--no-cache", "--select", "ALL", *folders], work, repeat)
+            print(f"library: {len(files)} .py files in {', '.join(folders)}")
+            print(line("bare libcst parse", base, {}))
+            print(line("lintdist cold --select ALL", cold, {"lintdist/bare": cold / base}))
+
+        if args.startup:
+            script = str(args.startup.resolve())
+            lines = len(args.startup.read_text().splitlines())
+            floor = median([sys.executable, "-c", FLOOR, script], work, max(repeat, 5))
+            one = median([*lintdist, "check", "--no-cache", "--exit-zero", "-q", script], work, max(repeat, 5))
+            version = median([*lintdist, "--version"], work, max(repeat, 5))
+            print(f"startup: {script} ({lines} lines)")
+            print(line("python + libcst + parse", floor, {}))
+            print(line("lintdist check FILE", one, {"lintdist/floor": one / floor}))
+            print(line("lintdist --version", version, {"version/floor": version / floor}))
 
 
 if __name__ == "__main__":

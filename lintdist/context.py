@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import GlobalScope, MetadataWrapper, PositionProvider, ScopeProvider
 
 from lintdist.model import Finding, Span
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
+    from lintdist.names import NameResolver
+    from lintdist.syntax import SyntaxIndex
     from lintdist.launch import LaunchSettings
     from lintdist.sources import ConfigDocument, LaunchFile
 
@@ -26,28 +27,32 @@ class FileContext:
     kind: str  # "python", "config" or "launch"
     options: dict[str, Any] = field(default_factory=dict)
     module: cst.Module | None = None
-    wrapper: MetadataWrapper | None = None
+    index: SyntaxIndex | None = None
+    names: NameResolver | None = None
     facts: PythonFacts | None = None
     config: ConfigDocument | None = None
     launch: LaunchFile | None = None
     # Launch settings in force for this script, gathered by the project pass.
     settings: LaunchSettings | None = None
     findings: list[Finding] = field(default_factory=list)
+    _positions: Any = None
 
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
 
     def runtime_name_free(self, name: str) -> bool:
         """A fix may import ``name`` from ``lintdist.runtime``: no other module-level ``name`` is in the way."""
-        scope = self.wrapper.resolve(ScopeProvider).get(self.module)
-        if not isinstance(scope, GlobalScope) or name not in scope:
-            return True
         return all(
-            isinstance(a.node, cst.ImportFrom) and get_full_name_for_node(a.node.module) == "lintdist.runtime"
-            for a in scope[name]
+            isinstance(b.node, cst.ImportFrom) and get_full_name_for_node(b.node.module) == "lintdist.runtime"
+            for b in self.names.module_bindings(name)
         )
 
     def span(self, node: cst.CSTNode) -> Span:
-        assert self.wrapper is not None, "span() of a node needs a parsed Python file"
-        rng = self.wrapper.resolve(PositionProvider)[node]
+        """Where ``node`` is. Positions take a pass over the whole module, paid only by a file with a finding."""
+        assert self.module is not None, "span() of a node needs a parsed Python file"
+        if self._positions is None:
+            from libcst.metadata import MetadataWrapper, PositionProvider
+
+            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        rng = self._positions[node]
         return Span(rng.start.line, rng.start.column + 1, rng.end.line, rng.end.column + 1)

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import difflib
 import re
-from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper
 
 from lintdist.context import FileContext
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings
 from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
+from lintdist.names import NameResolver
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule
 from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch
+from lintdist.syntax import SyntaxIndex
 
 IGNORE_FILE = re.compile(r"#\s*lintdist:\s*ignore-file\b")
 LINE_SUPPRESSION = re.compile(r"#\s*(?:noqa|lintdist:\s*ignore)\s*(?::\s*|\[)([A-Za-z0-9,\s]+)\]?", re.IGNORECASE)
@@ -112,16 +110,34 @@ def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:
     context.module = module
     if not rules:
         return
-    context.wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    context.facts = PythonFacts()
+    context.index = SyntaxIndex(module)
+    context.names = NameResolver(context.index)
+    context.facts = PythonFacts(context.index, context.names)
     instances = [rule(context) for rule in rules]
-    visitors = [context.facts, *instances]
-    with ExitStack() as stack:
-        for visitor in visitors:
-            stack.enter_context(visitor.resolve(context.wrapper))
-        cst.visit_batched(module, visitors)
-        for rule in instances:
-            _finish(rule, context)
+    _replay_visits(context.index, instances, context)
+    for rule in instances:
+        _finish(rule, context)
+
+
+def _replay_visits(index: SyntaxIndex, instances: list[Rule], context: FileContext) -> None:
+    """Call the rules' ``visit_<Node>`` methods on the indexed nodes, in source order, as a traversal would."""
+    handlers: dict[type, list] = {}
+    for rule in instances:
+        for attribute in dir(type(rule)):
+            if attribute.startswith("visit_"):
+                node_class = getattr(cst, attribute[len("visit_") :], None)
+                if isinstance(node_class, type):
+                    handlers.setdefault(node_class, []).append(getattr(rule, attribute))
+    if not handlers:
+        return
+    for node in index.nodes(*handlers):
+        for handler in handlers[type(node)]:
+            try:
+                handler(node)
+            except Exception as error:
+                raise InternalError(
+                    f"{handler.__self__.code} crashed on {context.display_name}: {type(error).__name__}: {error}"
+                ) from error
 
 
 def _syntax_error(text: str, error: cst.ParserSyntaxError) -> SourceError:
@@ -169,6 +185,10 @@ def apply_python_fixes(module: cst.Module, fixes: list[Fix]) -> str:
     updated = module.visit(_ReplaceNodes(replacements))
     imports = sorted({item for fix in fixes for item in fix.imports})
     if imports:
+        # libcst's codemod machinery is heavy to import: loaded only when a fix adds an import.
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import AddImportsVisitor
+
         codemod = CodemodContext()
         for module_name, name in imports:
             AddImportsVisitor.add_needed_import(codemod, module_name, name)

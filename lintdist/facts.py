@@ -2,8 +2,9 @@
 
 Rules ask questions here ("where can this name's value come from?", "is this
 call an Accelerator's prepare?", "which calls can run inside this loop?")
-instead of re-deriving them. Names are resolved through libcst's qualified-name
-metadata, so aliases and ``from`` imports are followed.
+instead of re-deriving them. Everything here is read from the file's syntax index
+(parents, source order, nodes by type: one walk) and its name resolver (aliases and
+``from`` imports followed), never from a new walk of the module.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
+
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
 
 FunctionNode = cst.FunctionDef | cst.Lambda
 Loop = cst.For | cst.While
@@ -83,66 +86,41 @@ class Origin:
     index: int | None = None
 
 
-class PythonFacts(cst.BatchableCSTVisitor):
-    METADATA_DEPENDENCIES = (ParentNodeProvider, QualifiedNameProvider)
+class PythonFacts:
+    """Built from the file's syntax index (one walk) and name resolver; derived facts are computed on first use."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[cst.Call] = []
-        self.loops: list[Loop] = []
-        self.classes: list[cst.ClassDef] = []
+    def __init__(self, index: SyntaxIndex, names: NameResolver) -> None:
+        self.index = index
+        self.names = names
+        self.calls: list[cst.Call] = index.nodes(cst.Call)
+        self.loops: list[Loop] = index.nodes(cst.For, cst.While)
+        self.classes: list[cst.ClassDef] = index.nodes(cst.ClassDef)
         self.functions: dict[str, list[cst.FunctionDef]] = defaultdict(list)
+        for function in index.nodes(cst.FunctionDef):
+            self.functions[function.name.value].append(function)
         self.returns: dict[cst.FunctionDef, list[cst.BaseExpression]] = defaultdict(list)
+        for statement in index.nodes(cst.Return):
+            function = self.enclosing_function(statement)
+            if function is not None and statement.value is not None:
+                self.returns[function].append(statement.value)
         # Modules the file imports from, anywhere in it (`import a.b` -> "a.b", `from a.b import c` -> "a.b").
         self.imported_modules: list[str] = []
+        for statement in index.nodes(cst.Import, cst.ImportFrom):
+            if isinstance(statement, cst.Import):
+                self.imported_modules.extend(get_full_name_for_node(alias.name) or "" for alias in statement.names)
+            elif statement.module is not None:
+                self.imported_modules.append(get_full_name_for_node(statement.module) or "")
         self._bindings: dict[str, list[Binding]] = defaultdict(list)
-        self._function_stack: list[cst.FunctionDef] = []
-        # Derived facts, computed on first use. (Not cached_property: libcst's visitor discovery
-        # reads every attribute of a visitor before the traversal, which would compute them empty.)
+        for statement in index.nodes(cst.Assign, cst.AnnAssign):
+            if isinstance(statement, cst.Assign):
+                for target in statement.targets:
+                    self._bind(target.target, statement.value, statement)
+            elif statement.value is not None:
+                self._bind(statement.target, statement.value, statement)
         self._memo: dict[str, object] = {}
 
-    # -- the traversal -------------------------------------------------------------------
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions[node.name.value].append(node)
-        self._function_stack.append(node)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self._function_stack.pop()
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node)
-
-    def visit_Import(self, node: cst.Import) -> None:
-        self.imported_modules.extend(get_full_name_for_node(alias.name) or "" for alias in node.names)
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is not None:
-            self.imported_modules.append(get_full_name_for_node(node.module) or "")
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loops.append(node)
-
-    def visit_While(self, node: cst.While) -> None:
-        self.loops.append(node)
-
-    def visit_Return(self, node: cst.Return) -> None:
-        if self._function_stack and node.value is not None:
-            self.returns[self._function_stack[-1]].append(node.value)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value, node)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value, node)
-
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
-        function = self._function_stack[-1] if self._function_stack else None
+        function = self.enclosing_function(statement)
         if isinstance(target, (cst.Tuple, cst.List)):
             for index, element in enumerate(target.elements):
                 key = get_full_name_for_node(element.value)
@@ -156,16 +134,17 @@ class PythonFacts(cst.BatchableCSTVisitor):
     # -- structure ------------------------------------------------------------------------
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
+        return self.index.parent(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        parent = self.parent(node)
-        while parent is not None:
-            yield parent
-            parent = self.parent(parent)
+        return self.index.ancestors(node)
 
     def is_within(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
-        return any(ancestor is container for ancestor in self.ancestors(node))
+        return self.index.contains(container, node)
+
+    def within(self, container: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
+        """The nodes of these classes inside ``container`` (itself included), in source order, from the index."""
+        return self.index.within(container, *types)
 
     def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -185,15 +164,13 @@ class PythonFacts(cst.BatchableCSTVisitor):
         return None
 
     def calls_within(self, node: cst.CSTNode) -> list[cst.Call]:
-        key = f"calls_within:{id(node)}"
-        if key not in self._memo:
-            self._memo[key] = [call for call in self.calls if self.is_within(call, node)]
-        return self._memo[key]
+        """The calls strictly inside ``node``, in source order."""
+        return [call for call in self.index.within(node, cst.Call) if call is not node]
 
     # -- names ----------------------------------------------------------------------------
 
-    def qualified_names(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, ())}
+    def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
+        return self.names.qualified_names(node)
 
     def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
         return not names.isdisjoint(self.qualified_names(call.func))

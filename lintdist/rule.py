@@ -7,12 +7,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-import libcst as cst
-from libcst.metadata import ParentNodeProvider, QualifiedNameProvider, ScopeProvider
-
 from lintdist.model import Applicability, Finding, Fix, Severity, Span
 
 if TYPE_CHECKING:
+    import libcst as cst
+
     from lintdist.context import FileContext
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
@@ -41,14 +40,15 @@ class Invalid:
     project: dict[str, str] = field(default_factory=dict)
 
 
-class Rule(cst.BatchableCSTVisitor):
+class Rule:
     """Base class of every rule.
 
     A rule is instantiated once per checked file with that file's context. Python
-    rules may define libcst ``visit_*``/``leave_*`` methods (all rules share one
-    traversal) and ``finish()``, called after the traversal, when the file's facts
-    model is complete. Configuration and launch-file rules implement ``finish()``
-    alone and read ``self.context``.
+    rules implement ``finish()``, called after the file's one walk, when the facts
+    model and its indexes are complete; they may also define ``visit_<Node>`` methods
+    (``visit_Call``...), called once per node of that libcst class in source order
+    from the same index, before ``finish()``. Configuration and launch-file rules
+    implement ``finish()`` alone and read ``self.context``.
     """
 
     code: ClassVar[str]
@@ -64,12 +64,7 @@ class Rule(cst.BatchableCSTVisitor):
     VALID: ClassVar[tuple[Valid, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
 
-    # Positions are not here: they cost as much as scopes and are resolved (once) only for a file that has a
-    # finding to place (FileContext.span).
-    METADATA_DEPENDENCIES = (ParentNodeProvider, QualifiedNameProvider, ScopeProvider)
-
     def __init__(self, context: FileContext) -> None:
-        super().__init__()
         self.context = context
 
     @property

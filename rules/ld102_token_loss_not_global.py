@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import PositionProvider
 
 from lintdist.facts import BACKWARD_METHODS, DDP_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
@@ -449,7 +448,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def finish(self) -> None:
         if not self._token_evidence:
             return
-        self._positions = self.context.wrapper.resolve(PositionProvider)
         self._findings: set[int] = set()
         self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
         for call in self.facts.calls:
@@ -947,9 +945,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _statement_of(self, node: cst.CSTNode) -> cst.BaseSmallStatement | None:
         return next((a for a in self.facts.ancestors(node) if isinstance(a, cst.BaseSmallStatement)), None)
 
-    def _position(self, node: cst.CSTNode) -> tuple[int, int]:
-        start = self._positions[node].start
-        return start.line, start.column
+    def _position(self, node: cst.CSTNode) -> int:
+        return self.facts.index.order(node)
 
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
