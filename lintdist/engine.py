@@ -21,8 +21,6 @@ from lintdist.syntax import SyntaxIndex
 
 IGNORE_FILE = re.compile(r"#\s*lintdist:\s*ignore-file\b")
 LINE_SUPPRESSION = re.compile(r"#\s*(?:noqa|lintdist:\s*ignore)\s*(?::\s*|\[)([A-Za-z0-9,\s]+)\]?", re.IGNORECASE)
-# Files that mention none of these are not training scripts: they are not parsed at all.
-FRAMEWORKS = re.compile(r"torch|accelerate|deepspeed|lightning|fsdp|distributed", re.IGNORECASE)
 MAX_FIX_ROUNDS = 10
 
 
@@ -67,12 +65,13 @@ def check_text(
     """All findings of ``rules`` in one file's text, suppressions applied."""
     if IGNORE_FILE.search(text):
         return [], None
-    rules = [rule for rule in rules if kind in rule.kinds]
-    if not explicit and not _worth_parsing(text, kind):
+    # Rules whose entry points are absent from the text cannot fire. A Python file no rule can fire on is not
+    # parsed (so LD001 covers the Python files lintdist analyses), unless it was named explicitly: then it is
+    # parsed and its syntax errors are reported, but nothing else is paid for. Configs and launch files that
+    # carry accelerate/DeepSpeed keys or launcher lines are read by the project pass anyway: they are parsed.
+    rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(text, kind)]
+    if not explicit and not _worth_parsing(text, kind, rules):
         return [], None
-    # Rules whose trigger words are absent cannot fire: the file is still parsed (syntax errors are
-    # reported) but neither metadata nor the traversal is paid for.
-    rules = [rule for rule in rules if rule.wanted(text)]
     context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)
     try:
         if kind == "python":
@@ -91,13 +90,14 @@ def check_text(
     return sorted(findings, key=lambda f: f.sort_key), context
 
 
-def _worth_parsing(text: str, kind: str) -> bool:
-    """The cheap pre-filter: files that do not look like training scripts, configs or launch files are skipped."""
+def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
+    """The cheap pre-filter: Python files no rule wants, and files that do not look like configs or launch
+    files, are skipped."""
     if kind == "config":
         return CONFIG_MARKERS.search(text) is not None
     if kind == "launch":
         return LAUNCHERS.search(text) is not None
-    return FRAMEWORKS.search(text) is not None
+    return bool(rules)
 
 
 def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from lintdist.context import FileContext
 
+Trigger = str | re.Pattern[str]
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
 DOCS_URL = "https://github.com/lintdist/lintdist/blob/main/docs/rules.md#{code}"
 
@@ -57,10 +58,14 @@ class Rule:
     default_enabled: ClassVar[bool] = True
     fix_kind: ClassVar[str] = "none"  # "safe", "unsafe" or "none"
     kinds: ClassVar[frozenset[str]] = frozenset({"python"})
-    # Cheap text pre-filter: the rule runs on a file only if it contains one of these words. With
-    # ``also_triggers``, it must contain one word of each group as well (a guard and a collective...).
-    triggers: ClassVar[tuple[str, ...]] = ()
-    also_triggers: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # Cheap text pre-filter on the rule's entry points: the rule runs on a file only if the text contains one
+    # of these strings or matches one of these compiled patterns. With ``also_triggers``, it must contain one of
+    # each group as well (a guard and a collective...). ``python_triggers`` replaces ``triggers`` for Python
+    # files when a rule's Python entry points are narrower than its config and launch-file ones. A file that
+    # no enabled rule wants is not parsed at all (unless named on the command line).
+    triggers: ClassVar[tuple[Trigger, ...]] = ()
+    python_triggers: ClassVar[tuple[Trigger, ...] | None] = None
+    also_triggers: ClassVar[tuple[tuple[Trigger, ...], ...]] = ()
     VALID: ClassVar[tuple[Valid, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
 
@@ -101,9 +106,10 @@ class Rule:
         )
 
     @classmethod
-    def wanted(cls, text: str) -> bool:
-        """Whether the pre-filter lets this rule see ``text``."""
-        return all(any(word in text for word in group) for group in (cls.triggers, *cls.also_triggers))
+    def wanted(cls, text: str, kind: str = "python") -> bool:
+        """Whether the pre-filter lets this rule see ``text`` (a file of ``kind``)."""
+        first = cls.python_triggers if kind == "python" and cls.python_triggers is not None else cls.triggers
+        return all(any(_found(trigger, text) for trigger in group) for group in (first, *cls.also_triggers))
 
     @classmethod
     def url(cls) -> str:
@@ -123,3 +129,12 @@ class Rule:
     @classmethod
     def fix_applicability(cls) -> Applicability | None:
         return None if cls.fix_kind == "none" else Applicability(cls.fix_kind)
+
+
+def _found(trigger: Trigger, text: str) -> bool:
+    return trigger in text if isinstance(trigger, str) else trigger.search(text) is not None
+
+
+def words(*names: str) -> re.Pattern[str]:
+    """A trigger matching any of ``names`` as a whole identifier (``rank`` but not ``ranking``)."""
+    return re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")

@@ -16,7 +16,7 @@ def _json(result):
 
 
 def test_bad_inputs_are_reported_and_the_run_goes_on(tmp_path, lintdist, monkeypatch):
-    (tmp_path / "syntax.py").write_text("import torch\ndef f(:\n    pass\n")
+    (tmp_path / "syntax.py").write_text("from torch.utils.data import DistributedSampler\ndef f(:\n    pass\n")
     (tmp_path / "latin1.py").write_bytes("import torch\n# Gr\xfc\xdfe\n".encode("latin-1"))
     (tmp_path / "binary.py").write_bytes(b"\x00\x01torch\x00")
     (tmp_path / "locked.py").write_text(BROKEN)
@@ -39,6 +39,17 @@ def test_bad_inputs_are_reported_and_the_run_goes_on(tmp_path, lintdist, monkeyp
     assert found["locked.py"] == ("LD002", 1, "cannot read file: Permission denied")
     assert found["broken.yaml"][:2] == ("LD001", 3) and "invalid YAML" in found["broken.yaml"][2]
     assert found["train.py"][0] == "LD201", "the other files are still checked"
+
+
+def test_syntax_errors_are_reported_where_a_rule_could_fire_or_the_file_is_named(tmp_path, lintdist):
+    # lintdist checks training code, not syntax: a file no enabled rule can fire on is not even parsed ...
+    (tmp_path / "utils.py").write_text("import torch\ndef f(:\n    pass\n")
+    (tmp_path / "train.py").write_text("from torch.utils.data import DistributedSampler\ndef f(:\n    pass\n")
+    result = lintdist("check", "--output-format", "json", "--no-cache", str(tmp_path))
+    assert [(Path(f["filename"]).name, f["code"], f["line"]) for f in _json(result)] == [("train.py", "LD001", 2)]
+    # ... unless it is named on the command line
+    result = lintdist("check", "--output-format", "json", "--no-cache", str(tmp_path / "utils.py"))
+    assert [(f["code"], f["line"]) for f in _json(result)] == [("LD001", 2)]
 
 
 def test_latin1_with_a_coding_cookie_is_fine(tmp_path, lintdist):
