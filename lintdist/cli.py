@@ -9,19 +9,9 @@ from pathlib import Path
 import click
 
 from lintdist import __version__
-from lintdist.config import ConfigError, resolve_settings
-from lintdist.registry import rule_by_code
-from lintdist.report import (
-    render_concise,
-    render_github,
-    render_json,
-    render_sarif,
-    render_statistics,
-    render_text,
-    rules_documentation,
-    rules_table,
-    summary,
-)
+
+# The rules, the engine and libcst are imported by the commands that need them, so `--version` and `--help`
+# start a bare process.
 
 FORMATS = ("text", "concise", "json", "sarif", "github")
 
@@ -95,6 +85,16 @@ def check(
     Exit status: 0 no findings, 1 findings, 2 usage error or internal failure.
     With --fix, 0 only if no finding remains; with --diff, 1 when there is a diff.
     """
+    from lintdist.config import ConfigError, resolve_settings
+    from lintdist.report import (
+        render_concise,
+        render_github,
+        render_json,
+        render_sarif,
+        render_statistics,
+        render_text,
+        summary,
+    )
     from lintdist.runner import run
 
     paths = list(paths) or ["."]
@@ -161,6 +161,8 @@ def check(
 @click.argument("code")
 def rule_command(code: str) -> None:
     """Print the documentation of the rule CODE (e.g. LD201)."""
+    from lintdist.registry import rule_by_code
+
     rule = rule_by_code(code)
     if rule is None:
         raise click.UsageError(f"unknown rule code {code!r} (see `lintdist rules`)")
@@ -175,6 +177,8 @@ def rule_command(code: str) -> None:
 @click.option("--docs", is_flag=True, help="Print every rule's documentation as Markdown (docs/rules.md).")
 def rules_command(markdown: bool, docs: bool) -> None:
     """List every rule: code, name, severity, default on/off and fix kind."""
+    from lintdist.report import rules_documentation, rules_table
+
     click.echo(rules_documentation() if docs else rules_table(markdown=markdown))
 
 

@@ -13,6 +13,11 @@ class UnparsableSource(Rule):
     not decode in its declared encoding, a binary file, or invalid YAML/JSON in
     an accelerate or DeepSpeed config.
 
+    lintdist checks training code; it is not a syntax checker. A Python file is
+    parsed only when an enabled rule could fire on it (its entry points, such as
+    `DistributedSampler` or `.backward(`, appear in the text) or when it is named
+    on the command line, so syntax errors are reported for those files only.
+
     ## Why is this bad?
     Nothing else can be checked in the file, and the launcher or the
     interpreter will fail on it the same way at start-up, after the job was
