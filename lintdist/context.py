@@ -13,10 +13,10 @@ from lintdist.model import Finding, Span
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
-    from lintdist.names import NameResolver
-    from lintdist.syntax import SyntaxIndex
     from lintdist.launch import LaunchSettings
+    from lintdist.names import NameResolver
     from lintdist.sources import ConfigDocument, LaunchFile
+    from lintdist.syntax import SyntaxIndex
 
 
 @dataclass

@@ -118,6 +118,8 @@ class PythonFacts:
             elif statement.value is not None:
                 self._bind(statement.target, statement.value, statement)
         self._memo: dict[str, object] = {}
+        self._local_functions: dict[int, list[cst.FunctionDef]] = {}
+        self._enclosing_class: dict[int, cst.ClassDef | None] = {}
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
         function = self.enclosing_function(statement)
@@ -150,7 +152,10 @@ class PythonFacts:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
     def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
-        return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        key = id(node)
+        if key not in self._enclosing_class:
+            self._enclosing_class[key] = next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        return self._enclosing_class[key]
 
     def enclosing_loop(self, node: cst.CSTNode) -> Loop | None:
         """The nearest loop around ``node`` in the same function."""
@@ -186,12 +191,18 @@ class PythonFacts:
     def local_functions(self, call: cst.Call) -> list[cst.FunctionDef]:
         """The functions of this file a call can reach: ``f(...)``, ``self.f(...)`` in a class, or
         ``Cls(...)`` (its ``__init__``)."""
+        key = id(call)
+        found = self._local_functions.get(key)
+        if found is None:
+            found = self._local_functions[key] = self._find_local_functions(call)
+        return found
+
+    def _find_local_functions(self, call: cst.Call) -> list[cst.FunctionDef]:
         func = call.func
         if isinstance(func, cst.Name):
             constructors = [
                 f
-                for cls in self.classes
-                if cls.name.value == func.value
+                for cls in self._classes_by_name().get(func.value, ())
                 for f in self.functions.get("__init__", ())
                 if self.enclosing_class(f) is cls
             ]
@@ -203,8 +214,25 @@ class PythonFacts:
             ]
         return []
 
+    def _classes_by_name(self) -> dict[str, list[cst.ClassDef]]:
+        if "classes_by_name" not in self._memo:
+            by_name: dict[str, list[cst.ClassDef]] = defaultdict(list)
+            for cls in self.classes:
+                by_name[cls.name.value].append(cls)
+            self._memo["classes_by_name"] = by_name
+        return self._memo["classes_by_name"]
+
     def call_sites(self, function: cst.FunctionDef) -> list[cst.Call]:
-        return [call for call in self.calls if function in self.local_functions(call)]
+        """The calls of this file that reach ``function`` (an index built once, on the first question)."""
+        if "call_sites" not in self._memo:
+            sites: dict[int, list[cst.Call]] = defaultdict(list)
+            named = {name for name in self.functions} | set(self._classes_by_name())
+            for call in self.calls:
+                if self.method_name(call) in named:
+                    for target in self.local_functions(call):
+                        sites[id(target)].append(call)
+            self._memo["call_sites"] = sites
+        return self._memo["call_sites"].get(id(function), [])
 
     def reachable_calls(self, node: cst.CSTNode) -> list[cst.Call]:
         """Calls inside ``node`` and, transitively, inside the local functions they call."""

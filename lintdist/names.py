@@ -62,6 +62,7 @@ class NameResolver:
         self.index = index
         self._scopes: dict[int, Scope] | None = None
         self._stored: dict[int, Binding] = {}
+        self._deferred: list[tuple[cst.Name, cst.CSTNode, int]] | None = None
         self._memo: dict[int, frozenset[str]] = {}
 
     # -- questions ---------------------------------------------------------------------------
@@ -224,6 +225,7 @@ class NameResolver:
             self.scope_of(statement).globals.update(item.name.value for item in statement.names)
         for statement in index.nodes(cst.Nonlocal):
             self.scope_of(statement).nonlocals.update(item.name.value for item in statement.names)
+        self._deferred = []
         for statement in index.nodes(cst.Import, cst.ImportFrom):
             self._bind_import(statement)
         for node in index.nodes(cst.FunctionDef, cst.ClassDef):
@@ -249,6 +251,10 @@ class NameResolver:
         for node in index.nodes(cst.MatchAs, cst.MatchStar):
             if node.name is not None:
                 self._bind_target(node.name, index.end(node))
+        # A ``nonlocal`` name goes to the nearest enclosing function that binds it, which may do so further down.
+        deferred, self._deferred = self._deferred, None
+        for name, node, position in deferred:
+            self._bind(name, node, position)
         for scope in self._scopes.values():
             for bindings in scope.bindings.values():
                 bindings.sort(key=lambda b: b.position)
@@ -270,6 +276,9 @@ class NameResolver:
 
     def _bind(self, name: cst.Name, node: cst.CSTNode, position: int) -> None:
         scope = self.scope_of(name)
+        if self._deferred is not None and name.value in scope.nonlocals:
+            self._deferred.append((name, node, position))
+            return
         home = self._declared(name.value, scope)
         binding = Binding(name.value, node, home, position)
         home.bindings[name.value].append(binding)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from lintdist.context import FileContext
 
-Trigger = str | re.Pattern[str]
+Trigger = "str | re.Pattern[str] | Pattern | Words"
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
 DOCS_URL = "https://github.com/lintdist/lintdist/blob/main/docs/rules.md#{code}"
 
@@ -132,9 +132,34 @@ class Rule:
 
 
 def _found(trigger: Trigger, text: str) -> bool:
-    return trigger in text if isinstance(trigger, str) else trigger.search(text) is not None
+    return trigger in text if isinstance(trigger, str) else bool(trigger.search(text))
 
 
-def words(*names: str) -> re.Pattern[str]:
+@dataclass(frozen=True)
+class Pattern:
+    """A trigger that costs about a substring search: one of ``needs`` occurs in the text and then, only then,
+    ``regex`` matches. (Python's ``re`` scans fast only for a pattern that starts with a literal; ``\\b`` or ``^``
+    in front makes it crawl through every file.)"""
+
+    needs: tuple[str, ...]
+    regex: re.Pattern[str] | None = None
+
+    def search(self, text: str) -> bool:
+        return any(need in text for need in self.needs) and (self.regex is None or self.regex.search(text) is not None)
+
+
+@dataclass(frozen=True)
+class Words:
     """A trigger matching any of ``names`` as a whole identifier (``rank`` but not ``ranking``)."""
-    return re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+
+    names: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+
+    def search(self, text: str) -> bool:
+        return any(name in text and pattern.search(text) for name, pattern in zip(self.names, self.patterns))
+
+
+def words(*names: str) -> Words:
+    unique = tuple(sorted(set(names)))
+    # the literal first, then the boundary checks behind and ahead of it: a fast scan
+    return Words(unique, tuple(re.compile(rf"{re.escape(n)}(?<!\w{re.escape(n)})(?!\w)") for n in unique))
