@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
@@ -160,7 +160,7 @@ class AccumulateMultipleForward(Rule):
     name = "accumulate-multiple-forward"
     severity = Severity.WARNING
     fix_kind = "safe"
-    triggers = ("accumulate",)
+    triggers = (re.compile(r"accumulate(?<!\waccumulate)\s*\("),)  # `with accelerator.accumulate(model):`
 
     VALID = (
         Valid(
@@ -702,17 +702,29 @@ def _helper_freezes(facts, call: cst.Call) -> bool:
             params = params[1:]
         for index, param in enumerate(params):
             value = argument_of(call, param.name.value, index)
-            if _is_false(param.default if value is None else value) and _sets_requires_grad(function, param.name.value):
+            if _is_false(param.default if value is None else value) and _sets_requires_grad(
+                facts, function, param.name.value
+            ):
                 return True
     return False
 
 
-def _sets_requires_grad(function: cst.FunctionDef, name: str) -> bool:
+def _sets_requires_grad(facts, function: cst.FunctionDef, name: str) -> bool:
     """The function does ``p.requires_grad = name`` or ``m.requires_grad_(name)``."""
-    flag = m.Name(name)
-    assigned = m.Assign(targets=[m.AssignTarget(target=m.Attribute(attr=m.Name("requires_grad")))], value=flag)
-    called = m.Call(func=m.Attribute(attr=m.Name("requires_grad_")), args=[m.Arg(value=flag)])
-    return bool(m.findall(function.body, assigned | called))
+
+    def is_flag(expr: cst.BaseExpression) -> bool:
+        return isinstance(expr, cst.Name) and expr.value == name
+
+    def is_attribute(expr: cst.BaseExpression, attr: str) -> bool:
+        return isinstance(expr, cst.Attribute) and expr.attr.value == attr
+
+    for node in facts.within(function.body, cst.Assign, cst.Call):
+        if isinstance(node, cst.Assign):
+            if len(node.targets) == 1 and is_attribute(node.targets[0].target, "requires_grad") and is_flag(node.value):
+                return True
+        elif is_attribute(node.func, "requires_grad_") and len(node.args) == 1 and is_flag(node.args[0].value):
+            return True
+    return False
 
 
 def _before(a: cst.CSTNode, b: cst.CSTNode, rule: Rule) -> bool:
@@ -735,11 +747,11 @@ def _sum_fix(rule: Rule, block: cst.With, calls: list[cst.Call], count: int, mod
     earlier = [calls[i].args[0].value for i in range(len(calls) - 1)]
     if not all(_movable(arg) for arg in earlier):
         return None
-    used = {name for arg in earlier for name in _names(arg)}
+    used = {name for arg in earlier for name in _names(rule.facts, arg)}
     for index in range(first + 1, last + 1):
         if index not in positions and not _may_move_past(rule, statements[index], models):
             return None
-        if index <= last and _rebinds(statements[index], used):
+        if index <= last and _rebinds(rule.facts, statements[index], used):
             return None
     total = calls[-1].args[0].value
     operands = [*earlier, total]
@@ -812,19 +824,10 @@ def _movable(expr: cst.BaseExpression) -> bool:
     return False
 
 
-def _names(expr: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-    expr.visit(Names())
-    return found
+def _names(facts, expr: cst.CSTNode) -> set[str]:
+    """The names read in ``expr``: every ``Name`` but the attribute names after a dot."""
+    attributes = {id(node.attr) for node in facts.within(expr, cst.Attribute)}
+    return {node.value for node in facts.within(expr, cst.Name) if id(node) not in attributes}
 
 
 def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[str]) -> bool:
@@ -833,71 +836,44 @@ def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[s
     for call in facts.reachable_calls(statement):
         if facts.method_name(call) in GRADIENT_USERS or _calls_model(call, models):
             return False
-
-    class Finder(cst.CSTVisitor):
-        blocked = False
-
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, EXITS) or (isinstance(node, cst.Attribute) and node.attr.value == "grad"):
-                self.blocked = True
-            return not self.blocked
-
-    finder = Finder()
-    statement.visit(finder)
-    return not finder.blocked
+    return not facts.within(statement, *EXITS) and not any(
+        node.attr.value == "grad" for node in facts.within(statement, cst.Attribute)
+    )
 
 
-def _rebinds(statement: cst.BaseStatement, names: set[str]) -> bool:
+def _rebinds(facts, statement: cst.BaseStatement, names: set[str]) -> bool:
     """The statement assigns one of ``names`` or changes it in place (``loss.mul_(2)``)."""
 
-    class Finder(cst.CSTVisitor):
-        hit = False
+    def hits(target: cst.BaseExpression) -> bool:
+        root = target
+        while isinstance(root, (cst.Attribute, cst.Subscript)):
+            root = root.value  # `self.loss = loss.detach()` changes what `self.loss` means later
+        if isinstance(root, cst.Name) and root.value in names:
+            return True
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return any(hits(element.value) for element in target.elements)
+        if isinstance(target, cst.StarredElement):
+            return hits(target.value)
+        return False
 
-        def _target(self, target: cst.BaseExpression) -> None:
-            root = target
-            while isinstance(root, (cst.Attribute, cst.Subscript)):
-                root = root.value  # `self.loss = loss.detach()` changes what `self.loss` means later
-            if isinstance(root, cst.Name) and root.value in names:
-                self.hit = True
-            elif isinstance(target, (cst.Tuple, cst.List)):
-                for element in target.elements:
-                    self._target(element.value)
-            elif isinstance(target, cst.StarredElement):
-                self._target(target.value)
-
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            self._target(node.target)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self._target(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self._target(node.target)
-
-        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            self._target(node.target)
-
-        def visit_For(self, node: cst.For) -> None:
-            self._target(node.target)
-
-        def visit_AsName(self, node: cst.AsName) -> None:
-            self._target(node.name)
-
-        def visit_Del(self, node: cst.Del) -> None:
-            self.hit = True
-
-        def visit_Call(self, node: cst.Call) -> None:
+    kinds = (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.AsName, cst.Del, cst.Call)
+    for node in facts.within(statement, *kinds):
+        if isinstance(node, cst.Del):
+            return True
+        if isinstance(node, cst.AsName):
+            if hits(node.name):
+                return True
+        elif isinstance(node, cst.Call):
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value.endswith("_"):
                 root = func.value
                 while isinstance(root, cst.Attribute):
                     root = root.value
                 if isinstance(root, cst.Name) and root.value in names:
-                    self.hit = True
-
-    finder = Finder()
-    statement.visit(finder)
-    return finder.hit
+                    return True
+        elif hits(node.target):
+            return True
+    return False
 
 
 def _parenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:

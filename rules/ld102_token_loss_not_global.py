@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import BACKWARD_METHODS, DDP_CLASSES, argument_of
@@ -189,7 +189,8 @@ class TokenLossNotGlobal(Rule):
     name = "token-loss-not-global"
     severity = Severity.ERROR
     fix_kind = "safe"
-    triggers = ("backward", "compute_loss", "training_step")
+    # a backward call, or a Trainer's compute_loss / Lightning's training_step
+    triggers = (re.compile(r"backward(?<!\wbackward)\s*\("), "compute_loss", "training_step")
     also_triggers = (("-100", "ignore_index", "label_pad_token_id", *sorted(TOKEN_COLLATORS)),)  # token evidence
 
     VALID = (
@@ -414,39 +415,42 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def __init__(self, context) -> None:
         super().__init__(context)
         self._augmented: dict[str, list[cst.AugAssign]] = {}
-        self._token_evidence = False
 
-    # -- the traversal: what the shared facts do not record ---------------------------------
+    # -- what the shared facts do not record ----------------------------------------------------
 
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        key = get_full_name_for_node(node.target)
-        if key:
-            self._augmented.setdefault(key, []).append(node)
-
-    def visit_UnaryOperation(self, node: cst.UnaryOperation) -> None:
-        if m.matches(node, m.UnaryOperation(operator=m.Minus(), expression=m.Integer("100"))) and not isinstance(
-            self.facts.parent(node), (cst.Slice, cst.Index)
-        ):
-            self._token_evidence = True
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        # A non-negative literal (`ignore_index=255`) is a segmentation void label, not token padding.
-        if (
-            node.keyword is not None
-            and node.keyword.value in {"ignore_index", "label_pad_token_id"}
-            and not isinstance(node.value, cst.Integer)
-        ):
-            self._token_evidence = True
-
-    def visit_Call(self, node: cst.Call) -> None:
-        names = self.facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
-        if any(name.rsplit(".", 1)[-1] in TOKEN_COLLATORS for name in names):
-            self._token_evidence = True
+    def _has_token_evidence(self) -> bool:
+        """A ``-100`` label, an ``ignore_index=``/``label_pad_token_id=`` expression or a token collator."""
+        index = self.facts.index
+        for node in index.nodes(cst.UnaryOperation):
+            if (
+                isinstance(node.operator, cst.Minus)
+                and isinstance(node.expression, cst.Integer)
+                and node.expression.value == "100"
+                and not isinstance(self.facts.parent(node), (cst.Slice, cst.Index))
+            ):
+                return True
+        for node in index.nodes(cst.Arg):
+            # A non-negative literal (`ignore_index=255`) is a segmentation void label, not token padding.
+            if (
+                node.keyword is not None
+                and node.keyword.value in {"ignore_index", "label_pad_token_id"}
+                and not isinstance(node.value, cst.Integer)
+            ):
+                return True
+        for node in index.nodes(cst.Call):
+            names = self.facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
+            if any(name.rsplit(".", 1)[-1] in TOKEN_COLLATORS for name in names):
+                return True
+        return False
 
     # -- whole-file analysis ------------------------------------------------------------------
 
     def finish(self) -> None:
-        if not self._token_evidence:
+        for node in self.facts.index.nodes(cst.AugAssign):
+            key = get_full_name_for_node(node.target)
+            if key:
+                self._augmented.setdefault(key, []).append(node)
+        if not self._has_token_evidence():
             return
         self._findings: set[int] = set()
         self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
@@ -643,7 +647,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         cls = self.facts.enclosing_class(function)
         if cls is None or not self.facts.derives_from(cls, _is_hf_trainer):
             return
-        if m.findall(function.body, m.Name("num_items_in_batch")):
+        if any(name.value == "num_items_in_batch" for name in self.facts.within(function.body, cst.Name)):
             return
         for returned in self.facts.returns.get(function, ()):
             expr = returned.body if isinstance(returned, cst.IfExp) else returned
@@ -857,7 +861,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         methods = {self.facts.method_name(n) for n in nodes if isinstance(n, cst.Call)}
         counted = (
             methods & {"ne", "count_nonzero", "count_loss_tokens", "global_token_count"}
-            or any(isinstance(n, cst.NotEqual) for n in nodes)
+            or any(isinstance(n, cst.ComparisonTarget) and isinstance(n.operator, cst.NotEqual) for n in nodes)
             or any(hint in text for hint in COUNT_NAME_HINTS)
         )
         if counted:
@@ -868,9 +872,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 for call in self.facts.calls
             )
             shifted = any(
-                m.matches(n, m.SubscriptElement(slice=m.Slice(lower=m.Integer("1"))))
-                or m.matches(n, m.Name("shift_labels") | m.Name("shifted_labels"))
-                or m.matches(n, m.Arg(keyword=m.Name("shifted"), value=m.Name("True")))
+                (
+                    isinstance(n, cst.SubscriptElement)
+                    and isinstance(n.slice, cst.Slice)
+                    and isinstance(n.slice.lower, cst.Integer)
+                    and n.slice.lower.value == "1"
+                )
+                or (isinstance(n, cst.Name) and n.value in {"shift_labels", "shifted_labels"})
+                or (isinstance(n, cst.Arg) and _is_name(n.keyword, "shifted") and _is_name(n.value, "True"))
                 for n in nodes
             )
             return Factor("count", gathered=bool(methods & GATHER_METHODS) or in_place, shifted=shifted)
@@ -887,8 +896,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         return Factor("other")
 
     def _closure(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> list[cst.CSTNode]:
-        """Every node of ``expr``, of what its names can hold, and so on (bounded)."""
-        nodes = _subtree(expr)
+        """The nodes of ``expr`` that ``_classify`` reads, of what its names can hold, and so on (bounded)."""
+        nodes = list(self.facts.within(expr, *_CLOSURE_NODES))
         if depth >= 3:
             return nodes
         for name in [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute))]:
@@ -998,7 +1007,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             and loop.asynchronous is None
             and not (isinstance(loop.iter, cst.Call) and facts.method_name(loop.iter) == "enumerate")
             and facts.is_within(chain.base_expr, with_node)
-            and not m.findall(loop.body, m.Break() | m.Continue() | m.Return() | m.Yield())
+            and not facts.within(loop.body, cst.Break, cst.Continue, cst.Return, cst.Yield)
         ):
             return None
         batch = loop.target.value
@@ -1012,10 +1021,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         backwards = [c for c in facts.reachable_calls(loop_block) if facts.method_name(c) in BACKWARD_METHODS]
         if len(backwards) != 1:
             return None  # several backward passes per micro-batch (LD101's shape): the window would hide them
-        if _changes_batch(loop_block, batch):
+        if _changes_batch(facts, loop_block, batch):
             return None  # the window counts each batch's labels before the loop body would change them
         moved = [s for s in after_backward + after if self._movable(s)]
-        if _reads_moved_state(after_backward + after, moved, code(accumulate.args[0].value)):
+        if _reads_moved_state(facts, after_backward + after, moved, code(accumulate.args[0].value)):
             return None  # a statement that stays would run before the step it reads (a checkpoint, a step counter)
         names = self._free_names(loop)
         if names is None:
@@ -1026,10 +1035,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             func=cst.Attribute(value=cst.Name(window), attr=cst.Name("scale_mean")),
             args=[cst.Arg(chain.base_expr), cst.Arg(cst.Name(batch))],
         )
-        replacer = _Replace(chain.base_expr, scaled)
         new_with = with_node.with_changes(
             items=[with_node.items[0].with_changes(item=cst.parse_expression(f"{window}.sync({index})"))],
-            body=with_node.body.with_changes(body=[s.visit(replacer) for s in inner if s not in moved]),
+            body=with_node.body.with_changes(
+                body=[s.deep_replace(chain.base_expr, scaled) for s in inner if s not in moved]
+            ),
         )
         inner_loop = cst.For(
             target=cst.parse_expression(f"{index}, {batch}"),
@@ -1059,7 +1069,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         """Optimizer, scheduler, zero_grad and clipping calls, and ``if accelerator.sync_gradients:`` blocks:
         they belong after the window."""
         if isinstance(statement, cst.If):
-            return statement.orelse is None and m.matches(statement.test, m.Attribute(attr=m.Name("sync_gradients")))
+            return statement.orelse is None and _is_attribute(statement.test, "sync_gradients")
         if not isinstance(statement, cst.SimpleStatementLine):
             return False
         for small in statement.body:
@@ -1077,8 +1087,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _free_names(self, loop: cst.For) -> tuple[str, str, str] | None:
         """Names for the window's loop variables that the enclosing function (or module) does not use yet."""
         scope = self.facts.enclosing_function(loop) or self.context.module
-        used = {name.value for name in m.findall(scope, m.Name())}
-        module_names = {name.value for name in m.findall(self.context.module, m.Name())}
+        used = {name.value for name in self.facts.within(scope, cst.Name)}
+        module_names = {name.value for name in self.facts.index.nodes(cst.Name)}
         if {"TokenLossWindow", "microbatch_groups"} & module_names and "lintdist" not in module_names:
             return None
         picks = []
@@ -1090,35 +1100,42 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         return tuple(picks)
 
 
-class _Replace(cst.CSTTransformer):
-    def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
-        super().__init__()
-        self.old, self.new = old, new
-
-    def on_leave(self, original_node, updated_node):
-        return self.new if original_node is self.old else updated_node
-
-
-class _Collect(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.nodes: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.nodes.append(node)
-        return True
-
-
+# The nodes of a loss factor that ``_classify`` reads (a ``ComparisonTarget`` for its ``!=`` operator).
+_CLOSURE_NODES = (
+    cst.Name,
+    cst.Attribute,
+    cst.Call,
+    cst.SubscriptElement,
+    cst.Arg,
+    cst.SimpleString,
+    cst.ComparisonTarget,
+)
 _REMEDY = (
     "sum-reduce the loss and scale it with `TokenLossWindow.scale_sum` from `lintdist.runtime` (or "
     "`.scale_mean(loss, batch)`) over each optimizer step's `microbatch_groups(...)`"
 )
 
 
-def _subtree(node: cst.CSTNode) -> list[cst.CSTNode]:
-    collector = _Collect()
-    node.visit(collector)
-    return collector.nodes
+def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == value
+
+
+def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
+    return isinstance(expr, cst.Attribute) and expr.attr.value == attr
+
+
+def _is_string(expr: cst.CSTNode | None, *literals: str) -> bool:
+    return isinstance(expr, cst.SimpleString) and expr.value in literals
+
+
+def _is_string_subscript(expr: cst.CSTNode | None, *literals: str) -> bool:
+    """``x["key"]``: a subscript with one element, an index that is one of these string literals."""
+    return (
+        isinstance(expr, cst.Subscript)
+        and len(expr.slice) == 1
+        and isinstance(expr.slice[0].slice, cst.Index)
+        and _is_string(expr.slice[0].slice.value, *literals)
+    )
 
 
 def _is_hf_trainer(name: str) -> bool:
@@ -1168,12 +1185,7 @@ def _backward_operand(call: cst.Call) -> tuple[cst.BaseExpression | None, cst.Ba
 
 def _is_loss_field(expr: cst.BaseExpression | None) -> bool:
     """``outputs.loss`` or ``outputs["loss"]``."""
-    return m.matches(expr, m.Attribute(attr=m.Name("loss"))) or m.matches(
-        expr,
-        m.Subscript(
-            slice=[m.SubscriptElement(slice=m.Index(value=m.SimpleString("'loss'") | m.SimpleString('"loss"')))]
-        ),
-    )
+    return _is_attribute(expr, "loss") or _is_string_subscript(expr, "'loss'", '"loss"')
 
 
 def _reduction(call: cst.Call) -> str:
@@ -1233,57 +1245,51 @@ def _passes_labels(call: cst.Call, batch: str) -> bool:
     ``labels=batch["labels"]``, and no other ``labels=``."""
     labels = _keyword(call, "labels")
     if labels is not None:
-        return m.matches(
-            labels,
-            m.Subscript(
-                value=m.Name(batch),
-                slice=[
-                    m.SubscriptElement(slice=m.Index(value=m.SimpleString('"labels"') | m.SimpleString("'labels'")))
-                ],
-            ),
-        )
-    return any(arg.star == "**" and m.matches(arg.value, m.Name(batch)) for arg in call.args)
+        return _is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
+    return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)
 
 
-def _changes_batch(body: cst.CSTNode, batch: str) -> bool:
+def _changes_batch(facts, body: cst.CSTNode, batch: str) -> bool:
     """The loop body rebinds ``batch``, or writes into it or into a value read from it: ``batch = ...``,
     ``batch["labels"][mask] = -100``, ``batch.pop("labels")``, ``labels = batch["labels"]; labels.masked_fill_(...)``."""
     roots = {batch} | {
         name.value
-        for assign in m.findall(body, m.Assign())
-        if m.findall(assign.value, m.Name(batch))
+        for assign in facts.within(body, cst.Assign)
+        if any(name.value == batch for name in facts.within(assign.value, cst.Name))
         for target in assign.targets
-        for name in m.findall(target.target, m.Name())
+        for name in facts.within(target.target, cst.Name)
     }
-    written = [n.target for n in m.findall(body, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.Del())]
-    written += [n.target for n in m.findall(body, m.NamedExpr() | m.For())]
+    written = [n.target for n in facts.within(body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)]
+    written += [n.target for n in facts.within(body, cst.NamedExpr, cst.For)]
     targets = [t for target in written for t in _unpacked(target)]
     if any(_root(t) == batch or (_root(t) in roots and not isinstance(t, cst.Name)) for t in targets):
         return True
-    for call in m.findall(body, m.Call(func=m.Attribute())):
+    for call in facts.within(body, cst.Call):
+        if not isinstance(call.func, cst.Attribute):
+            continue
         method = call.func.attr.value
         if _root(call.func.value) in roots and (method in DICT_MUTATORS or method.endswith("_")):
             return True
     return False
 
 
-def _reads_moved_state(statements: list[cst.BaseStatement], moved: list[cst.BaseStatement], model: str) -> bool:
+def _reads_moved_state(facts, statements: list[cst.BaseStatement], moved: list[cst.BaseStatement], model: str) -> bool:
     """A statement that stays in the micro-batch loop but follows a moved one reads what the moved ones change:
     ``sync_gradients``, a name they assign (``completed_steps``), the optimizer or scheduler, or the model."""
     first = next((k for k, s in enumerate(statements) if s in moved), len(statements))
     touched = {model.split(".", 1)[0]}
     for statement in moved:
-        touched |= {_root(n.target) for n in m.findall(statement, m.AssignTarget() | m.AugAssign())}
+        touched |= {_root(n.target) for n in facts.within(statement, cst.AssignTarget, cst.AugAssign)}
         touched |= {
             _root(call.func.value)
-            for call in m.findall(statement, m.Call(func=m.Attribute()))
-            if call.func.attr.value in OPTIMIZER_METHODS
+            for call in facts.within(statement, cst.Call)
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in OPTIMIZER_METHODS
         }
     for statement in statements[first + 1 :]:
         if statement in moved:
             continue
-        if m.findall(statement, m.Attribute(attr=m.Name("sync_gradients"))) or any(
-            name.value in touched for name in m.findall(statement, m.Name())
+        if any(_is_attribute(node, "sync_gradients") for node in facts.within(statement, cst.Attribute)) or any(
+            name.value in touched for name in facts.within(statement, cst.Name)
         ):
             return True
     return False

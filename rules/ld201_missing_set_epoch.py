@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of
@@ -348,9 +347,9 @@ for _ in range(3):
         seed = argument_of(sampler, "seed", 4)
         if seed is None:
             return False
-        counters = _target_names(epoch_loop.target) if isinstance(epoch_loop, cst.For) else set()
+        counters = _target_names(facts, epoch_loop.target) if isinstance(epoch_loop, cst.For) else set()
         counters.add(_epoch_variable(epoch_loop) or "")
-        for name in m.findall(seed, m.Name()):
+        for name in facts.within(seed, cst.Name):
             if name.value in counters or any(
                 facts.is_within(binding.statement, epoch_loop) for binding in facts.bindings(name.value, seed)
             ):
@@ -420,8 +419,8 @@ def _getattr_set_epoch(func: cst.BaseExpression) -> bool:
     )
 
 
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    return {name.value for name in m.findall(target, m.Name())}
+def _target_names(facts, target: cst.BaseExpression) -> set[str]:
+    return {name.value for name in facts.within(target, cst.Name)}
 
 
 def _single_pass(loop: Loop) -> bool:

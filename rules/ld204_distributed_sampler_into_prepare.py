@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from dataclasses import dataclass, replace
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
@@ -221,10 +222,8 @@ model, loader = accelerator.prepare(model, loader)
         super().__init__(context)
         self._names: list[cst.Name] = []  # every name of the file, to see who else reads a loader's name
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self._names.append(node)
-
     def finish(self) -> None:
+        self._names = self.facts.index.nodes(cst.Name)
         reported: set[int] = set()
         for call in self.facts.calls:
             for loader in self._prepared(call):
@@ -393,7 +392,7 @@ model, loader = accelerator.prepare(model, loader)
         sampler, loader = found.sampler, found.loader
         if found.inline is None or shuffle is None or not facts.callee_is(sampler, SAMPLER_CLASSES):
             return None
-        if not _only_droppable_arguments(sampler) or m.findall(sampler, m.Comment()):
+        if not _only_droppable_arguments(sampler) or _has_comment(self.context.module.code_for_node(sampler)):
             return None  # (the fix would delete comments written inside the sampler call)
         if argument_of(loader, "shuffle", 2) is not None or argument_of(loader, "batch_sampler", 4) is not None:
             return None
@@ -463,6 +462,17 @@ def _only_droppable_arguments(sampler: cst.Call) -> bool:
         elif arg.keyword.value not in DROPPABLE:
             return False
     return True
+
+
+def _has_comment(code: str) -> bool:
+    """The source of a node holds a comment (a ``#`` inside a string literal is not one)."""
+    if "#" not in code:
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return True  # cannot tell: as if it held one, so that no fix deletes it
+    return any(token.type == tokenize.COMMENT for token in tokens)
 
 
 def _target_names(target: cst.BaseExpression) -> set[str]:

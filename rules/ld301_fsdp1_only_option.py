@@ -740,6 +740,7 @@ class Fsdp1OnlyOption(Rule):
     fix_kind = "safe"
     kinds = frozenset({"python", "config", "launch"})
     triggers = ("FullyShardedDataParallelPlugin", "fsdp", "FSDP_")
+    python_triggers = ("FullyShardedDataParallelPlugin",)  # in Python, only the plugin's keywords are read
 
     VALID = (
         Valid(

@@ -116,6 +116,7 @@ class PreferFsdp2(Rule):
     fix_kind = "unsafe"
     kinds = frozenset({"python", "config", "launch"})
     triggers = ("FullyShardedDataParallel", "FSDP", "fsdp")
+    python_triggers = ("FullyShardedDataParallel",)  # the raw wrapper or accelerate's plugin
 
     VALID = (
         Valid(

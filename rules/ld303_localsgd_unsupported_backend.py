@@ -233,14 +233,10 @@ if args.local_sgd_steps:
         self._ifs: list[cst.If] = []
         self._asserts: list[cst.Assert] = []
 
-    def visit_If(self, node: cst.If) -> None:
-        self._ifs.append(node)
-
-    def visit_Assert(self, node: cst.Assert) -> None:
-        self._asserts.append(node)
-
     def finish(self) -> None:
         facts = self.facts
+        self._ifs = facts.index.nodes(cst.If)
+        self._asserts = facts.index.nodes(cst.Assert)
         for call in facts.calls:
             if not facts.callee_is(call, LOCAL_SGD) or self._guarded(call, 0):
                 continue
@@ -357,11 +353,11 @@ if args.local_sgd_steps:
     def _mentions_backend(self, test: cst.BaseExpression, depth: int = 0) -> bool:
         """The condition names the backend, directly or through names bound to such an expression
         (``use_local_sgd = accelerator.distributed_type == DistributedType.MULTI_GPU``)."""
-        if any(BACKEND_WORDS.search(word) for word in _words(test)):
+        if any(BACKEND_WORDS.search(word) for word in _words(self.facts, test)):
             return True
         if depth >= MAX_NAME_DEPTH:
             return False
-        names = [test] if isinstance(test, cst.Name) else _names_in(test)
+        names = [test] if isinstance(test, cst.Name) else _names_in(self.facts, test)
         return any(
             self._mentions_backend(binding.value, depth + 1)
             for name in names
@@ -369,18 +365,10 @@ if args.local_sgd_steps:
         )
 
 
-def _names_in(expr: cst.BaseExpression) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class Collect(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            return False  # `args.deepspeed` is judged by its words, not followed
-
-    expr.visit(Collect())
-    return found
+def _names_in(facts, expr: cst.BaseExpression) -> list[cst.Name]:
+    """The names in ``expr`` outside any attribute: `args.deepspeed` is judged by its words, not followed."""
+    inside = {id(name) for attribute in facts.within(expr, cst.Attribute) for name in facts.within(attribute, cst.Name)}
+    return [name for name in facts.within(expr, cst.Name) if id(name) not in inside]
 
 
 def _launch_evidence(settings: LaunchSettings | None) -> Evidence | None:
@@ -420,19 +408,9 @@ def _asks_for_cpu(accelerator: cst.Call) -> bool:
     return isinstance(value, cst.Name) and value.value == "True"
 
 
-def _words(expr: cst.CSTNode) -> list[str]:
+def _words(facts, expr: cst.CSTNode) -> list[str]:
     """The names, attribute names and strings in an expression."""
-    words: list[str] = []
-
-    class Collect(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            words.append(node.value)
-
-        def visit_SimpleString(self, node: cst.SimpleString) -> None:
-            words.append(node.value)
-
-    expr.visit(Collect())
-    return words
+    return [node.value for node in facts.within(expr, cst.Name, cst.SimpleString)]
 
 
 def _exits(body: cst.BaseSuite, returns: bool = True) -> bool:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import (
@@ -16,7 +17,7 @@ from lintdist.facts import (
     argument_of,
 )
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 LOAD_DATASET = frozenset({"datasets.load_dataset", "datasets.load.load_dataset"})
 DOWNLOADS = frozenset(
@@ -179,7 +180,19 @@ class PrepOutsideMainProcessFirst(Rule):
     name = "prep-outside-main-process-first"
     severity = Severity.WARNING
     fix_kind = "safe"
-    triggers = ("load_dataset", "download", "urlretrieve", "hub")
+    # `load_dataset` imported (not in a `>>>` docstring line) or called through `datasets.`; `torch.hub`;
+    # `urlretrieve`; a torchvision/torchaudio dataset built with `download=True`
+    triggers = (
+        Pattern(
+            ("load_dataset",),
+            re.compile(r"^[ \t]*from\s+datasets(?:\.load)?\s+import\s*\(?[\w\s,]*?\bload_dataset\b", re.MULTILINE),
+        ),
+        "datasets.load_dataset",
+        "torch.hub",
+        Pattern(("from torch import",), re.compile(r"from\s+torch\s+import\s*\(?[\w\s,]*?\bhub\b")),
+        "urlretrieve",
+        re.compile(r"download(?<!\wdownload)\s*=\s*\(*\s*True\b"),
+    )
     also_triggers = (("accelerat", "PartialState", "distributed", "deepspeed"),)  # a distributed script
 
     VALID = (
@@ -303,7 +316,7 @@ accelerator = Accelerator()
             for call, what in flagged
             if not (
                 isinstance(call.func, cst.Attribute)
-                and any(id(n) in inner for n in m.findall(call.func.value, m.Call()))
+                and any(id(n) in inner for n in self.facts.within(call.func.value, cst.Call))
             )
         ]
         statements = {id(s) for s in (self._statement(call) for call, _ in flagged) if s is not None}
@@ -336,16 +349,16 @@ accelerator = Accelerator()
                 return None
             if _is_true(argument_of(call, "streaming", None)) or _local_files(call):
                 return None
-            if _per_rank(argument_of(call, "cache_dir", None)):
+            if _per_rank(facts, argument_of(call, "cache_dir", None)):
                 return None
             return "downloads and prepares the dataset"
         if names & DOWNLOADS:
             # `urlretrieve(url, f"shard{rank}.tar")`: each rank fetches its own file
-            return None if any(_per_rank(arg.value) for arg in call.args) else "downloads files"
+            return None if any(_per_rank(facts, arg.value) for arg in call.args) else "downloads files"
         if (
             any(n.startswith(DOWNLOADING_DATASET_PACKAGES) for n in names)
             and _is_true(argument_of(call, "download", None))
-            and not _per_rank(argument_of(call, "root", 0))
+            and not _per_rank(facts, argument_of(call, "root", 0))
         ):
             return "downloads the dataset (torchvision takes no lock while it writes the archive)"
         method = facts.method_name(call)
@@ -390,7 +403,7 @@ accelerator = Accelerator()
             if isinstance(ancestor, cst.If) and child is not ancestor.test and self._rank_dependent(ancestor.test):
                 return True
             # `for url in urls[rank::world_size]:` each rank has its own items, and its own number of iterations
-            if isinstance(ancestor, cst.For) and child is ancestor.body and _per_rank(ancestor.iter):
+            if isinstance(ancestor, cst.For) and child is ancestor.body and _per_rank(facts, ancestor.iter):
                 return True
             if isinstance(ancestor, (cst.IndentedBlock, cst.Module)) and self._after_rank_barrier(ancestor, child):
                 return True
@@ -531,7 +544,7 @@ accelerator = Accelerator()
         if any(isinstance(small, (cst.Global, cst.Nonlocal)) for small in statement.body):
             return False
         # a generator would suspend inside the block, holding the other ranks at its barrier
-        return not m.findall(statement, m.Yield() | m.Await())
+        return not facts.within(statement, cst.Yield, cst.Await)
 
     def _accelerator_at(self, statement: cst.SimpleStatementLine) -> str | None:
         """The script's own expression for its accelerator, bound before ``statement``."""
@@ -607,13 +620,13 @@ def _is_true(value: cst.BaseExpression | None) -> bool:
     return isinstance(value, cst.Name) and value.value == "True"
 
 
-def _per_rank(expr: cst.BaseExpression | None) -> bool:
+def _per_rank(facts, expr: cst.BaseExpression | None) -> bool:
     """Names the rank (``f"./data{local_rank}"``, ``urls[dist.get_rank()::n]``): each rank has its own copy, no race."""
     if expr is None:
         return False
     return any(
         (get_full_name_for_node(name) or "").rsplit(".", 1)[-1] in RANK_NAMES | RANK_GETTERS
-        for name in m.findall(expr, m.Name() | m.Attribute())
+        for name in facts.within(expr, cst.Name, cst.Attribute)
     )
 
 

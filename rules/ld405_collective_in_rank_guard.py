@@ -5,9 +5,17 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, MAX_CALLER_DEPTH, RANK_NAMES, argument_of
+from lintdist.facts import (
+    ACCELERATOR_CLASSES,
+    MAIN_FLAGS,
+    MAIN_ONLY_DECORATORS,
+    MAX_CALLER_DEPTH,
+    RANK_GETTERS,
+    RANK_NAMES,
+    argument_of,
+)
 from lintdist.model import Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Rule, Valid, words
 
 ACCELERATE_OBJECTS = ACCELERATOR_CLASSES | {"accelerate.PartialState", "accelerate.state.PartialState"}
 # Accelerator methods every process must call, whatever the backend.
@@ -150,12 +158,18 @@ class CollectiveInRankGuard(Rule):
     triggers = ("distributed", "accelerat", "deepspeed")
     # a main-process guard, and a collective
     also_triggers = (
-        # a main-process guard ...
-        ("rank", "main_process", "master", "process_index", "gpu_id", "is_global_zero", "process_zero", "on_process")
-        + ("on_local_process",),
+        # a main-process guard the facts recognise (a rank, a main-process flag or decorator) ...
+        (words(*RANK_NAMES, *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),),
         # ... and a collective
-        ("barrier", "all_", "broadcast", "gather", "scatter", "reduce", "new_group", "wait_for_everyone")
-        + ("check_trigger", "pad_across_processes", "save_state", "save_model", "state_dict", "checkpoint"),
+        (
+            words(
+                *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
+                *ACCELERATOR_COLLECTIVES,
+                *ACCELERATOR_SHARD_GATHERS,
+                *("checkpoint", "save_checkpoint", "state_dict", "optim_state_dict"),
+                *("full_optim_state_dict", "sharded_optim_state_dict"),
+            ),
+        ),
     )
 
     VALID = (
@@ -308,7 +322,7 @@ def save(output_dir):
                     if (
                         isinstance(context, cst.Call)
                         and self.facts.method_name(context) == "state_dict_type"
-                        and any(_mentions(arg.value, GATHERING_STATE_DICT_TYPES) for arg in context.args)
+                        and any(_mentions(self.facts, arg.value, GATHERING_STATE_DICT_TYPES) for arg in context.args)
                     ):
                         return True
         return False
@@ -451,13 +465,5 @@ def _is_true(value: cst.BaseExpression | None) -> bool:
     return isinstance(value, cst.Name) and value.value == "True"
 
 
-def _mentions(expr: cst.BaseExpression, names: frozenset[str]) -> bool:
-    found: list[bool] = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value in names:
-                found.append(True)
-
-    expr.visit(_Finder())
-    return bool(found)
+def _mentions(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
+    return any(node.value in names for node in facts.within(expr, cst.Name))
