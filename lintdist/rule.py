@@ -148,18 +148,22 @@ class Pattern:
         return any(need in text for need in self.needs) and (self.regex is None or self.regex.search(text) is not None)
 
 
-@dataclass(frozen=True)
 class Words:
     """A trigger matching any of ``names`` as a whole identifier (``rank`` but not ``ranking``)."""
 
-    names: tuple[str, ...]
-    patterns: tuple[re.Pattern[str], ...]
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._patterns: dict[str, re.Pattern[str]] = {}
 
     def search(self, text: str) -> bool:
-        return any(name in text and pattern.search(text) for name, pattern in zip(self.names, self.patterns))
+        return any(name in text and self._pattern(name).search(text) for name in self.names)
+
+    def _pattern(self, name: str) -> re.Pattern[str]:
+        # the literal first, then the boundary checks behind and ahead of it: a fast scan (compiled on first use)
+        if name not in self._patterns:
+            self._patterns[name] = re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})(?!\w)")
+        return self._patterns[name]
 
 
 def words(*names: str) -> Words:
-    unique = tuple(sorted(set(names)))
-    # the literal first, then the boundary checks behind and ahead of it: a fast scan
-    return Words(unique, tuple(re.compile(rf"{re.escape(n)}(?<!\w{re.escape(n)})(?!\w)") for n in unique))
+    return Words(tuple(sorted(set(names))))

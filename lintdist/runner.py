@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lintdist.cache import ResultCache
 from lintdist.config import Settings, rules_for
 from lintdist.discover import Candidate, discover, kind_of
 from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
@@ -117,6 +114,8 @@ def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Write beside the file and rename over it, keeping its permission bits."""
+    import tempfile
+
     mode = path.stat().st_mode
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".lintdist")
     try:
@@ -210,7 +209,11 @@ def run(
         launch = project.settings_for(candidate.path) if candidate.kind == "python" else None
         tasks.append(Task(candidate, codes, launch, mode, unsafe, want_edits))
 
-    cache = ResultCache(settings.root, settings.fingerprint()) if use_cache and mode == "check" else None
+    cache = None
+    if use_cache and mode == "check":
+        from lintdist.cache import ResultCache
+
+        cache = ResultCache(settings.root, settings.fingerprint())
     reports: dict[int, FileReport] = {}
     pending: list[tuple[int, Task, str | None]] = []
     for index, task in enumerate(tasks):
@@ -233,6 +236,8 @@ def run(
 
     workers = jobs or os.cpu_count() or 1
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
+        from concurrent.futures import ProcessPoolExecutor  # imported only when a pool is worth its start-up
+
         with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
             results = list(
                 pool.map(process, [t for _, t, _ in pending], chunksize=max(1, len(pending) // (workers * 8)))
