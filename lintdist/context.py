@@ -48,11 +48,11 @@ class FileContext:
         )
 
     def span(self, node: cst.CSTNode) -> Span:
-        """Where ``node`` is. Positions take a pass over the whole module, paid only by a file with a finding."""
+        """Where ``node`` is. Positions take a printing pass over the module, paid only by a file with a finding."""
         assert self.module is not None, "span() of a node needs a parsed Python file"
         if self._positions is None:
-            from libcst.metadata import MetadataWrapper, PositionProvider
+            from lintdist.positions import Positions
 
-            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
-        rng = self._positions[node]
-        return Span(rng.start.line, rng.start.column + 1, rng.end.line, rng.end.column + 1)
+            self._positions = Positions(self.module, self.text, self.index.parent)
+        line, column, end_line, end_column = self._positions.range(node)
+        return Span(line, column + 1, end_line, end_column + 1)

@@ -1,4 +1,4 @@
-"""Checks lintdist's one-walk syntax index against the installed libcst: its field table and its walk on real files."""
+"""Checks lintdist's one-walk syntax index and its positions against the installed libcst, on real files."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-from libcst.metadata import MetadataWrapper, ParentNodeProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from lintdist.positions import Positions
 from lintdist.syntax import CHILD_FIELDS, SKIPPED_FIELDS, SyntaxIndex
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -145,3 +146,18 @@ def _inside(node: cst.CSTNode, container: cst.CSTNode, parents) -> bool:
             return True
         ancestor = parents.get(ancestor)
     return False
+
+
+@pytest.mark.parametrize("path", _files())
+def test_positions_match_libcst_position_provider(path):
+    text = path.read_text(encoding="utf-8")
+    # also without the final newline (libcst's positions still count it) and with CRLF line endings
+    for source in (text, text.rstrip("\n"), text.replace("\n", "\r\n")):
+        module = cst.parse_module(source)
+        expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        index = SyntaxIndex(module)
+        positions = Positions(module, source, index.parent)
+        for node in index.nodes(*{type(n) for n in expected}):
+            where = expected[node]
+            wanted = (where.start.line, where.start.column, where.end.line, where.end.column)
+            assert positions.range(node) == wanted, f"{type(node).__name__} in {path.name}"
