@@ -24,7 +24,9 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.syntax import SyntaxIndex
 
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-FUNCTIONS = (cst.FunctionDef, cst.Lambda)
+COMPREHENSION_CLASSES = frozenset(COMPREHENSIONS)
+NO_NAMES = frozenset({cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal})
+NAME_PARTS = frozenset({cst.Attribute, cst.Name, cst.ImportAlias, cst.AsName, cst.NameItem})
 # Statements whose bindings take effect when the statement ends (``x = f(x)`` reads the old ``x``).
 STATEMENTS = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.Import, cst.ImportFrom)
 
@@ -64,6 +66,7 @@ class NameResolver:
         self._stored: dict[int, Binding] = {}
         self._deferred: list[tuple[cst.Name, cst.CSTNode, int]] | None = None
         self._memo: dict[int, frozenset[str]] = {}
+        self._block_scopes: dict[int, Scope] = {}
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -107,13 +110,14 @@ class NameResolver:
         statement or a ``global``/``nonlocal`` list: neither does lintdist."""
         child = node
         for ancestor in self.index.ancestors(node):
-            if isinstance(ancestor, cst.Attribute) and ancestor.attr is child:
+            kind = ancestor.__class__
+            if kind is cst.Attribute and ancestor.attr is child:
                 return False
-            if isinstance(ancestor, cst.Arg) and ancestor.keyword is child:
+            if kind is cst.Arg and ancestor.keyword is child:
                 return False
-            if isinstance(ancestor, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            if kind in NO_NAMES:
                 return False
-            if not isinstance(ancestor, (cst.Attribute, cst.Name, cst.ImportAlias, cst.AsName, cst.NameItem)):
+            if kind not in NAME_PARTS:
                 return True
             child = ancestor
         return True
@@ -179,19 +183,28 @@ class NameResolver:
         self._build()
         child, skip_function, outer_iterable = node, False, False
         for ancestor in self.index.ancestors(node):
-            if isinstance(ancestor, cst.Param) and (child is ancestor.default or child is ancestor.annotation):
-                skip_function = True
-            elif isinstance(ancestor, FUNCTIONS):
+            kind = ancestor.__class__  # class identity: isinstance on libcst's ABC-based classes is slow here
+            if kind is cst.IndentedBlock:
+                # no flag is pending at a block: everything in it reads the block's scope (memoised)
+                key = id(ancestor)
+                scope = self._block_scopes.get(key)
+                if scope is None:
+                    scope = self._block_scopes[key] = self.scope_of(ancestor)
+                return scope
+            if kind is cst.Param:
+                if child is ancestor.default or child is ancestor.annotation:
+                    skip_function = True
+            elif kind is cst.FunctionDef or kind is cst.Lambda:
                 if not skip_function and (child is ancestor.body or child is ancestor.params):
                     return self._scope_of_owner(ancestor)
                 skip_function = False
-            elif isinstance(ancestor, cst.ClassDef):
+            elif kind is cst.ClassDef:
                 if child is ancestor.body:
                     return self._scope_of_owner(ancestor)
-            elif isinstance(ancestor, cst.CompFor):
-                if child is ancestor.iter and isinstance(self.index.parent(ancestor), COMPREHENSIONS):
+            elif kind is cst.CompFor:
+                if child is ancestor.iter and self.index.parent(ancestor).__class__ in COMPREHENSION_CLASSES:
                     outer_iterable = True
-            elif isinstance(ancestor, COMPREHENSIONS):
+            elif kind in COMPREHENSION_CLASSES:
                 if not outer_iterable:
                     return self._scope_of_owner(ancestor)
                 outer_iterable = False
