@@ -3,7 +3,7 @@
     python benchmarks/bench.py [--scripts DIR ...] [--library DIR ...] [--startup FILE]
                                [--fixit BIN] [--torchfix BIN] [--lintdist BIN] [--jobs N] [--repeat K]
 
-Every figure is the median of K runs, and every comparison is a ratio of two times taken in the
+Every figure is the median of K runs after one untimed run, and every comparison is a ratio of two times taken in the
 same invocation, so that the machine's speed cancels out:
 
   scripts   a folder of training scripts (fetched public repositories: never vendored here):
@@ -14,6 +14,7 @@ same invocation, so that the machine's speed cancels out:
             of every .py file in it
   startup   one script, whole process: `lintdist check --no-cache FILE` against the floor,
             a python process that imports libcst and parses FILE; also `lintdist --version`
+            (medians of at least 15 runs, the three commands taking turns)
   warm      `lintdist check` run twice with its cache; the second run against a cold one
 
 --fixit and --torchfix name executables installed in their own virtual environments (TorchFix
@@ -75,14 +76,32 @@ def python_files(folders: list[Path]) -> list[str]:
     return sorted(str(p) for folder in folders for p in folder.rglob("*.py"))
 
 
+# Bytecode is written as an installed package has it (some environments set PYTHONDONTWRITEBYTECODE, which would
+# make every lintdist process compile its own modules from source).
+ENV = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(command: list[str], cwd: str) -> float:
     start = time.perf_counter()
-    subprocess.run(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=ENV)
     return time.perf_counter() - start
 
 
 def median(command: list[str], cwd: str, repeat: int) -> float:
+    """The median of ``repeat`` runs, after one untimed run (bytecode written, files in the OS cache)."""
+    timed(command, cwd)
     return statistics.median(timed(command, cwd) for _ in range(repeat))
+
+
+def interleaved(commands: list[list[str]], cwd: str, repeat: int) -> list[float]:
+    """Medians of short commands run in turn, so that a noisy moment hits all of them alike."""
+    for command in commands:
+        timed(command, cwd)
+    times: list[list[float]] = [[] for _ in commands]
+    for _ in range(repeat):
+        for command, samples in zip(commands, times):
+            samples.append(timed(command, cwd))
+    return [statistics.median(samples) for samples in times]
 
 
 def line(name: str, seconds: float, ratios: dict[str, float]) -> str:
@@ -150,9 +169,15 @@ def main() -> None:
         if args.startup:
             script = str(args.startup.resolve())
             lines = len(args.startup.read_text().splitlines())
-            floor = median([sys.executable, "-c", FLOOR, script], work, max(repeat, 5))
-            one = median([*lintdist, "check", "--no-cache", "--exit-zero", "-q", script], work, max(repeat, 5))
-            version = median([*lintdist, "--version"], work, max(repeat, 5))
+            floor, one, version = interleaved(
+                [
+                    [sys.executable, "-c", FLOOR, script],
+                    [*lintdist, "check", "--no-cache", "--exit-zero", "-q", script],
+                    [*lintdist, "--version"],
+                ],
+                work,
+                max(repeat, 15),
+            )
             print(f"startup: {script} ({lines} lines)")
             print(line("python + libcst + parse", floor, {}))
             print(line("lintdist check FILE", one, {"lintdist/floor": one / floor}))

@@ -61,8 +61,10 @@ def check_text(
     rules: list[type[Rule]],
     explicit: bool = True,
     settings: LaunchSettings | None = None,
+    module: cst.Module | None = None,
 ) -> tuple[list[Finding], FileContext | None]:
-    """All findings of ``rules`` in one file's text, suppressions applied."""
+    """All findings of ``rules`` in one file's text, suppressions applied (``module``: a parse of ``text``
+    already made, for the fix loop)."""
     if IGNORE_FILE.search(text):
         return [], None
     # Rules whose entry points are absent from the text cannot fire. A Python file no rule can fire on is not
@@ -75,7 +77,7 @@ def check_text(
     context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)
     try:
         if kind == "python":
-            _run_python(context, rules)
+            _run_python(context, rules, module)
         elif kind == "config":
             context.config = parse_config(text)
             if context.config is not None:
@@ -100,13 +102,14 @@ def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
     return bool(rules)
 
 
-def _run_python(context: FileContext, rules: list[type[Rule]]) -> None:
-    try:
-        module = cst.parse_module(context.text)
-    except cst.ParserSyntaxError as error:
-        raise _syntax_error(context.text, error) from error
-    except RecursionError as error:
-        raise SourceError("LD001", "the file is nested too deeply to parse") from error
+def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Module | None = None) -> None:
+    if module is None:
+        try:
+            module = cst.parse_module(context.text)
+        except cst.ParserSyntaxError as error:
+            raise _syntax_error(context.text, error) from error
+        except RecursionError as error:
+            raise SourceError("LD001", "the file is nested too deeply to parse") from error
     context.module = module
     if not rules:
         return
@@ -217,13 +220,14 @@ def _render(context: FileContext, fixes: list[Fix]) -> str:
     return apply_text_edits(context.text, [e for fix in fixes for e in fix.edits])
 
 
-def _parses(text: str, kind: str) -> bool:
+def _parses(text: str, kind: str, parsed: dict[str, cst.Module]) -> bool:
+    """Whether a fix's result parses; a Python parse is kept in ``parsed`` for the next round's check."""
     try:
         if kind == "python":
-            cst.parse_module(text)
+            parsed[text] = cst.parse_module(text)
         elif kind == "config":
             parse_config(text)
-    except (cst.ParserSyntaxError, SourceError):
+    except (cst.ParserSyntaxError, SourceError, RecursionError):
         return False
     return True
 
@@ -237,7 +241,15 @@ class FixOutcome:
 
 
 def fix_text(
-    text: str, *, path: Path, display: str, kind: str, rules: list[type[Rule]], unsafe: bool, settings=None
+    text: str,
+    *,
+    path: Path,
+    display: str,
+    kind: str,
+    rules: list[type[Rule]],
+    unsafe: bool,
+    settings=None,
+    explicit: bool = True,
 ) -> FixOutcome:
     """Apply applicable fixes, re-check, and repeat until nothing changes (bounded).
 
@@ -248,10 +260,17 @@ def fix_text(
     refused: set[tuple[str, str]] = set()
     checked = None
     before: int | None = None
+    parsed: dict[str, cst.Module] = {}
+    common = {
+        "path": path,
+        "display": display,
+        "kind": kind,
+        "rules": rules,
+        "settings": settings,
+        "explicit": explicit,
+    }
     for _ in range(MAX_FIX_ROUNDS):
-        findings, context = check_text(
-            outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings
-        )
+        findings, context = check_text(outcome.text, module=parsed.pop(outcome.text, None), **common)
         outcome.findings, checked = findings, outcome.text
         before = len(findings) if before is None else before
         fixable = [
@@ -266,10 +285,10 @@ def fix_text(
                 chosen.append(finding)
                 taken.append((start, end))
         new_text = _render(context, [f.fix for f in chosen])
-        if not _parses(new_text, kind):
+        if not _parses(new_text, kind, parsed):
             good = []
             for finding in chosen:
-                if _parses(_render(context, [*[g.fix for g in good], finding.fix]), kind):
+                if _parses(_render(context, [*[g.fix for g in good], finding.fix]), kind, parsed):
                     good.append(finding)
                 else:
                     refused.add((finding.code, finding.message))
@@ -282,9 +301,7 @@ def fix_text(
             break
         outcome.text = new_text
     if checked != outcome.text:
-        outcome.findings, _ = check_text(
-            outcome.text, path=path, display=display, kind=kind, rules=rules, settings=settings
-        )
+        outcome.findings, _ = check_text(outcome.text, module=parsed.pop(outcome.text, None), **common)
     if outcome.text != text:
         # Counted as findings gone, not fixes applied: one fix may settle several findings (one `with` block).
         outcome.applied = max(before - len(outcome.findings), 0)

@@ -81,7 +81,7 @@ def process(task: Task) -> FileReport:
             if task.want_edits and notebook is None:
                 findings = with_edits(findings, context)
         else:
-            outcome = fix_text(text, unsafe=task.unsafe, **common)
+            outcome = fix_text(text, unsafe=task.unsafe, explicit=candidate.explicit, **common)
             findings, report.applied, report.dropped = outcome.findings, outcome.applied, outcome.dropped
             if outcome.text != text:
                 new_text = outcome.text if notebook is None else write_notebook(notebook, outcome.text)

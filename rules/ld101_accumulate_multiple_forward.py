@@ -11,6 +11,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.syntax import children
 
 DEEPSPEED_PLUGINS = frozenset(
     {"accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"}
@@ -579,7 +580,7 @@ class _Walker:
         if isinstance(node, cst.IfExp):
             return self.expression(node.test) + self.expression(node.body).widest(self.expression(node.orelse))
         total = Tally()
-        for child in node.children:
+        for child in children(node):
             total = total + self.expression(child)
         if isinstance(node, COMPREHENSIONS) and total.backward and self.walk.loop is None:
             self.walk.loop = node
