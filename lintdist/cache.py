@@ -15,6 +15,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from lintdist import __version__
+from lintdist.config import CACHE_FOLDER
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Entry:
 
 class ResultCache:
     def __init__(self, root: Path, settings_fingerprint: tuple) -> None:
-        self.folder = root / ".lintdist_cache" / __version__
+        self.folder = root / CACHE_FOLDER / __version__
         name = hashlib.sha256(repr(settings_fingerprint).encode()).hexdigest()[:16]
         self.file = self.folder / f"{name}.json"
         self.entries: dict[str, Entry] = {}

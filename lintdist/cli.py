@@ -107,6 +107,7 @@ def check(
             ignore=_codes(ignore),
             extend_select=_codes(extend_select),
             unsafe_fixes=unsafe_fixes,
+            use_catalogue=not (no_cache or fix or diff),  # the cache serves check runs
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error

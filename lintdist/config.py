@@ -7,7 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lintdist.registry import all_rules
+from lintdist import __version__
+from lintdist.registry import RuleInfo, all_rules, catalogue
 from lintdist.rule import Rule
 
 if sys.version_info >= (3, 11):
@@ -27,6 +28,7 @@ KNOWN_KEYS = frozenset(
         "accelerate-config",
     }
 )
+CACHE_FOLDER = ".lintdist_cache"
 DEFAULT_EXCLUDE = (
     ".bzr",
     ".direnv",
@@ -70,6 +72,7 @@ class Settings:
     unsafe_fixes: bool = False
     accelerate_config: tuple[Path, ...] = ()
     enabled: frozenset[str] = field(default=frozenset())
+    known: frozenset[str] | None = None  # every rule code (None: ask the registry)
 
     def enabled_for(self, relative: str) -> frozenset[str]:
         """Codes enabled for one file, after ``per-file-ignores``."""
@@ -77,7 +80,7 @@ class Settings:
             code
             for pattern, codes in self.per_file_ignores
             if _glob_match(relative, pattern)
-            for code in _expand(codes, "per-file-ignores")
+            for code in _expand(codes, "per-file-ignores", self.known)
         }
         return self.enabled - ignored
 
@@ -89,9 +92,9 @@ def _glob_match(relative: str, pattern: str) -> bool:
     return fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(Path(relative).name, pattern)
 
 
-def _expand(selectors: tuple[str, ...] | list[str], where: str) -> set[str]:
+def _expand(selectors: tuple[str, ...] | list[str], where: str, codes: set[str] | None = None) -> set[str]:
     """Codes matched by codes or prefixes (``LD2``, ``LD201``, ``ALL``); unknown selectors are errors."""
-    codes = {rule.code for rule in all_rules()}
+    codes = codes if codes is not None else {rule.code for rule in all_rules()}
     result: set[str] = set()
     for selector in selectors:
         selector = selector.strip().upper()
@@ -154,8 +157,12 @@ def resolve_settings(
     ignore: tuple[str, ...] = (),
     extend_select: tuple[str, ...] = (),
     unsafe_fixes: bool | None = None,
+    use_catalogue: bool = False,
 ) -> Settings:
-    """Settings from the config file (given or found upward from ``start``), the command line winning."""
+    """Settings from the config file (given or found upward from ``start``), the command line winning.
+
+    ``use_catalogue``: read the rules' codes from the catalogue beside the cache (a warm run then imports
+    no rule), see ``registry.catalogue``."""
     path = config_file or find_config_file(start)
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"--config: no such file: {config_file}")
@@ -171,20 +178,25 @@ def resolve_settings(
     if not isinstance(per_file, dict):
         raise ConfigError(f"{path}: `per-file-ignores` must be a table of glob = [codes]")
     per_file_ignores = tuple((glob, _strings(per_file, glob, path) or ()) for glob in sorted(per_file))
-    for _, codes in per_file_ignores:
-        _expand(codes, "per-file-ignores")
+    rules: tuple[RuleInfo, ...] = (
+        catalogue(root / CACHE_FOLDER / __version__)
+        if use_catalogue
+        else tuple(RuleInfo(r.code, r.default_enabled) for r in all_rules())
+    )
+    codes = {rule.code for rule in rules}
+    for _, selected in per_file_ignores:
+        _expand(selected, "per-file-ignores", codes)
 
     file_unsafe = table.get("unsafe-fixes", False)
     if not isinstance(file_unsafe, bool):
         raise ConfigError(f"{path}: `unsafe-fixes` must be true or false")
 
-    rules = all_rules()
     if chosen_select is None:
         enabled = {rule.code for rule in rules if rule.default_enabled}
     else:
-        enabled = _expand(chosen_select, "select")
-    enabled |= _expand(chosen_extend, "extend-select") if chosen_extend else set()
-    enabled -= _expand(chosen_ignore, "ignore") if chosen_ignore else set()
+        enabled = _expand(chosen_select, "select", codes)
+    enabled |= _expand(chosen_extend, "extend-select", codes) if chosen_extend else set()
+    enabled -= _expand(chosen_ignore, "ignore", codes) if chosen_ignore else set()
 
     return Settings(
         root=root,
@@ -198,6 +210,7 @@ def resolve_settings(
         unsafe_fixes=unsafe_fixes if unsafe_fixes is not None else file_unsafe,
         accelerate_config=tuple(root / p for p in (_strings(table, "accelerate-config", path) or ())),
         enabled=frozenset(enabled),
+        known=frozenset(codes),
     )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import libcst as cst
+if TYPE_CHECKING:
+    import libcst as cst
 
 
 class Severity(str, enum.Enum):

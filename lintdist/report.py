@@ -10,7 +10,7 @@ import click
 
 from lintdist import __version__
 from lintdist.model import Applicability, Finding, Severity
-from lintdist.registry import all_rules, rule_by_code
+from lintdist.registry import all_rules
 
 SEVERITY_COLOUR = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "blue"}
 SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
@@ -174,10 +174,10 @@ def render_statistics(findings: list[Finding]) -> str:
     fixable = {f.code for f in findings if f.fix_applicability is Applicability.SAFE}
     width = len(str(max(counts.values(), default=0)))
     lines = []
+    names = {f.code: f.name for f in findings}
     for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        rule = rule_by_code(code)
         marker = "[*]" if code in fixable else "[ ]"
-        lines.append(f"{count:>{width}}\t{code}\t{marker} {rule.name if rule else ''}")
+        lines.append(f"{count:>{width}}\t{code}\t{marker} {names[code]}")
     return "\n".join(lines)
 
 

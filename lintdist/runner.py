@@ -8,12 +8,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lintdist.config import Settings, rules_for
+from lintdist.diagnostics import UnreadableFile
 from lintdist.discover import Candidate, discover, kind_of
-from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
 from lintdist.launch import LaunchSettings, build_project
 from lintdist.model import Finding, Severity, Span
 from lintdist.notebook import Notebook, read_notebook, write_notebook
-from lintdist.registry import rule_by_code
 from lintdist.sources import (
     CONFIG_MARKERS,
     LAUNCHERS,
@@ -57,6 +56,9 @@ class RunResult:
 
 def process(task: Task) -> FileReport:
     """Check (and maybe fix) one file. Runs in a worker process; everything it returns is plain data."""
+    # The engine (libcst, the rules) is imported by the first file that is not in the cache.
+    from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
+
     candidate = task.candidate
     rules = rules_for(task.codes)
     report = FileReport(candidate.display, [])
@@ -191,10 +193,11 @@ def run(
 ) -> RunResult:
     candidates, discovery_errors = discover(paths, settings)
     findings: list[Finding] = []
-    for error in discovery_errors if "LD002" in settings.enabled else ():
-        rule = rule_by_code("LD002")
+    for error in discovery_errors if UnreadableFile.code in settings.enabled else ():
+        span = Span(1, 1, 1, 1)
+        rule = UnreadableFile
         findings.append(
-            Finding("LD002", rule.name, Severity.ERROR, error.message, error.display, Span(1, 1, 1, 1), url=rule.url())
+            Finding(rule.code, rule.name, Severity.ERROR, error.message, error.display, span, url=rule.url())
         )
 
     project = _project_pass(candidates, settings)
