@@ -104,6 +104,18 @@ def interleaved(commands: list[list[str]], cwd: str, repeat: int) -> list[float]
     return [statistics.median(samples) for samples in times]
 
 
+def warm_run(check: list[str], folders: list[str], work: str, repeat: int) -> float:
+    """A second run with the cache of a first one, in a fresh folder each time (median)."""
+    times = []
+    for _ in range(repeat):
+        cache = tempfile.mkdtemp(dir=work)
+        command = [*check, *[os.path.abspath(f) for f in folders]]
+        timed(command, cache)
+        times.append(timed(command, cache))
+        shutil.rmtree(cache)
+    return statistics.median(times)
+
+
 def line(name: str, seconds: float, ratios: dict[str, float]) -> str:
     text = "   ".join(f"{label} = {value:.3f}x" for label, value in ratios.items())
     return f"  {name + ':':<26} {seconds:8.2f} s   {text}"
@@ -148,13 +160,7 @@ def main() -> None:
                 print(
                     line("torchfix", torchfix, {"lintdist/torchfix": cold / torchfix, "torchfix/bare": torchfix / base})
                 )
-            warm_times = []
-            for _ in range(repeat):
-                cache = tempfile.mkdtemp(dir=work)
-                timed([*check, *[os.path.abspath(f) for f in folders]], cache)
-                warm_times.append(timed([*check, *[os.path.abspath(f) for f in folders]], cache))
-                shutil.rmtree(cache)
-            warm = statistics.median(warm_times)
+            warm = warm_run(check, folders, work, repeat)
             print(line("lintdist warm", warm, {"warm/cold": warm / cold}))
 
         if args.library:
@@ -165,6 +171,8 @@ def main() -> None:
             print(f"library: {len(files)} .py files in {', '.join(folders)}")
             print(line("bare libcst parse", base, {}))
             print(line("lintdist cold --select ALL", cold, {"lintdist/bare": cold / base}))
+            warm = warm_run([*check, "--select", "ALL"], folders, work, repeat)
+            print(line("lintdist warm --select ALL", warm, {"warm/cold": warm / cold}))
 
         if args.startup:
             script = str(args.startup.resolve())

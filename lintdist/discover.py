@@ -50,6 +50,7 @@ class _Ignorer:
         self.root = settings.root
         self.exclude = pathspec.GitIgnoreSpec.from_lines([*settings.exclude, *settings.extend_exclude])
         self._specs: dict[Path, pathspec.PathSpec | None] = {}
+        self._chains: dict[Path, list[tuple[Path, pathspec.PathSpec]]] = {}
 
     def _spec(self, folder: Path) -> pathspec.PathSpec | None:
         if folder not in self._specs:
@@ -67,15 +68,27 @@ class _Ignorer:
             relative = absolute.relative_to(self.root).as_posix()
         except ValueError:
             relative = absolute.name
-        if self.exclude.match_file(relative + suffix) or self.exclude.match_file(absolute.name + suffix):
+        if self.exclude.match_file(relative + suffix) or (
+            relative != absolute.name and self.exclude.match_file(absolute.name + suffix)
+        ):
             return True
-        for folder in absolute.parents:
+        return any(
+            spec.match_file(absolute.relative_to(folder).as_posix() + suffix)
+            for folder, spec in self._gitignores(absolute.parent)
+        )
+
+    def _gitignores(self, folder: Path) -> list[tuple[Path, pathspec.PathSpec]]:
+        """The ``.gitignore`` files that apply in ``folder``: its own and its parents', up to the root or the
+        repository's top (worked out once per folder, not once per file)."""
+        chain = self._chains.get(folder)
+        if chain is None:
             spec = self._spec(folder)
-            if spec is not None and spec.match_file(absolute.relative_to(folder).as_posix() + suffix):
-                return True
-            if folder == self.root or (folder / ".git").exists():
-                break
-        return False
+            chain = [(folder, spec)] if spec is not None else []
+            parent = folder.parent
+            if folder != self.root and not (folder / ".git").exists() and parent != folder:
+                chain += self._gitignores(parent)
+            self._chains[folder] = chain
+        return chain
 
 
 def discover(paths: list[str], settings: Settings) -> tuple[list[Candidate], list[DiscoveryError]]:

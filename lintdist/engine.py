@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
 import libcst as cst
@@ -126,11 +127,8 @@ def _replay_visits(index: SyntaxIndex, instances: list[Rule], context: FileConte
     """Call the rules' ``visit_<Node>`` methods on the indexed nodes, in source order, as a traversal would."""
     handlers: dict[type, list] = {}
     for rule in instances:
-        for attribute in dir(type(rule)):
-            if attribute.startswith("visit_"):
-                node_class = getattr(cst, attribute[len("visit_") :], None)
-                if isinstance(node_class, type):
-                    handlers.setdefault(node_class, []).append(getattr(rule, attribute))
+        for node_class, attribute in _visit_methods(type(rule)):
+            handlers.setdefault(node_class, []).append(getattr(rule, attribute))
     if not handlers:
         return
     for node in index.nodes(*handlers):
@@ -141,6 +139,18 @@ def _replay_visits(index: SyntaxIndex, instances: list[Rule], context: FileConte
                 raise InternalError(
                     f"{handler.__self__.code} crashed on {context.display_name}: {type(error).__name__}: {error}"
                 ) from error
+
+
+@cache
+def _visit_methods(rule: type[Rule]) -> tuple[tuple[type, str], ...]:
+    """A rule class's ``visit_<Node>`` methods, with their libcst node classes."""
+    found = []
+    for attribute in dir(rule):
+        if attribute.startswith("visit_"):
+            node_class = getattr(cst, attribute[len("visit_") :], None)
+            if isinstance(node_class, type):
+                found.append((node_class, attribute))
+    return tuple(found)
 
 
 def _syntax_error(text: str, error: cst.ParserSyntaxError) -> SourceError:
