@@ -9,7 +9,8 @@ same invocation, so that the machine's speed cancels out:
   scripts   a folder of training scripts (fetched public repositories: never vendored here):
             `lintdist check --no-cache --jobs N` with the default rules, against a bare libcst
             parse of the same .py files on N processes, `fixit lint` and `torchfix -j N`
-  library   a library source tree (by default the installed transformers and accelerate):
+  library   a library source tree (the transformers and accelerate sources, copied out of the
+            virtual environment: lintdist's default excludes skip anything under `.venv`):
             `lintdist check --no-cache --select ALL --jobs N` against the bare N-process parse
             of every .py file in it
   startup   one script, whole process: `lintdist check --no-cache FILE` against the floor,
@@ -29,7 +30,6 @@ Not a test: timings depend on the machine. Results go in benchmarks/RESULTS.md b
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import statistics
@@ -63,13 +63,6 @@ if __name__ == "__main__":
 """
 
 FLOOR = "import sys, libcst; libcst.parse_module(open(sys.argv[1], 'rb').read())"
-
-
-def package_root(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"package {name!r} is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def python_files(folders: list[Path]) -> list[str]:
@@ -133,7 +126,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     if not (args.scripts or args.library or args.startup):
-        args.library = [package_root("transformers"), package_root("accelerate")]
+        parser.error("name --scripts, --library or --startup folders (see benchmarks/RESULTS.md for the sets)")
 
     lintdist = [args.lintdist] if args.lintdist else [sys.executable, "-m", "lintdist"]
     check = [*lintdist, "check", "--exit-zero", "-q", "--jobs", str(args.jobs)]
