@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -160,25 +160,18 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return result
 
 
-Visit = Callable[[cst.CSTNode], None]
-
-
 class SyntaxIndex:
-    """Parents, pre-order numbers and nodes by type of one module, from one walk.
+    """Parents, pre-order numbers and nodes by type of one module, from one walk."""
 
-    ``visitors`` maps node classes to the functions to call on each node of that class, in
-    pre-order (the order of libcst's ``visit_*`` calls): rules' ``visit_*`` methods run in this walk.
-    """
-
-    def __init__(self, module: cst.Module, visitors: dict[type, list[Visit]] | None = None) -> None:
+    def __init__(self, module: cst.Module) -> None:
         self.module = module
         self._parent: dict[int, cst.CSTNode | None] = {}
         self._start: dict[int, int] = {}
         self._end: dict[int, int] = {}
         self._by_type: dict[type, list[cst.CSTNode]] = defaultdict(list)
-        self._walk(module, visitors or {})
+        self._walk(module)
 
-    def _walk(self, module: cst.Module, visitors: dict[type, list[Visit]]) -> None:
+    def _walk(self, module: cst.Module) -> None:
         parent_of, start, end, by_type = self._parent, self._start, self._end, self._by_type
         fields_of, is_node = _FIELDS_BY_CLASS, _IS_NODE
         leave = object()
@@ -195,8 +188,6 @@ class SyntaxIndex:
             count += 1
             cls = node.__class__
             by_type[cls].append(node)
-            for visit in visitors.get(cls, ()):
-                visit(node)
             stack.append((leave, node))
             fields = fields_of.get(cls) or child_fields(cls)
             pending = []
@@ -246,7 +237,7 @@ class SyntaxIndex:
         return outer < start < self._end[id(container)]
 
     def nodes(self, *types: type) -> list[cst.CSTNode]:
-        """Every node of these classes, in source order."""
+        """Every node of these classes (exact libcst classes, not their bases), in source order."""
         if len(types) == 1:
             return self._by_type.get(types[0], [])
         found = [node for cls in types for node in self._by_type.get(cls, ())]
@@ -254,7 +245,8 @@ class SyntaxIndex:
         return found
 
     def within(self, container: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
-        """The nodes of these classes inside ``container`` (itself included), in source order."""
+        """The nodes of these classes (exact libcst classes, as ``nodes``) inside ``container`` (itself
+        included), in source order: a binary search in each class's list, no walk."""
         first, last = self._start.get(id(container)), self._end.get(id(container))
         if first is None:
             return _walk_detached(container, types)
@@ -263,11 +255,7 @@ class SyntaxIndex:
             nodes = self._by_type.get(cls)
             if not nodes:
                 continue
-            starts = [self._start[id(n)] for n in nodes] if len(nodes) < 8 else None
-            if starts is None:
-                low = bisect_left(nodes, first, key=lambda n: self._start[id(n)])
-            else:
-                low = bisect_left(starts, first)
+            low = bisect_left(nodes, first, key=lambda n: self._start[id(n)])
             for node in nodes[low:]:
                 if self._start[id(node)] >= last:
                     break
