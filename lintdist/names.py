@@ -130,15 +130,11 @@ class NameResolver:
     def _access(self, name: str, scope: Scope, position: int) -> list[Binding]:
         """The bindings a read of ``name`` at ``position`` in ``scope`` refers to (libcst's ``Access.referents``)."""
         home = self._declared(name, scope)
-        own = home.bindings.get(name)
-        if own:
-            if home is not scope:
-                return list(own)
-            earlier = [b for b in own if b.position <= position]
-            if earlier:
-                return earlier
-            return self._from_parent(name, scope, scope)
-        return self._from_parent(name, scope, scope)
+        own = home.bindings.get(name, [])
+        if own and home is not scope:
+            return list(own)
+        earlier = [b for b in own if b.position <= position]
+        return earlier or self._from_parent(name, scope, scope)
 
     def _from_parent(self, name: str, scope: Scope, reader: Scope) -> list[Binding]:
         parent = self._visible_parent(scope, reader)
