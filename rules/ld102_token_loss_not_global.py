@@ -189,8 +189,9 @@ class TokenLossNotGlobal(Rule):
     name = "token-loss-not-global"
     severity = Severity.ERROR
     fix_kind = "safe"
-    # a backward call, or a Trainer's compute_loss / Lightning's training_step
-    triggers = (re.compile(r"backward(?<!\wbackward)\s*\("), "compute_loss", "training_step")
+    # a backward call (`loss.backward(`, `accelerator.backward(`, `self.manual_backward(`), or a Trainer's
+    # compute_loss / Lightning's training_step
+    triggers = (re.compile(r"backward\s*\("), "compute_loss", "training_step")
     also_triggers = (("-100", "ignore_index", "label_pad_token_id", *sorted(TOKEN_COLLATORS)),)  # token evidence
 
     VALID = (
