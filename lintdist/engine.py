@@ -132,7 +132,7 @@ def _replay_visits(index: SyntaxIndex, instances: list[Rule], context: FileConte
     if not handlers:
         return
     for node in index.nodes(*handlers):
-        for handler in handlers[type(node)]:
+        for handler in handlers.get(type(node), ()):  # visit_X is for class X itself, as in libcst
             try:
                 handler(node)
             except Exception as error:

@@ -169,6 +169,7 @@ class SyntaxIndex:
         self._start: dict[int, int] = {}
         self._end: dict[int, int] = {}
         self._by_type: dict[type, list[cst.CSTNode]] = defaultdict(list)
+        self._subclasses: dict[tuple[type, ...], list[type]] = {}
         self._walk(module)
 
     def _walk(self, module: cst.Module) -> None:
@@ -236,31 +237,38 @@ class SyntaxIndex:
             return False
         return outer < start < self._end[id(container)]
 
+    def _classes(self, types: tuple[type, ...]) -> list[type]:
+        """The node classes in this module that are one of ``types`` or derive from one (``BaseSmallStatement``)."""
+        found = self._subclasses.get(types)
+        if found is None:
+            found = self._subclasses[types] = [cls for cls in self._by_type if issubclass(cls, types)]
+        return found
+
     def nodes(self, *types: type) -> list[cst.CSTNode]:
-        """Every node of these classes (exact libcst classes, not their bases), in source order."""
-        if len(types) == 1:
-            return self._by_type.get(types[0], [])
-        found = [node for cls in types for node in self._by_type.get(cls, ())]
+        """Every node of these classes (or their subclasses), in source order."""
+        classes = self._classes(types)
+        if len(classes) == 1:
+            return self._by_type[classes[0]]
+        found = [node for cls in classes for node in self._by_type[cls]]
         found.sort(key=lambda n: self._start[id(n)])
         return found
 
     def within(self, container: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
-        """The nodes of these classes (exact libcst classes, as ``nodes``) inside ``container`` (itself
-        included), in source order: a binary search in each class's list, no walk."""
+        """The nodes of these classes (or their subclasses) inside ``container`` (itself included), in source
+        order: a binary search in each class's list, no walk."""
         first, last = self._start.get(id(container)), self._end.get(id(container))
         if first is None:
             return _walk_detached(container, types)
         result = []
-        for cls in types:
-            nodes = self._by_type.get(cls)
-            if not nodes:
-                continue
+        classes = self._classes(types)
+        for cls in classes:
+            nodes = self._by_type[cls]
             low = bisect_left(nodes, first, key=lambda n: self._start[id(n)])
             for node in nodes[low:]:
                 if self._start[id(node)] >= last:
                     break
                 result.append(node)
-        if len(types) > 1:
+        if len(classes) > 1:
             result.sort(key=lambda n: self._start[id(n)])
         return result
 

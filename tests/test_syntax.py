@@ -161,3 +161,14 @@ def test_positions_match_libcst_position_provider(path):
             where = expected[node]
             wanted = (where.start.line, where.start.column, where.end.line, where.end.column)
             assert positions.range(node) == wanted, f"{type(node).__name__} in {path.name}"
+
+
+def test_nodes_and_within_take_base_classes_as_isinstance_does():
+    module = cst.parse_module("def f(x):\n    y = x\n    return y\n\nimport os\nz = f(1)\n")
+    index = SyntaxIndex(module)
+    small = index.nodes(cst.BaseSmallStatement)
+    assert [type(n).__name__ for n in small] == ["Assign", "Return", "Import", "Assign"]
+    function = index.nodes(cst.FunctionDef)[0]
+    assert [type(n).__name__ for n in index.within(function, cst.BaseSmallStatement)] == ["Assign", "Return"]
+    built = cst.parse_statement("if x:\n    a = 1\n    pass\n")  # not in the module: a plain walk, same answer
+    assert [type(n).__name__ for n in index.within(built, cst.BaseSmallStatement)] == ["Assign", "Pass"]
