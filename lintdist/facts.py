@@ -226,7 +226,7 @@ class PythonFacts:
         """The calls of this file that reach ``function`` (an index built once, on the first question)."""
         if "call_sites" not in self._memo:
             sites: dict[int, list[cst.Call]] = defaultdict(list)
-            named = {name for name in self.functions} | set(self._classes_by_name())
+            named = set(self.functions) | set(self._classes_by_name())
             for call in self.calls:
                 if self.method_name(call) in named:
                     for target in self.local_functions(call):

@@ -87,7 +87,6 @@ class NameResolver:
         full_name = get_full_name_for_node(node)
         if full_name is None or not self._has_scope(node):
             return set()
-        self._build()
         scope = self.scope_of(node)
         if isinstance(node, cst.Name):
             stored = self._stored.get(id(node))
@@ -291,7 +290,9 @@ class NameResolver:
         home = self._declared(name.value, scope)
         binding = Binding(name.value, node, home, position)
         home.bindings[name.value].append(binding)
-        if node is name:  # as libcst: the name of a def, class or parameter resolves like any other use
+        # a target Name resolves to its own binding; as in libcst, the name of a def, class or parameter
+        # resolves like any other use instead
+        if node is name:
             self._stored[id(name)] = binding
 
     def _bind_import(self, statement: cst.Import | cst.ImportFrom) -> None:

@@ -163,18 +163,14 @@ def _pair(statements: Sequence[cst.CSTNode], nodes: list[ast.stmt], lines: dict[
     """Record the ``ast`` line of each libcst statement of one block (the two lists describe the same block)."""
     at = 0
     for statement in statements:
-        if isinstance(statement, cst.SimpleStatementLine):
-            if at >= len(nodes):
-                raise _Mismatch
-            lines[id(statement)] = nodes[at].lineno
-            at += len(statement.body)
-            continue
         if at >= len(nodes):
             raise _Mismatch
-        node = nodes[at]
-        lines[id(statement)] = node.lineno
-        _pair_compound(statement, node, lines)
-        at += 1
+        lines[id(statement)] = nodes[at].lineno
+        if isinstance(statement, cst.SimpleStatementLine):
+            at += len(statement.body)  # `a = 1; b = 2` is one libcst line, two ast statements
+        else:
+            _pair_compound(statement, nodes[at], lines)
+            at += 1
     if at != len(nodes):
         raise _Mismatch
 

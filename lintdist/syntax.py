@@ -148,15 +148,24 @@ def child_fields(cls: type) -> tuple[str, ...]:
     return fields
 
 
+def _is_node_class(kind: type) -> bool:
+    """Whether instances of ``kind`` are libcst nodes (cached per class)."""
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The code-holding children of ``node`` in source order."""
+    """The code-holding children of ``node`` in source order (``SyntaxIndex`` inlines the same loop)."""
     result = []
     for name in child_fields(node.__class__):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = value.__class__
+        if _is_node_class(kind):
             result.append(value)
-        elif isinstance(value, (tuple, list)):
-            result.extend(item for item in value if isinstance(item, cst.CSTNode))
+        elif kind is tuple or kind is list:
+            result.extend(item for item in value if _is_node_class(item.__class__))
     return result
 
 
@@ -190,21 +199,24 @@ class SyntaxIndex:
             cls = node.__class__
             by_type[cls].append(node)
             stack.append((leave, node))
-            fields = fields_of.get(cls) or child_fields(cls)
+            fields = fields_of.get(cls)
+            if fields is None:
+                fields = child_fields(cls)
+            # children() inlined, with the cache read directly: this loop runs for every node of every file
             pending = []
             for name in fields:
                 value = getattr(node, name)
                 kind = value.__class__
                 node_kind = is_node.get(kind)
                 if node_kind is None:
-                    node_kind = is_node[kind] = issubclass(kind, cst.CSTNode)
+                    node_kind = _is_node_class(kind)
                 if node_kind:
                     pending.append((node, value))
                 elif kind is tuple or kind is list:
                     for item in value:
                         item_kind = is_node.get(item.__class__)
                         if item_kind is None:
-                            item_kind = is_node[item.__class__] = isinstance(item, cst.CSTNode)
+                            item_kind = _is_node_class(item.__class__)
                         if item_kind:
                             pending.append((node, item))
             pending.reverse()
