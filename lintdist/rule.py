@@ -76,6 +76,13 @@ class Rule:
     def facts(self):
         return self.context.facts
 
+    @property
+    def loop(self):
+        """The file's training-loop facts (``lintdist.loop.TrainingLoop``), built on first use."""
+        from lintdist.loop import TrainingLoop
+
+        return TrainingLoop.of(self.context)
+
     def finish(self) -> None:
         """Whole-file analysis, run after the shared traversal."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
+from lintdist.facts import BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.syntax import children
@@ -343,47 +343,22 @@ for first, second in loader:
     )
 
     def finish(self) -> None:
-        blocks: dict[int, tuple[cst.With, list[cst.Call]]] = {}
-        for call in self.facts.calls:
-            block = self._accumulate_block(call)
-            if block is not None:
-                blocks.setdefault(id(block), (block, []))[1].append(call)
-        for block, calls in blocks.values():
-            # `with (acc.accumulate(a), acc.accumulate(b)):` is one block of two models, reported once
-            models = frozenset(name for call in calls for name in _model_names(call))
-            others = (
-                frozenset(
-                    name
-                    for other, other_calls in blocks.values()
-                    if other is not block
-                    for call in other_calls
-                    for name in _model_names(call)
-                )
-                - models
-            )
-            self._check(block, calls[0], models, others)
-
-    def _accumulate_block(self, call: cst.Call) -> cst.With | None:
-        """The ``with`` statement whose item is this ``<accelerator>.accumulate(...)`` call."""
-        facts = self.facts
-        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "accumulate"):
-            return None
-        item = facts.parent(call)
-        block = facts.parent(item) if isinstance(item, cst.WithItem) else None
-        if not isinstance(block, cst.With) or not facts.is_accelerator(call.func.value, call):
-            return None
-        return block
+        blocks = self.loop.accumulate_blocks
+        for block in blocks:
+            models = _model_names(block.models)
+            others = frozenset(name for other in blocks if other is not block for name in _model_names(other.models))
+            self._check(block.node, block.call, models, others - models)
 
     # -- the analysis ------------------------------------------------------------------------
 
     def _check(self, block: cst.With, call: cst.Call, models: frozenset[str], others: frozenset[str]) -> None:
-        walker = _Walker(self.facts, models)
+        walker = _Walker(self.loop, models)
         paths = walker.suite(block.body)
         walk = walker.walk
         most = paths.most
         accelerator = get_full_name_for_node(call.func.value) or "accelerator"
         subject = f"`{accelerator}.accumulate(...)`"
-        severity = Severity.ERROR if self._deepspeed() else None
+        severity = Severity.ERROR if self.loop.backend == "DEEPSPEED" else None
         if walk.loop is not None:
             message = (
                 f"a loop runs backward inside one {subject} block, but accelerate counts each block as one "
@@ -474,33 +449,22 @@ for first, second in loader:
         segments: list[set[str]] = [set()]
         for call in calls:
             segments[-1] |= _models_used(facts, call, models)
-            if _is_backward(facts, call) or any(walker.helper_backward(f) for f in facts.local_functions(call)):
+            if self.loop.backward_site(call) is not None or any(
+                walker.helper_backward(f) for f in facts.local_functions(call)
+            ):
                 segments.append(set())
         finished = segments[:-1]
         if len(finished) < 2 or not all(finished):
             return False
         return all(sum(name in used for used in finished) <= 1 for name in models)
 
-    def _deepspeed(self) -> bool:
-        """DeepSpeed is in evidence: a plugin or ``deepspeed.initialize`` in the code, or the launch selects it."""
-        facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, DEEPSPEED_PLUGINS | DEEPSPEED_INITIALIZE):
-                return True
-            if facts.callee_is(call, ACCELERATOR_CLASSES) and any(
-                arg.keyword and arg.keyword.value in {"deepspeed_plugin", "deepspeed_plugins"} for arg in call.args
-            ):
-                return True
-        settings = self.context.settings
-        backend = settings.distributed_type if settings is not None else None
-        return backend is not None and str(backend.value).upper() == "DEEPSPEED"
-
 
 class _Walker:
     """Counts backward passes and forward calls along the paths of an ``accumulate`` block."""
 
-    def __init__(self, facts, models: frozenset[str]) -> None:
-        self.facts = facts
+    def __init__(self, loop, models: frozenset[str]) -> None:
+        self.facts = loop.facts
+        self.loop = loop
         self.models = models
         self.walk = BlockWalk()
         self._helpers: dict[int, Tally] = {}
@@ -591,7 +555,7 @@ class _Walker:
     def _call(self, call: cst.Call) -> Tally:
         facts = self.facts
         method = facts.method_name(call)
-        if _is_backward(facts, call):
+        if self.loop.backward_site(call) is not None:
             self.walk.backward_calls.append(call)
             return Tally(backward=1)
         if (method == "requires_grad_" and _is_false(argument_of(call, "requires_grad", 0))) or _helper_freezes(
@@ -620,10 +584,8 @@ class _Walker:
 # -- small pure helpers --------------------------------------------------------------------------
 
 
-def _model_names(call: cst.Call) -> frozenset[str]:
-    return frozenset(
-        name for arg in call.args if not arg.star and (name := get_full_name_for_node(arg.value)) is not None
-    )
+def _model_names(models: tuple[cst.BaseExpression, ...]) -> frozenset[str]:
+    return frozenset(name for model in models if (name := get_full_name_for_node(model)) is not None)
 
 
 def _calls_model(call: cst.Call, models: frozenset[str]) -> bool:
@@ -632,14 +594,6 @@ def _calls_model(call: cst.Call, models: frozenset[str]) -> bool:
     if isinstance(func, cst.Attribute) and func.attr.value == "forward":
         func = func.value
     return get_full_name_for_node(func) in models
-
-
-def _is_backward(facts, call: cst.Call) -> bool:
-    """``x.backward(...)`` (``accelerator``, a loss, a scaled loss) or ``torch.autograd.backward(...)``."""
-    method = facts.method_name(call)
-    return (method in BACKWARD_METHODS and isinstance(call.func, cst.Attribute)) or facts.callee_is(
-        call, TORCH_BACKWARD
-    )
 
 
 def _hidden(facts, call: cst.Call, block: cst.With) -> bool:

@@ -3,104 +3,32 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import BACKWARD_METHODS, DDP_CLASSES, argument_of
+from lintdist.facts import BACKWARD_METHODS, argument_of
+from lintdist.loop import (
+    LIGHTNING_TRAINERS,
+    TOKEN_COLLATORS,
+    BackwardSite,
+    Chain,
+    Term,
+    integer_literal,
+    is_loss_field,
+    is_string_subscript,
+    keyword,
+)
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-ACCELERATOR_CLASSES = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
-GA_PLUGIN_CLASSES = frozenset(
-    {"accelerate.utils.GradientAccumulationPlugin", "accelerate.utils.dataclasses.GradientAccumulationPlugin"}
-)
-CE_MODULES = frozenset(
-    {
-        "torch.nn.CrossEntropyLoss",
-        "torch.nn.NLLLoss",
-        "torch.nn.modules.loss.CrossEntropyLoss",
-        "torch.nn.modules.loss.NLLLoss",
-    }
-)
-CE_FUNCTIONS = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.cross_entropy"})
-DISTRIBUTED_CALLS = frozenset(
-    {
-        "torch.distributed.init_process_group",
-        "torch.multiprocessing.spawn",
-        "deepspeed.initialize",
-        "lightning.Fabric",
-        "lightning.fabric.Fabric",
-    }
-)
 LIGHTNING_MODULES = frozenset(
     {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
 )
-LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
-# Collators that pad or mask labels with -100: the loss averages over a varying number of tokens.
-TOKEN_COLLATORS = frozenset(
-    {
-        "DataCollatorForLanguageModeling",
-        "DataCollatorForSeq2Seq",
-        "DataCollatorForTokenClassification",
-        "DataCollatorForWholeWordMask",
-        "DataCollatorForCompletionOnlyLM",
-    }
-)
-CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-TOKEN_SUFFIXES = ("ForMaskedLM", "ForSeq2SeqLM", "ForTokenClassification")
-# Heads with one target (or one answer span) per example: their batch mean is over examples, not over tokens,
-# however much `-100` the rest of the file uses (QA scripts pad gathered logits with it).
-SEQUENCE_SUFFIXES = (
-    "ForSequenceClassification",
-    "ForMultipleChoice",
-    "ForQuestionAnswering",
-    "ForImageClassification",
-    "ForAudioClassification",
-    "ForVideoClassification",
-    "ForNextSentencePrediction",
-)
-GATHER_METHODS = frozenset({"gather", "reduce", "all_reduce", "all_gather", "gather_for_metrics", "global_token_count"})
-COUNT_NAME_HINTS = ("num_items", "num_tokens", "n_tokens", "ntokens", "token_count", "total_items", "num_valid")
 OPTIMIZER_METHODS = frozenset({"step", "zero_grad"})
 CLIP_METHODS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
-WINDOW_METHODS = frozenset({"scale_mean", "scale_sum"})
 # dict methods that change a batch in place
 DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
-MAX_WALK = 12
-
-
-@dataclass(frozen=True)
-class Term:
-    """A factor of the loss (``expr``) and the statement it appears in."""
-
-    expr: cst.BaseExpression
-    at: cst.CSTNode
-
-
-@dataclass
-class Chain:
-    """The loss handed to backward, as base x product(num) / product(den)."""
-
-    base: str | None = None  # "mean", "sum", "tokens" (unreduced), "window" (already scaled), "other"
-    base_expr: cst.BaseExpression | None = None
-    base_at: cst.CSTNode | None = None
-    num: list[Term] = field(default_factory=list)
-    den: list[Term] = field(default_factory=list)
-
-    def set_base(self, kind: str, expr: cst.BaseExpression, at: cst.CSTNode) -> None:
-        if self.base is not None:
-            kind = "other"  # two losses multiplied or divided: not a recipe lintdist understands
-        self.base, self.base_expr, self.base_at = kind, expr, at
-
-
-@dataclass(frozen=True)
-class Factor:
-    kind: str  # "count", "world", "accum", "other"
-    gathered: bool = False
-    shifted: bool = False
-    literal: int | None = None
 
 
 class TokenLossNotGlobal(Rule):
@@ -413,51 +341,17 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         ),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._augmented: dict[str, list[cst.AugAssign]] = {}
-
     # -- what the shared facts do not record ----------------------------------------------------
-
-    def _has_token_evidence(self) -> bool:
-        """A ``-100`` label, an ``ignore_index=``/``label_pad_token_id=`` expression or a token collator."""
-        index = self.facts.index
-        for node in index.nodes(cst.UnaryOperation):
-            if (
-                isinstance(node.operator, cst.Minus)
-                and isinstance(node.expression, cst.Integer)
-                and node.expression.value == "100"
-                and not isinstance(self.facts.parent(node), (cst.Slice, cst.Index))
-            ):
-                return True
-        for node in index.nodes(cst.Arg):
-            # A non-negative literal (`ignore_index=255`) is a segmentation void label, not token padding.
-            if (
-                node.keyword is not None
-                and node.keyword.value in {"ignore_index", "label_pad_token_id"}
-                and not isinstance(node.value, cst.Integer)
-            ):
-                return True
-        for node in index.nodes(cst.Call):
-            names = self.facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
-            if any(name.rsplit(".", 1)[-1] in TOKEN_COLLATORS for name in names):
-                return True
-        return False
 
     # -- whole-file analysis ------------------------------------------------------------------
 
     def finish(self) -> None:
-        for node in self.facts.index.nodes(cst.AugAssign):
-            key = get_full_name_for_node(node.target)
-            if key:
-                self._augmented.setdefault(key, []).append(node)
-        if not self._has_token_evidence():
+        if not self.loop.token_evidence:
             return
         self._findings: set[int] = set()
         self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
-        for call in self.facts.calls:
-            if self.facts.method_name(call) in {"backward", "manual_backward"}:
-                self._check_backward(call)
+        for site in self.loop.backward_sites:
+            self._check_backward(site)
         self._severity = Severity.ERROR
         for function in self.facts.functions.get("compute_loss", ()):
             self._check_compute_loss(function)
@@ -466,29 +360,28 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     # -- the loss handed to backward ------------------------------------------------------------
 
-    def _check_backward(self, call: cst.Call) -> None:
-        loss, receiver = _backward_operand(call)
-        statement = self._statement_of(call)
+    def _check_backward(self, site: BackwardSite) -> None:
+        call, loss, receiver = site.call, site.loss, site.receiver
+        statement = self.loop.statement_of(call)
         if loss is None or statement is None:
             return
-        chain = Chain()
-        self._walk(loss, statement, 1, chain, 0)
+        chain = self.loop.chain(loss, statement)
         if chain.base not in {"mean", "sum"}:
             return
         accelerated = receiver is not None and self.facts.is_accelerator(receiver, call)
-        distributed = self._distributed()
+        distributed = self.loop.distributed
         accumulating = self._accumulating(chain)
         if not (distributed or accumulating):
             return
         # An Accelerator alone does not say the job runs on several processes (it is also used for mixed precision
         # on one device): without accumulation that is only a warning.
-        self._severity = Severity.ERROR if accumulating or self._surely_distributed() else Severity.WARNING
-        head = self._loss_head(chain)
+        self._severity = Severity.ERROR if accumulating or self.loop.surely_distributed else Severity.WARNING
+        head = self.loop.loss_head(chain)
         if head == "sequence":
             return
-        counts_num = [t for t in chain.num if self._factor(t).kind == "count"]
-        counts_den = [t for t in chain.den if self._factor(t).kind == "count"]
-        if chain.base == "mean" and counts_num and not self._factor(counts_num[0]).gathered:
+        counts_num = [t for t in chain.num if self.loop.factor(t).kind == "count"]
+        counts_den = [t for t in chain.den if self.loop.factor(t).kind == "count"]
+        if chain.base == "mean" and counts_num and not self.loop.factor(counts_num[0]).gathered:
             chain.num.remove(counts_num[0])  # mean x local count = this micro-batch's sum
             chain.base = "sum"
         if chain.base == "mean":
@@ -539,10 +432,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     ) -> None:
         """A sum-reduced loss divided by a token count: the count must be global, shifted for a causal LM, and
         the loss multiplied by the number of ranks and by the accumulation steps the backend divides by."""
-        factor = self._factor(count)
-        worlds = [t for t in chain.num if self._factor(t).kind == "world"]
-        net_accum = sum(self._factor(t).kind == "accum" for t in chain.num) - sum(
-            self._factor(t).kind == "accum" for t in chain.den
+        factor = self.loop.factor(count)
+        worlds = [t for t in chain.num if self.loop.factor(t).kind == "world"]
+        net_accum = sum(self.loop.factor(t).kind == "accum" for t in chain.num) - sum(
+            self.loop.factor(t).kind == "accum" for t in chain.den
         )
         problem = None
         if not factor.gathered:
@@ -562,9 +455,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 "`accelerator.num_processes` (or `dist.get_world_size()`)"
             )
         else:
-            configured = self._accelerator_accumulation(accelerator, call) if accelerator is not None else None
-            literal = next((f.literal for t in chain.num if (f := self._factor(t)).literal is not None), None)
-            expected = _literal(configured, self.facts, call) if configured is not None else None
+            configured = self.loop.accelerator_accumulation(accelerator, call) if accelerator is not None else None
+            literal = next((f.literal for t in chain.num if (f := self.loop.factor(t)).literal is not None), None)
+            expected = integer_literal(configured, self.facts, call) if configured is not None else None
             if literal is not None and expected is not None and literal != expected:
                 problem = (
                     f"multiplies by {literal} accumulation steps while the Accelerator divides by {expected}; "
@@ -611,11 +504,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 )
             if expr is None:
                 continue
-            chain = Chain()
-            self._walk(expr, returned, 1, chain, 0)
-            if chain.base != "mean" or self._loss_head(chain) == "sequence":
+            chain = self.loop.chain(expr, returned)
+            if chain.base != "mean" or self.loop.loss_head(chain) == "sequence":
                 continue
-            if any(self._factor(t).kind == "count" for t in chain.num + chain.den):
+            if any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
                 continue
             self._report_once(
                 chain.base_at,
@@ -654,9 +546,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             expr = returned.body if isinstance(returned, cst.IfExp) else returned
             if isinstance(expr, cst.Tuple) and expr.elements:
                 expr = expr.elements[0].value
-            chain = Chain()
-            self._walk(expr, returned, 1, chain, 0)
-            if chain.base == "mean" and not any(self._factor(t).kind == "count" for t in chain.num + chain.den):
+            chain = self.loop.chain(expr, returned)
+            if chain.base == "mean" and not any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
                 self._report_once(
                     chain.base_at,
                     chain.base_expr,
@@ -667,296 +558,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     # -- walking the loss back to its base ---------------------------------------------------
 
-    def _walk(self, expr: cst.BaseExpression, at: cst.CSTNode, sign: int, chain: Chain, depth: int) -> None:
-        if depth > MAX_WALK:
-            chain.set_base("other", expr, at)
-            return
-        if isinstance(expr, cst.BinaryOperation):
-            if isinstance(expr.operator, cst.Multiply):
-                self._walk(expr.left, at, sign, chain, depth + 1)
-                self._walk(expr.right, at, sign, chain, depth + 1)
-            elif isinstance(expr.operator, cst.Divide):
-                self._walk(expr.left, at, sign, chain, depth + 1)
-                self._walk(expr.right, at, -sign, chain, depth + 1)
-            else:
-                chain.set_base("other", expr, at)
-            return
-        base = self._base_kind(expr, at)
-        if base is not None:
-            kind, count = base
-            chain.set_base(kind if sign > 0 else "other", expr, at)
-            if count is not None:
-                chain.den.append(Term(count, at))
-            return
-        if isinstance(expr, (cst.Name, cst.Attribute)):
-            binding = self._binding_before(expr, at)
-            if binding is not None:
-                inner = Chain()
-                self._walk_binding(expr, binding, 1, inner, depth)
-                if inner.base is not None:
-                    chain.set_base(inner.base if sign > 0 else "other", inner.base_expr, inner.base_at)
-                    chain.num.extend(inner.num if sign > 0 else inner.den)
-                    chain.den.extend(inner.den if sign > 0 else inner.num)
-                    return
-        # a factor (even one computed over several statements) is reported where the loss uses it
-        if isinstance(expr, cst.Call) and self.facts.local_functions(expr):
-            returns = [r for f in self.facts.local_functions(expr) for r in self.facts.returns.get(f, ())]
-            if len(returns) == 1:
-                self._walk(returns[0], returns[0], sign, chain, depth + 1)
-            else:
-                chain.set_base("other", expr, at)
-            return
-        (chain.num if sign > 0 else chain.den).append(Term(expr, at))
-
-    def _walk_binding(
-        self, expr: cst.BaseExpression, binding: cst.CSTNode, sign: int, chain: Chain, depth: int
-    ) -> None:
-        if isinstance(binding, cst.AugAssign):
-            if isinstance(binding.operator, (cst.DivideAssign, cst.MultiplyAssign)):
-                self._walk(expr, binding, sign, chain, depth + 1)
-                inverse = isinstance(binding.operator, cst.DivideAssign)
-                self._walk(binding.value, binding, -sign if inverse else sign, chain, depth + 1)
-            else:
-                chain.set_base("other", expr, binding)
-            return
-        value, unpacked = binding
-        if unpacked:
-            chain.set_base("other", expr, value)
-            return
-        self._walk(value.value, value, sign, chain, depth + 1)
-
-    def _binding_before(self, expr: cst.BaseExpression, at: cst.CSTNode):
-        """The last assignment to ``expr``'s name before ``at`` in the same function: an AugAssign node, or
-        (Assign-like statement, unpacked?)."""
-        key = get_full_name_for_node(expr)
-        if not key:
-            return None
-        limit = self._position(at)
-        function = self.facts.enclosing_function(at)
-        candidates: list[tuple[tuple[int, int], object]] = []
-        for binding in self.facts.bindings(key, at):
-            if self._position(binding.statement) < limit:
-                candidates.append((self._position(binding.statement), (binding.statement, binding.index is not None)))
-        for node in self._augmented.get(key, ()):
-            if self.facts.enclosing_function(node) is function and self._position(node) < limit:
-                candidates.append((self._position(node), node))
-        if not candidates:
-            return None
-        return max(candidates, key=lambda item: item[0])[1]
-
-    def _base_kind(self, expr: cst.BaseExpression, at: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
-        """What a loss expression is: ("mean" | "sum" | "tokens" | "window", count it is already divided by)."""
-        if _is_loss_field(expr):
-            call = self._model_call(expr)
-            count = _keyword(call, "num_items_in_batch") if call is not None else None
-            return ("sum", count) if count is not None else ("mean", None)
-        if not isinstance(expr, cst.Call):
-            return None
-        method = self.facts.method_name(expr)
-        if method in WINDOW_METHODS and isinstance(expr.func, cst.Attribute):
-            return "window", None
-        if self.facts.callee_is(expr, CE_FUNCTIONS):
-            return _reduction(expr), None
-        if isinstance(expr.func, (cst.Name, cst.Attribute)) and method not in {"mean", "sum"}:
-            for origin in self.facts.origins(expr.func, at):
-                if isinstance(origin.node, cst.Call) and self.facts.callee_is(origin.node, CE_MODULES):
-                    return _reduction(origin.node), None
-        if method in {"mean", "sum"} and isinstance(expr.func, cst.Attribute) and not expr.args:
-            inner = Chain()
-            self._walk(expr.func.value, at, 1, inner, MAX_WALK - 4)
-            if inner.base == "tokens" and not inner.num and not inner.den:
-                return method, None
-        return None
-
-    def _model_call(self, loss_field: cst.BaseExpression) -> cst.Call | None:
-        """The call whose output ``.loss`` / ``["loss"]`` is read: inline, or the last assignment before the read."""
-        value = loss_field.value
-        if isinstance(value, cst.Call):
-            return value
-        binding = self._binding_before(value, loss_field) if isinstance(value, (cst.Name, cst.Attribute)) else None
-        if isinstance(binding, tuple) and not binding[1] and isinstance(binding[0].value, cst.Call):
-            return binding[0].value
-        return None
-
     # -- what the model is ------------------------------------------------------------------------
-
-    def _loss_head(self, chain: Chain) -> str | None:
-        """The loss's model head: "causal", "token" (other token-level heads), "sequence" (one target per example),
-        "other" (another known head) or None (unknown)."""
-        if chain.base_expr is None or not _is_loss_field(chain.base_expr):
-            return None
-        call = self._model_call(chain.base_expr)
-        return self._head(call.func, call, 0) if call is not None else None
-
-    def _head(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        if depth > 4:
-            return None
-        # `model = model.to(...)` after `model = accelerator.prepare(model)` makes each binding an origin of the
-        # others: without the memo the walk grows exponentially (accelerate's codeparrot example ran for minutes).
-        key = f"ld102:head:{id(expr)}"
-        memo = self.facts._memo
-        if key not in memo:
-            memo[key] = None  # a cycle back to this expression adds nothing
-            memo[key] = self._origin_head(expr, at, depth)
-        return memo[key]
-
-    def _origin_head(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        kinds = set()
-        for origin in self.facts.origins(expr, at):
-            node = origin.node
-            if not isinstance(node, cst.Call):
-                kinds.add(self._class_kind(node, 0) if isinstance(node, (cst.Name, cst.Attribute)) else None)
-                continue
-            method = self.facts.method_name(node)
-            if self.facts.is_prepare_call(node) or self.facts.callee_is(node, DDP_CLASSES):
-                index = origin.index or 0
-                keyword = "module" if self.facts.callee_is(node, DDP_CLASSES) else ""
-                argument = argument_of(node, keyword, index)
-                kinds.add(self._head(argument, node, depth + 1) if argument is not None else None)
-            elif method in {"from_pretrained", "from_config", "_from_config"} and isinstance(node.func, cst.Attribute):
-                kinds.add(self._class_kind(node.func.value, 0))
-            elif method in {"to", "cuda", "train", "float", "bfloat16", "half"} and isinstance(
-                node.func, cst.Attribute
-            ):
-                kinds.add(self._head(node.func.value, node, depth + 1))
-            else:
-                kinds.add(self._class_kind(node.func, 0))
-        # `model = accelerator.prepare(model)` makes every binding an origin of every other: unknown paths drop out
-        kinds.discard(None)
-        return kinds.pop() if len(kinds) == 1 else None
-
-    def _class_kind(self, expr: cst.BaseExpression, depth: int) -> str | None:
-        return self._kind_of_names(self.facts.qualified_names(expr) | {get_full_name_for_node(expr) or ""}, depth)
-
-    def _kind_of_names(self, names: set[str], depth: int) -> str | None:
-        """The head a class stands for, from its own name, else from the bases of a class defined in this file."""
-        last = {name.rsplit(".", 1)[-1] for name in names if name}
-        for part in sorted(last):
-            kind = _suffix_kind(part)
-            if kind:
-                return kind
-        if depth < 3:
-            for part in sorted(last):
-                bases = self.facts.local_classes().get(part)
-                kind = self._kind_of_names(bases, depth + 1) if bases else None
-                if kind:
-                    return kind
-        return None
 
     # -- factors of the loss ----------------------------------------------------------------------
 
-    def _factor(self, term: Term) -> Factor:
-        key = f"factor:{id(term.expr)}"
-        memo = self.facts._memo
-        if key not in memo:
-            memo[key] = self._classify(term.expr, term.at)
-        return memo[key]
-
-    def _classify(self, expr: cst.BaseExpression, at: cst.CSTNode) -> Factor:
-        literal = _literal(expr, self.facts, at)
-        if literal is not None:
-            return Factor("accum", literal=literal)
-        nodes = self._closure(expr, at, 0)
-        text = self.context.module.code_for_node(expr).lower()
-        names = {get_full_name_for_node(n) for n in nodes if isinstance(n, (cst.Name, cst.Attribute))} - {None}
-        methods = {self.facts.method_name(n) for n in nodes if isinstance(n, cst.Call)}
-        counted = (
-            methods & {"ne", "count_nonzero", "count_loss_tokens", "global_token_count"}
-            or any(isinstance(n, cst.ComparisonTarget) and isinstance(n.operator, cst.NotEqual) for n in nodes)
-            or any(hint in text for hint in COUNT_NAME_HINTS)
-        )
-        if counted:
-            in_place = any(
-                self.facts.method_name(call) == "all_reduce"
-                and call.args
-                and get_full_name_for_node(call.args[0].value) in names | {get_full_name_for_node(expr)}
-                for call in self.facts.calls
-            )
-            shifted = any(
-                (
-                    isinstance(n, cst.SubscriptElement)
-                    and isinstance(n.slice, cst.Slice)
-                    and isinstance(n.slice.lower, cst.Integer)
-                    and n.slice.lower.value == "1"
-                )
-                or (isinstance(n, cst.Name) and n.value in {"shift_labels", "shifted_labels"})
-                or (isinstance(n, cst.Arg) and _is_name(n.keyword, "shifted") and _is_name(n.value, "True"))
-                for n in nodes
-            )
-            return Factor("count", gathered=bool(methods & GATHER_METHODS) or in_place, shifted=shifted)
-        # `dist.get_world_size()`, Megatron's `get_data_parallel_world_size()`, `args.dp_world_size`,
-        # `accelerator.num_processes`, `int(os.environ["WORLD_SIZE"])`
-        if (
-            any(method and method.endswith("world_size") for method in methods)
-            or any(name.rsplit(".", 1)[-1].endswith(("num_processes", "world_size")) for name in names)
-            or any(isinstance(n, cst.SimpleString) and n.evaluated_value == "WORLD_SIZE" for n in nodes)
-        ):
-            return Factor("world")
-        if any("accum" in name or "gradient_accumulation" in name for name in names):
-            return Factor("accum")
-        return Factor("other")
-
-    def _closure(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> list[cst.CSTNode]:
-        """The nodes of ``expr`` that ``_classify`` reads, of what its names can hold, and so on (bounded)."""
-        nodes = list(self.facts.within(expr, *_CLOSURE_NODES))
-        if depth >= 3:
-            return nodes
-        for name in [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute))]:
-            for origin in self.facts.origins(name, at):
-                if origin.node is not name:
-                    nodes.extend(self._closure(origin.node, origin.node, depth + 1))
-        return nodes
-
     # -- the script around the loss -----------------------------------------------------------
 
-    def _distributed(self) -> bool:
-        facts = self.facts
-        if "ld102:distributed" not in facts._memo:
-            facts._memo["ld102:distributed"] = bool(facts.wrapped_models()) or any(
-                facts.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in facts.calls
-            )
-        return facts._memo["ld102:distributed"]
-
-    def _surely_distributed(self) -> bool:
-        """Evidence of several processes beyond building an Accelerator: a DDP/FSDP wrapper, a process group,
-        a spawn, or a launch that asks for more than one process."""
-        facts = self.facts
-        if bool(facts.wrapped_models()) or any(facts.callee_is(call, DISTRIBUTED_CALLS) for call in facts.calls):
-            return True
-        settings = self.context.settings
-        processes = settings.get("num_processes") if settings else None
-        return processes is not None and str(processes.value).strip().isdigit() and int(processes.value) > 1
-
     def _accumulating(self, chain: Chain) -> bool:
-        facts = self.facts
-        for call in facts.calls:
-            method = facts.method_name(call)
-            if method == "no_sync":
-                return True
-            if (
-                method == "accumulate"
-                and isinstance(call.func, cst.Attribute)
-                and facts.is_accelerator(call.func.value, call)
-            ):
-                return True
-            if facts.callee_is(call, GA_PLUGIN_CLASSES):
-                return True
-            if facts.callee_is(call, ACCELERATOR_CLASSES) and _configured_accumulation(call, facts) is not None:
-                return True
-        return any(self._factor(t).kind == "accum" for t in chain.den)
-
-    def _accelerator_accumulation(self, accelerator: cst.BaseExpression, at: cst.CSTNode) -> cst.BaseExpression | None:
-        """The accumulation steps the Accelerator behind ``accelerator`` was built with (None: not set in code)."""
-        for origin in self.facts.origins(accelerator, at):
-            if isinstance(origin.node, cst.Call) and self.facts.callee_is(origin.node, ACCELERATOR_CLASSES):
-                return _configured_accumulation(origin.node, self.facts)
-        return None
-
-    def _statement_of(self, node: cst.CSTNode) -> cst.BaseSmallStatement | None:
-        return next((a for a in self.facts.ancestors(node) if isinstance(a, cst.BaseSmallStatement)), None)
-
-    def _position(self, node: cst.CSTNode) -> int:
-        return self.facts.index.order(node)
+        return self.loop.accumulates or any(self.loop.factor(t).kind == "accum" for t in chain.den)
 
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
@@ -971,9 +580,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     def _canonical_fix(self, call: cst.Call, chain: Chain, head: str | None) -> Fix | None:
         facts, code = self.facts, self.context.module.code_for_node
-        if head not in {"causal", "token"} or chain.num or chain.den or not _is_loss_field(chain.base_expr):
+        if head not in {"causal", "token"} or chain.num or chain.den or not is_loss_field(chain.base_expr):
             return None
-        line = facts.parent(self._statement_of(call))
+        line = facts.parent(self.loop.statement_of(call))
         block = facts.parent(line) if line is not None else None
         with_node = facts.parent(block) if block is not None else None
         if not (
@@ -1012,7 +621,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         ):
             return None
         batch = loop.target.value
-        model_call = self._model_call(chain.base_expr)
+        model_call = self.loop.model_call(chain.base_expr)
         if model_call is None or not _passes_labels(model_call, batch):
             return None
         inner = list(with_node.body.body)
@@ -1101,16 +710,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         return tuple(picks)
 
 
-# The nodes of a loss factor that ``_classify`` reads (a ``ComparisonTarget`` for its ``!=`` operator).
-_CLOSURE_NODES = (
-    cst.Name,
-    cst.Attribute,
-    cst.Call,
-    cst.SubscriptElement,
-    cst.Arg,
-    cst.SimpleString,
-    cst.ComparisonTarget,
-)
 _REMEDY = (
     "sum-reduce the loss and scale it with `TokenLossWindow.scale_sum` from `lintdist.runtime` (or "
     "`.scale_mean(loss, batch)`) over each optimizer step's `microbatch_groups(...)`"
@@ -1123,20 +722,6 @@ def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
 
 def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
     return isinstance(expr, cst.Attribute) and expr.attr.value == attr
-
-
-def _is_string(expr: cst.CSTNode | None, *literals: str) -> bool:
-    return isinstance(expr, cst.SimpleString) and expr.value in literals
-
-
-def _is_string_subscript(expr: cst.CSTNode | None, *literals: str) -> bool:
-    """``x["key"]``: a subscript with one element, an index that is one of these string literals."""
-    return (
-        isinstance(expr, cst.Subscript)
-        and len(expr.slice) == 1
-        and isinstance(expr.slice[0].slice, cst.Index)
-        and _is_string(expr.slice[0].slice.value, *literals)
-    )
 
 
 def _is_hf_trainer(name: str) -> bool:
@@ -1173,80 +758,12 @@ def _subject(chain: Chain) -> str:
     return "the loss"
 
 
-def _backward_operand(call: cst.Call) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
-    """The loss a backward call differentiates, and the object whose ``backward`` takes it as an argument."""
-    if not isinstance(call.func, cst.Attribute):
-        return None, None
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    loss, receiver = (positional[0].value, call.func.value) if positional else (call.func.value, None)
-    if isinstance(loss, cst.Call) and isinstance(loss.func, cst.Attribute) and loss.func.attr.value == "scale":
-        loss = loss.args[0].value if loss.args else None  # GradScaler.scale(loss).backward()
-    return loss, receiver
-
-
-def _is_loss_field(expr: cst.BaseExpression | None) -> bool:
-    """``outputs.loss`` or ``outputs["loss"]``."""
-    return _is_attribute(expr, "loss") or _is_string_subscript(expr, "'loss'", '"loss"')
-
-
-def _reduction(call: cst.Call) -> str:
-    if argument_of(call, "size_average", None) is not None or argument_of(call, "reduce", None) is not None:
-        return "other"
-    reduction = argument_of(call, "reduction", None)
-    if reduction is None:
-        return "mean"
-    if isinstance(reduction, cst.SimpleString):
-        return {"mean": "mean", "sum": "sum", "none": "tokens"}.get(reduction.evaluated_value, "other")
-    return "other"
-
-
-def _suffix_kind(name: str) -> str | None:
-    if name.endswith(CAUSAL_SUFFIXES) and not name.endswith("WithLMHeadModel"):
-        return "causal"
-    if name.endswith(TOKEN_SUFFIXES):
-        return "token"
-    if name.endswith(SEQUENCE_SUFFIXES) and not name.startswith("Blip"):  # BLIP's VQA head is a text decoder
-        return "sequence"
-    if "For" in name and name.rsplit("For", 1)[-1][:1].isupper():
-        return "other"
-    return None
-
-
-def _literal(expr: cst.BaseExpression, facts, at: cst.CSTNode) -> int | None:
-    """The integer an expression is, directly or through a name bound to a literal."""
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value)
-    if isinstance(expr, cst.Name):
-        values = {o.node.evaluated_value for o in facts.origins(expr, at) if isinstance(o.node, cst.Integer)}
-        origins = facts.origins(expr, at)
-        if len(values) == 1 and all(isinstance(o.node, cst.Integer) for o in origins):
-            return int(values.pop())
-    return None
-
-
-def _configured_accumulation(accelerator_call: cst.Call, facts) -> cst.BaseExpression | None:
-    """``Accelerator(gradient_accumulation_steps=X)`` or its plugin's ``num_steps``; None when it is 1 or unset."""
-    steps = argument_of(accelerator_call, "gradient_accumulation_steps", None)
-    plugin = argument_of(accelerator_call, "gradient_accumulation_plugin", None)
-    if steps is None and plugin is not None:
-        for origin in facts.origins(plugin, accelerator_call):
-            if isinstance(origin.node, cst.Call) and facts.callee_is(origin.node, GA_PLUGIN_CLASSES):
-                steps = argument_of(origin.node, "num_steps", None)
-    if steps is None or (isinstance(steps, cst.Integer) and steps.evaluated_value == 1):
-        return None
-    return steps
-
-
-def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
-
-
 def _passes_labels(call: cst.Call, batch: str) -> bool:
     """The model gets the loop's batch labels, which the window counts: ``model(**batch)`` or
     ``labels=batch["labels"]``, and no other ``labels=``."""
-    labels = _keyword(call, "labels")
+    labels = keyword(call, "labels")
     if labels is not None:
-        return _is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
+        return is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
     return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)
 
 

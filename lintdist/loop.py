@@ -1,0 +1,921 @@
+"""The training loop as facts: backward sites, optimizer steps and their gates, accumulation, and the loss.
+
+Every rule about accumulation, backward or the loss asks the same questions of a script:
+where the backward passes are and what they differentiate, where the optimizer steps and
+what gates it, which ``accumulate``/``no_sync`` blocks hold them, what accumulation the
+Accelerator, its plugin or the launch configure, and how a loss was reduced and normalised.
+They are answered here once per file, from the facts' indexes (no new walk of the module),
+and memoised on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, DDP_CLASSES, PythonFacts, argument_of
+
+GA_PLUGIN_CLASSES = frozenset(
+    {"accelerate.utils.GradientAccumulationPlugin", "accelerate.utils.dataclasses.GradientAccumulationPlugin"}
+)
+DEEPSPEED_PLUGINS = frozenset(
+    {"accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"}
+)
+FSDP_PLUGINS = frozenset(
+    {
+        "accelerate.FullyShardedDataParallelPlugin",
+        "accelerate.utils.FullyShardedDataParallelPlugin",
+        "accelerate.utils.dataclasses.FullyShardedDataParallelPlugin",
+    }
+)
+FABRIC_CLASSES = frozenset({"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"})
+GRAD_SYNC = frozenset({"lintdist.runtime.grad_sync", "lintdist.runtime.sync.grad_sync"})
+TORCH_BACKWARD = frozenset({"torch.autograd.backward"})
+TORCH_CLIPS = frozenset(
+    {
+        "torch.nn.utils.clip_grad_norm_",
+        "torch.nn.utils.clip_grad_value_",
+        "torch.nn.utils.clip_grad.clip_grad_norm_",
+        "torch.nn.utils.clip_grad.clip_grad_value_",
+    }
+)
+CE_MODULES = frozenset(
+    {
+        "torch.nn.CrossEntropyLoss",
+        "torch.nn.NLLLoss",
+        "torch.nn.modules.loss.CrossEntropyLoss",
+        "torch.nn.modules.loss.NLLLoss",
+    }
+)
+CE_FUNCTIONS = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.cross_entropy"})
+DISTRIBUTED_CALLS = frozenset(
+    {
+        "torch.distributed.init_process_group",
+        "torch.multiprocessing.spawn",
+        "deepspeed.initialize",
+        "lightning.Fabric",
+        "lightning.fabric.Fabric",
+    }
+)
+LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
+# Collators that pad or mask labels with -100: the loss averages over a varying number of tokens.
+TOKEN_COLLATORS = frozenset(
+    {
+        "DataCollatorForLanguageModeling",
+        "DataCollatorForSeq2Seq",
+        "DataCollatorForTokenClassification",
+        "DataCollatorForWholeWordMask",
+        "DataCollatorForCompletionOnlyLM",
+    }
+)
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+TOKEN_SUFFIXES = ("ForMaskedLM", "ForSeq2SeqLM", "ForTokenClassification")
+# Heads with one target (or one answer span) per example: their batch mean is over examples, not over tokens,
+# however much `-100` the rest of the file uses (QA scripts pad gathered logits with it).
+SEQUENCE_SUFFIXES = (
+    "ForSequenceClassification",
+    "ForMultipleChoice",
+    "ForQuestionAnswering",
+    "ForImageClassification",
+    "ForAudioClassification",
+    "ForVideoClassification",
+    "ForNextSentencePrediction",
+)
+GATHER_METHODS = frozenset({"gather", "reduce", "all_reduce", "all_gather", "gather_for_metrics", "global_token_count"})
+COUNT_NAME_HINTS = ("num_items", "num_tokens", "n_tokens", "ntokens", "token_count", "total_items", "num_valid")
+WINDOW_METHODS = frozenset({"scale_mean", "scale_sum"})
+SCHEDULER_FACTORIES = ("get_scheduler", "schedule", "lr_scheduler", "LambdaLR", "StepLR", "CosineAnnealing", "OneCycle")
+MAX_WALK = 12
+
+
+# -- what the loop is made of -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackwardSite:
+    """One backward pass: ``loss.backward()`` ("tensor"), ``accelerator.backward(loss)`` ("accelerator"),
+    ``fabric.backward(loss)`` ("fabric"), ``self.manual_backward(loss)`` ("manual"),
+    ``scaler.scale(loss).backward()`` ("scaler"), ``torch.autograd.backward(loss)`` ("autograd"), or
+    ``engine.backward(loss)`` of an object lintdist cannot name ("engine")."""
+
+    call: cst.Call
+    kind: str
+    loss: cst.BaseExpression | None
+    receiver: cst.BaseExpression | None  # the accelerator, fabric, module, scaler or engine whose method it is
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The ``if`` around a step, and what it tests: "modulo" (``(step + 1) % k == 0``), "sync_gradients"
+    (``if accelerator.sync_gradients:``) or "counter" (``if micro_step == accum_steps:``)."""
+
+    node: cst.If
+    kind: str
+
+
+@dataclass(frozen=True)
+class StepSite:
+    """``optimizer.step()`` / ``scaler.step(optimizer)`` ("optimizer"), ``scheduler.step()`` ("scheduler"),
+    ``*.zero_grad()`` ("zero_grad"), or a gradient clip ("clip": ``torch.nn.utils.clip_grad_norm_(...)`` or
+    ``accelerator.clip_grad_norm_(...)``)."""
+
+    call: cst.Call
+    kind: str
+    receiver: cst.BaseExpression | None
+    gate: Gate | None
+
+
+@dataclass(frozen=True)
+class AccumulateBlock:
+    """``with accelerator.accumulate(model, ...):``."""
+
+    node: cst.With
+    call: cst.Call
+    accelerator: cst.BaseExpression
+    models: tuple[cst.BaseExpression, ...]
+
+
+@dataclass(frozen=True)
+class NoSync:
+    """A block that skips the gradient all-reduce: ``model.no_sync()`` ("model"), ``accelerator.no_sync(model)``
+    ("accelerator"), ``grad_sync(model, sync=...)`` of ``lintdist.runtime`` ("grad_sync") or
+    ``fabric.no_backward_sync(model)`` ("fabric"). ``call`` is the context expression's call."""
+
+    node: cst.With
+    call: cst.Call
+    kind: str
+    model: cst.BaseExpression | None
+
+
+@dataclass(frozen=True)
+class Term:
+    """A factor of the loss (``expr``) and the statement it appears in."""
+
+    expr: cst.BaseExpression
+    at: cst.CSTNode
+
+
+@dataclass
+class Chain:
+    """A loss as base x product(num) / product(den)."""
+
+    base: str | None = None  # "mean", "sum", "tokens" (unreduced), "window" (already scaled), "other"
+    base_expr: cst.BaseExpression | None = None
+    base_at: cst.CSTNode | None = None
+    num: list[Term] = field(default_factory=list)
+    den: list[Term] = field(default_factory=list)
+
+    def set_base(self, kind: str, expr: cst.BaseExpression, at: cst.CSTNode) -> None:
+        if self.base is not None:
+            kind = "other"  # two losses multiplied or divided: not a recipe lintdist understands
+        self.base, self.base_expr, self.base_at = kind, expr, at
+
+
+@dataclass(frozen=True)
+class Factor:
+    """What a factor of the loss is: a token "count", the "world" size, "accum" steps, or "other"."""
+
+    kind: str
+    gathered: bool = False
+    shifted: bool = False
+    literal: int | None = None
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+class TrainingLoop:
+    """The training-loop facts of one file; ``TrainingLoop.of(context)`` builds them once per file."""
+
+    def __init__(self, facts: PythonFacts, settings=None) -> None:
+        self.facts = facts
+        self.settings = settings
+        self._roles: dict[int, str | None] = {}
+        self._heads: dict[int, str | None] = {}
+        self._factors: dict[int, Factor] = {}
+
+    @classmethod
+    def of(cls, context) -> TrainingLoop:
+        facts = context.facts
+        loop = facts._memo.get("loop")
+        if loop is None:
+            loop = facts._memo["loop"] = cls(facts, context.settings)
+        return loop
+
+    # -- backward passes ---------------------------------------------------------------------
+
+    @cached_property
+    def backward_sites(self) -> list[BackwardSite]:
+        return [site for call in self.facts.calls if (site := self._backward_site(call)) is not None]
+
+    def backward_site(self, call: cst.Call) -> BackwardSite | None:
+        return self._backward_by_call.get(id(call))
+
+    @cached_property
+    def _backward_by_call(self) -> dict[int, BackwardSite]:
+        return {id(site.call): site for site in self.backward_sites}
+
+    def _backward_site(self, call: cst.Call) -> BackwardSite | None:
+        facts = self.facts
+        func = call.func
+        if facts.callee_is(call, TORCH_BACKWARD):
+            return BackwardSite(call, "autograd", _first_positional(call), None)
+        if not isinstance(func, cst.Attribute) or func.attr.value not in BACKWARD_METHODS:
+            return None
+        receiver = func.value
+        if func.attr.value == "manual_backward":
+            return BackwardSite(call, "manual", _first_positional(call), receiver)
+        loss = _first_positional(call)
+        if loss is None:
+            if _is_method_call(receiver, "scale"):
+                return BackwardSite(call, "scaler", _first_positional(receiver), receiver.func.value)
+            return BackwardSite(call, "tensor", receiver, None)
+        if facts.is_accelerator(receiver, call):
+            return BackwardSite(call, "accelerator", loss, receiver)
+        if any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, FABRIC_CLASSES)
+            for o in facts.origins(receiver, call)
+        ):
+            return BackwardSite(call, "fabric", loss, receiver)
+        return BackwardSite(call, "engine", loss, receiver)
+
+    def statement_of(self, node: cst.CSTNode) -> cst.BaseSmallStatement | None:
+        """The small statement (``x = ...``, an expression statement...) that holds ``node``."""
+        return next((a for a in self.facts.ancestors(node) if isinstance(a, cst.BaseSmallStatement)), None)
+
+    # -- optimizer, scheduler, zero_grad and clip steps ----------------------------------------
+
+    @cached_property
+    def steps(self) -> list[StepSite]:
+        result = []
+        for call in self.facts.calls:
+            kind, receiver = self._step_kind(call)
+            if kind is not None:
+                result.append(StepSite(call, kind, receiver, self.gate_of(call)))
+        return result
+
+    def _step_kind(self, call: cst.Call) -> tuple[str | None, cst.BaseExpression | None]:
+        facts = self.facts
+        if facts.callee_is(call, TORCH_CLIPS):
+            return "clip", None
+        func = call.func
+        if not isinstance(func, cst.Attribute):
+            return None, None
+        method, receiver = func.attr.value, func.value
+        if method in {"clip_grad_norm_", "clip_grad_value_"}:
+            return "clip", receiver
+        if method == "zero_grad":
+            return "zero_grad", receiver
+        if method != "step":
+            return None, None
+        if call.args and self.role(call.args[0].value, call) == "optimizer":
+            return "optimizer", receiver  # scaler.step(optimizer)
+        role = self.role(receiver, call)
+        return (role, receiver) if role in {"optimizer", "scheduler"} else (None, None)
+
+    def role(self, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+        """ "optimizer" or "scheduler" for an expression holding one, by its name or where it was built."""
+        key = id(expr)
+        if key not in self._roles:
+            self._roles[key] = None
+            self._roles[key] = self._role(expr, at, 0)
+        return self._roles[key]
+
+    def _role(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
+        name = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
+        if "sched" in name:
+            return "scheduler"
+        if "optim" in name or name in {"opt", "opt_g", "opt_d", "g_opt", "d_opt"} or name.startswith("opt_"):
+            return "optimizer"
+        if depth > 2:
+            return None
+        facts = self.facts
+        for origin in facts.origins(expr, at):
+            node = origin.node
+            if not isinstance(node, cst.Call):
+                continue
+            if facts.is_prepare_call(node):
+                argument = argument_of(node, "", origin.index or 0)
+                found = self._role(argument, node, depth + 1) if argument is not None else None
+            else:
+                names = facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
+                found = None
+                for qualified in names:
+                    last = qualified.rsplit(".", 1)[-1]
+                    if qualified.startswith("torch.optim.lr_scheduler") or any(
+                        part in qualified for part in SCHEDULER_FACTORIES
+                    ):
+                        found = "scheduler"
+                    elif qualified.startswith("torch.optim.") or last.endswith("Optimizer"):
+                        found = "optimizer"
+            if found is not None:
+                return found
+        return None
+
+    def gate_of(self, node: cst.CSTNode) -> Gate | None:
+        """The innermost accumulation gate around ``node`` in its function."""
+        for ancestor in self.facts.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.If):
+                kind = self._gate_kind(ancestor.test)
+                if kind is not None:
+                    return Gate(ancestor, kind)
+        return None
+
+    def _gate_kind(self, test: cst.BaseExpression) -> str | None:
+        facts = self.facts
+        for node in facts.within(test, cst.Attribute, cst.BinaryOperation, cst.Name):
+            if isinstance(node, cst.Attribute) and node.attr.value == "sync_gradients":
+                return "sync_gradients"
+        for node in facts.within(test, cst.BinaryOperation):
+            if isinstance(node.operator, cst.Modulo) and _mentions_accumulation(facts, node.right):
+                return "modulo"
+        if isinstance(test, cst.Comparison) and any(
+            _mentions_accumulation(facts, part) for part in (test.left, *(c.comparator for c in test.comparisons))
+        ):
+            return "counter"
+        return None
+
+    # -- accumulation ---------------------------------------------------------------------------
+
+    @cached_property
+    def accumulate_blocks(self) -> list[AccumulateBlock]:
+        """``with accelerator.accumulate(...)`` blocks; ``with (acc.accumulate(a), acc.accumulate(b))`` is one block
+        of two models."""
+        facts = self.facts
+        blocks: dict[int, AccumulateBlock] = {}
+        for call in facts.calls:
+            if not _is_method_call(call, "accumulate"):
+                continue
+            item = facts.parent(call)
+            block = facts.parent(item) if isinstance(item, cst.WithItem) else None
+            if not isinstance(block, cst.With) or not facts.is_accelerator(call.func.value, call):
+                continue
+            models = tuple(arg.value for arg in call.args if not arg.star and arg.keyword is None)
+            known = blocks.get(id(block))
+            if known is not None:
+                blocks[id(block)] = AccumulateBlock(block, known.call, known.accelerator, known.models + models)
+            else:
+                blocks[id(block)] = AccumulateBlock(block, call, call.func.value, models)
+        return list(blocks.values())
+
+    def accumulate_block_of(self, node: cst.CSTNode) -> AccumulateBlock | None:
+        """The innermost ``accumulate`` block whose body holds ``node`` (in the same function)."""
+        return _innermost(self.facts, node, {id(b.node): b for b in self.accumulate_blocks})
+
+    @cached_property
+    def no_sync_blocks(self) -> list[NoSync]:
+        facts = self.facts
+        result = []
+        for block in facts.index.nodes(cst.With):
+            for item in block.items:
+                call = item.item
+                if not isinstance(call, cst.Call):
+                    continue
+                found = self._no_sync(call)
+                if found is not None:
+                    result.append(NoSync(block, call, *found))
+        return result
+
+    def no_sync_of(self, node: cst.CSTNode) -> NoSync | None:
+        """The innermost ``no_sync``-like block whose body holds ``node`` (in the same function)."""
+        return _innermost(self.facts, node, {id(b.node): b for b in self.no_sync_blocks})
+
+    def _no_sync(self, call: cst.Call) -> tuple[str, cst.BaseExpression | None] | None:
+        facts = self.facts
+        if facts.callee_is(call, GRAD_SYNC):
+            return "grad_sync", _first_positional(call)
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value == "no_backward_sync":
+                return "fabric", _first_positional(call)
+            if func.attr.value == "no_sync":
+                if facts.is_accelerator(func.value, call):
+                    return "accelerator", _first_positional(call)
+                return "model", func.value
+            return None
+        if isinstance(func, cst.Name):
+            # `ctx = model.no_sync if not last else nullcontext` ... `with ctx():`
+            for origin in facts.origins(func, call):
+                node = origin.node
+                options = (node.body, node.orelse) if isinstance(node, cst.IfExp) else (node,)
+                for option in options:
+                    if isinstance(option, cst.Attribute) and option.attr.value == "no_sync":
+                        if facts.is_accelerator(option.value, call):
+                            return "accelerator", None
+                        return "model", option.value
+        return None
+
+    @cached_property
+    def sync_toggles(self) -> list[cst.CSTNode]:
+        """``ddp.require_backward_grad_sync = flag`` and ``model.set_requires_gradient_sync(flag)`` (FSDP2)."""
+        result: list[cst.CSTNode] = []
+        for assign in self.facts.index.nodes(cst.Assign):
+            if any(_is_attribute(t.target, "require_backward_grad_sync") for t in assign.targets):
+                result.append(assign)
+        result.extend(c for c in self.facts.calls if _is_method_call(c, "set_requires_gradient_sync"))
+        return result
+
+    @cached_property
+    def accelerators(self) -> list[cst.Call]:
+        """``Accelerator(...)`` constructions."""
+        return [c for c in self.facts.calls if self.facts.callee_is(c, ACCELERATOR_CLASSES)]
+
+    @cached_property
+    def accumulation_plugins(self) -> list[cst.Call]:
+        """``GradientAccumulationPlugin(...)`` constructions."""
+        return [c for c in self.facts.calls if self.facts.callee_is(c, GA_PLUGIN_CLASSES)]
+
+    def configured_accumulation(self, accelerator_call: cst.Call) -> cst.BaseExpression | None:
+        """``Accelerator(gradient_accumulation_steps=X)`` or its plugin's ``num_steps``; None when it is 1 or unset."""
+        facts = self.facts
+        steps = argument_of(accelerator_call, "gradient_accumulation_steps", None)
+        plugin = argument_of(accelerator_call, "gradient_accumulation_plugin", None)
+        if steps is None and plugin is not None:
+            for origin in facts.origins(plugin, accelerator_call):
+                if isinstance(origin.node, cst.Call) and facts.callee_is(origin.node, GA_PLUGIN_CLASSES):
+                    steps = argument_of(origin.node, "num_steps", None)
+        if steps is None or (isinstance(steps, cst.Integer) and steps.evaluated_value == 1):
+            return None
+        return steps
+
+    def accelerator_accumulation(self, accelerator: cst.BaseExpression, at: cst.CSTNode) -> cst.BaseExpression | None:
+        """The accumulation steps the Accelerator behind ``accelerator`` was built with (None: not set in code)."""
+        for origin in self.facts.origins(accelerator, at):
+            if isinstance(origin.node, cst.Call) and self.facts.callee_is(origin.node, ACCELERATOR_CLASSES):
+                return self.configured_accumulation(origin.node)
+        return None
+
+    @cached_property
+    def launch_accumulation(self):
+        """``gradient_accumulation_steps`` from the launch (flag, env or DeepSpeed config), as a Setting, if > 1."""
+        setting = self.settings.get("gradient_accumulation_steps") if self.settings is not None else None
+        if setting is None:
+            return None
+        value = str(setting.value).strip()
+        return setting if not value.isdigit() or int(value) > 1 else None
+
+    @cached_property
+    def accumulates(self) -> bool:
+        """Gradients are accumulated over micro-batches: an ``accumulate`` or ``no_sync`` block, an accumulation
+        plugin or keyword, a launch setting, or Lightning's ``accumulate_grad_batches`` > 1."""
+        facts = self.facts
+        if self.accumulate_blocks or self.no_sync_blocks or self.accumulation_plugins or self.launch_accumulation:
+            return True
+        if any(self.configured_accumulation(call) is not None for call in self.accelerators):
+            return True
+        for call in facts.calls:
+            if facts.callee_is(call, LIGHTNING_TRAINERS):
+                steps = argument_of(call, "accumulate_grad_batches", None)
+                if steps is not None and not (isinstance(steps, cst.Integer) and int(steps.value) <= 1):
+                    return True
+        return False
+
+    @cached_property
+    def sync_each_batch(self) -> bool:
+        """An accumulation plugin (or the Trainer's accelerator config) asks to sync every micro-batch."""
+        facts = self.facts
+        for node in facts.index.nodes(cst.Arg, cst.DictElement):
+            key = node.keyword.value if isinstance(node, cst.Arg) and node.keyword else None
+            if isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
+                key = node.key.evaluated_value
+            if key == "sync_each_batch" and not (isinstance(node.value, cst.Name) and node.value.value == "False"):
+                return True
+        return False
+
+    # -- the backend --------------------------------------------------------------------------
+
+    @cached_property
+    def backend(self) -> str | None:
+        """ "DEEPSPEED" or "FSDP" when the code or the launch selects one; None otherwise (or unknown)."""
+        facts = self.facts
+        for call in facts.calls:
+            if facts.callee_is(call, DEEPSPEED_PLUGINS | frozenset({"deepspeed.initialize"})):
+                return "DEEPSPEED"
+            if facts.callee_is(call, FSDP_PLUGINS):
+                return "FSDP"
+            if facts.callee_is(call, ACCELERATOR_CLASSES):
+                keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+                if keywords & {"deepspeed_plugin", "deepspeed_plugins"}:
+                    return "DEEPSPEED"
+                if "fsdp_plugin" in keywords:
+                    return "FSDP"
+        settings = self.settings
+        backend = settings.distributed_type if settings is not None else None
+        value = str(backend.value).upper() if backend is not None else ""
+        return value if value in {"DEEPSPEED", "FSDP"} else None
+
+    @cached_property
+    def distributed(self) -> bool:
+        """The script can run on several processes: a DDP/FSDP wrapper, an Accelerator, a process group..."""
+        facts = self.facts
+        return bool(facts.wrapped_models()) or any(
+            facts.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in facts.calls
+        )
+
+    @cached_property
+    def surely_distributed(self) -> bool:
+        """Evidence of several processes beyond building an Accelerator: a DDP/FSDP wrapper, a process group,
+        a spawn, or a launch that asks for more than one process."""
+        facts = self.facts
+        if bool(facts.wrapped_models()) or any(facts.callee_is(call, DISTRIBUTED_CALLS) for call in facts.calls):
+            return True
+        processes = self.settings.get("num_processes") if self.settings else None
+        return processes is not None and str(processes.value).strip().isdigit() and int(processes.value) > 1
+
+    # -- the loss -------------------------------------------------------------------------------
+
+    @cached_property
+    def token_evidence(self) -> bool:
+        """A ``-100`` label, an ``ignore_index=``/``label_pad_token_id=`` expression or a token collator."""
+        facts = self.facts
+        for node in facts.index.nodes(cst.UnaryOperation):
+            if (
+                isinstance(node.operator, cst.Minus)
+                and isinstance(node.expression, cst.Integer)
+                and node.expression.value == "100"
+                and not isinstance(facts.parent(node), (cst.Slice, cst.Index))
+            ):
+                return True
+        for node in facts.index.nodes(cst.Arg):
+            # A non-negative literal (`ignore_index=255`) is a segmentation void label, not token padding.
+            if (
+                node.keyword is not None
+                and node.keyword.value in {"ignore_index", "label_pad_token_id"}
+                and not isinstance(node.value, cst.Integer)
+            ):
+                return True
+        for node in facts.calls:
+            names = facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
+            if any(name.rsplit(".", 1)[-1] in TOKEN_COLLATORS for name in names):
+                return True
+        return False
+
+    def chain(self, expr: cst.BaseExpression, at: cst.CSTNode) -> Chain:
+        """Walk a loss back to its base (a model's ``.loss``, a criterion, a helper's return) and its factors."""
+        chain = Chain()
+        self._walk(expr, at, 1, chain, 0)
+        return chain
+
+    @cached_property
+    def _augmented(self) -> dict[str, list[cst.AugAssign]]:
+        result: dict[str, list[cst.AugAssign]] = {}
+        for node in self.facts.index.nodes(cst.AugAssign):
+            key = get_full_name_for_node(node.target)
+            if key:
+                result.setdefault(key, []).append(node)
+        return result
+
+    def _walk(self, expr: cst.BaseExpression, at: cst.CSTNode, sign: int, chain: Chain, depth: int) -> None:
+        if depth > MAX_WALK:
+            chain.set_base("other", expr, at)
+            return
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Multiply):
+                self._walk(expr.left, at, sign, chain, depth + 1)
+                self._walk(expr.right, at, sign, chain, depth + 1)
+            elif isinstance(expr.operator, cst.Divide):
+                self._walk(expr.left, at, sign, chain, depth + 1)
+                self._walk(expr.right, at, -sign, chain, depth + 1)
+            else:
+                chain.set_base("other", expr, at)
+            return
+        base = self._base_kind(expr, at)
+        if base is not None:
+            kind, count = base
+            chain.set_base(kind if sign > 0 else "other", expr, at)
+            if count is not None:
+                chain.den.append(Term(count, at))
+            return
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            binding = self.binding_before(expr, at)
+            if binding is not None:
+                inner = Chain()
+                self._walk_binding(expr, binding, 1, inner, depth)
+                if inner.base is not None:
+                    chain.set_base(inner.base if sign > 0 else "other", inner.base_expr, inner.base_at)
+                    chain.num.extend(inner.num if sign > 0 else inner.den)
+                    chain.den.extend(inner.den if sign > 0 else inner.num)
+                    return
+        # a factor (even one computed over several statements) is reported where the loss uses it
+        if isinstance(expr, cst.Call) and self.facts.local_functions(expr):
+            returns = [r for f in self.facts.local_functions(expr) for r in self.facts.returns.get(f, ())]
+            if len(returns) == 1:
+                self._walk(returns[0], returns[0], sign, chain, depth + 1)
+            else:
+                chain.set_base("other", expr, at)
+            return
+        (chain.num if sign > 0 else chain.den).append(Term(expr, at))
+
+    def _walk_binding(
+        self, expr: cst.BaseExpression, binding: cst.CSTNode | tuple, sign: int, chain: Chain, depth: int
+    ) -> None:
+        if isinstance(binding, cst.AugAssign):
+            if isinstance(binding.operator, (cst.DivideAssign, cst.MultiplyAssign)):
+                self._walk(expr, binding, sign, chain, depth + 1)
+                inverse = isinstance(binding.operator, cst.DivideAssign)
+                self._walk(binding.value, binding, -sign if inverse else sign, chain, depth + 1)
+            else:
+                chain.set_base("other", expr, binding)
+            return
+        value, unpacked = binding
+        if unpacked:
+            chain.set_base("other", expr, value)
+            return
+        self._walk(value.value, value, sign, chain, depth + 1)
+
+    def binding_before(self, expr: cst.BaseExpression, at: cst.CSTNode):
+        """The last assignment to ``expr``'s name before ``at`` in the same function: an AugAssign node, or
+        (Assign-like statement, unpacked?)."""
+        facts = self.facts
+        key = get_full_name_for_node(expr)
+        if not key:
+            return None
+        order = facts.index.order
+        limit = order(at)
+        function = facts.enclosing_function(at)
+        candidates: list[tuple[int, object]] = []
+        for binding in facts.bindings(key, at):
+            if order(binding.statement) < limit:
+                candidates.append((order(binding.statement), (binding.statement, binding.index is not None)))
+        for node in self._augmented.get(key, ()):
+            if facts.enclosing_function(node) is function and order(node) < limit:
+                candidates.append((order(node), node))
+        if not candidates:
+            return None
+        return max(candidates, key=lambda item: item[0])[1]
+
+    def _base_kind(self, expr: cst.BaseExpression, at: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
+        """What a loss expression is: ("mean" | "sum" | "tokens" | "window", count it is already divided by)."""
+        facts = self.facts
+        if is_loss_field(expr):
+            call = self.model_call(expr)
+            count = keyword(call, "num_items_in_batch") if call is not None else None
+            return ("sum", count) if count is not None else ("mean", None)
+        if not isinstance(expr, cst.Call):
+            return None
+        method = facts.method_name(expr)
+        if method in WINDOW_METHODS and isinstance(expr.func, cst.Attribute):
+            return "window", None
+        if facts.callee_is(expr, CE_FUNCTIONS):
+            return reduction(expr), None
+        if isinstance(expr.func, (cst.Name, cst.Attribute)) and method not in {"mean", "sum"}:
+            for origin in facts.origins(expr.func, at):
+                if isinstance(origin.node, cst.Call) and facts.callee_is(origin.node, CE_MODULES):
+                    return reduction(origin.node), None
+        if method in {"mean", "sum"} and isinstance(expr.func, cst.Attribute) and not expr.args:
+            inner = Chain()
+            self._walk(expr.func.value, at, 1, inner, MAX_WALK - 4)
+            if inner.base == "tokens" and not inner.num and not inner.den:
+                return method, None
+        return None
+
+    def model_call(self, loss_field: cst.BaseExpression) -> cst.Call | None:
+        """The call whose output ``.loss`` / ``["loss"]`` is read: inline, or the last assignment before the read."""
+        value = loss_field.value
+        if isinstance(value, cst.Call):
+            return value
+        binding = self.binding_before(value, loss_field) if isinstance(value, (cst.Name, cst.Attribute)) else None
+        if isinstance(binding, tuple) and not binding[1] and isinstance(binding[0].value, cst.Call):
+            return binding[0].value
+        return None
+
+    def loss_head(self, chain: Chain) -> str | None:
+        """The loss's model head: "causal", "token" (other token-level heads), "sequence" (one target per example),
+        "other" (another known head) or None (unknown)."""
+        if chain.base_expr is None or not is_loss_field(chain.base_expr):
+            return None
+        call = self.model_call(chain.base_expr)
+        return self.head(call.func, call) if call is not None else None
+
+    def head(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
+        """The head of the model an expression holds (see ``loss_head``), through prepare, DDP and ``.to()``."""
+        if depth > 4:
+            return None
+        # `model = model.to(...)` after `model = accelerator.prepare(model)` makes each binding an origin of the
+        # others: without the memo the walk grows exponentially (accelerate's codeparrot example ran for minutes).
+        key = id(expr)
+        if key not in self._heads:
+            self._heads[key] = None  # a cycle back to this expression adds nothing
+            self._heads[key] = self._origin_head(expr, at, depth)
+        return self._heads[key]
+
+    def _origin_head(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
+        facts = self.facts
+        kinds = set()
+        for origin in facts.origins(expr, at):
+            node = origin.node
+            if not isinstance(node, cst.Call):
+                kinds.add(self.class_kind(node) if isinstance(node, (cst.Name, cst.Attribute)) else None)
+                continue
+            method = facts.method_name(node)
+            if facts.is_prepare_call(node) or facts.callee_is(node, DDP_CLASSES):
+                index = origin.index or 0
+                keyword_name = "module" if facts.callee_is(node, DDP_CLASSES) else ""
+                argument = argument_of(node, keyword_name, index)
+                kinds.add(self.head(argument, node, depth + 1) if argument is not None else None)
+            elif method in {"from_pretrained", "from_config", "_from_config"} and isinstance(node.func, cst.Attribute):
+                kinds.add(self.class_kind(node.func.value))
+            elif method in {"to", "cuda", "train", "float", "bfloat16", "half"} and isinstance(
+                node.func, cst.Attribute
+            ):
+                kinds.add(self.head(node.func.value, node, depth + 1))
+            else:
+                kinds.add(self.class_kind(node.func))
+        # `model = accelerator.prepare(model)` makes every binding an origin of every other: unknown paths drop out
+        kinds.discard(None)
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def class_kind(self, expr: cst.BaseExpression) -> str | None:
+        """The head a class expression stands for, by its name or the bases of a class of this file."""
+        return self._kind_of_names(self.facts.qualified_names(expr) | {get_full_name_for_node(expr) or ""}, 0)
+
+    def _kind_of_names(self, names: set[str], depth: int) -> str | None:
+        last = {name.rsplit(".", 1)[-1] for name in names if name}
+        for part in sorted(last):
+            kind = suffix_kind(part)
+            if kind:
+                return kind
+        if depth < 3:
+            for part in sorted(last):
+                bases = self.facts.local_classes().get(part)
+                kind = self._kind_of_names(bases, depth + 1) if bases else None
+                if kind:
+                    return kind
+        return None
+
+    def factor(self, term: Term) -> Factor:
+        """What a factor of a loss is (memoised per expression)."""
+        key = id(term.expr)
+        memo = self._factors
+        if key not in memo:
+            memo[key] = self._classify(term.expr, term.at)
+        return memo[key]
+
+    def _classify(self, expr: cst.BaseExpression, at: cst.CSTNode) -> Factor:
+        facts = self.facts
+        value = integer_literal(expr, facts, at)
+        if value is not None:
+            return Factor("accum", literal=value)
+        nodes = self._closure(expr, at, 0)
+        text = facts.index.module.code_for_node(expr).lower()
+        names = {get_full_name_for_node(n) for n in nodes if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+        methods = {facts.method_name(n) for n in nodes if isinstance(n, cst.Call)}
+        counted = (
+            methods & {"ne", "count_nonzero", "count_loss_tokens", "global_token_count"}
+            or any(isinstance(n, cst.ComparisonTarget) and isinstance(n.operator, cst.NotEqual) for n in nodes)
+            or any(hint in text for hint in COUNT_NAME_HINTS)
+        )
+        if counted:
+            in_place = any(
+                facts.method_name(call) == "all_reduce"
+                and call.args
+                and get_full_name_for_node(call.args[0].value) in names | {get_full_name_for_node(expr)}
+                for call in facts.calls
+            )
+            shifted = any(
+                (
+                    isinstance(n, cst.SubscriptElement)
+                    and isinstance(n.slice, cst.Slice)
+                    and isinstance(n.slice.lower, cst.Integer)
+                    and n.slice.lower.value == "1"
+                )
+                or (isinstance(n, cst.Name) and n.value in {"shift_labels", "shifted_labels"})
+                or (isinstance(n, cst.Arg) and _is_name(n.keyword, "shifted") and _is_name(n.value, "True"))
+                for n in nodes
+            )
+            return Factor("count", gathered=bool(methods & GATHER_METHODS) or in_place, shifted=shifted)
+        # `dist.get_world_size()`, Megatron's `get_data_parallel_world_size()`, `args.dp_world_size`,
+        # `accelerator.num_processes`, `int(os.environ["WORLD_SIZE"])`
+        if (
+            any(method and method.endswith("world_size") for method in methods)
+            or any(name.rsplit(".", 1)[-1].endswith(("num_processes", "world_size")) for name in names)
+            or any(isinstance(n, cst.SimpleString) and n.evaluated_value == "WORLD_SIZE" for n in nodes)
+        ):
+            return Factor("world")
+        if any("accum" in name or "gradient_accumulation" in name for name in names):
+            return Factor("accum")
+        return Factor("other")
+
+    def _closure(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> list[cst.CSTNode]:
+        """The nodes of ``expr`` that ``_classify`` reads, of what its names can hold, and so on (bounded)."""
+        facts = self.facts
+        nodes = list(facts.within(expr, *_CLOSURE_NODES))
+        if depth >= 3:
+            return nodes
+        for name in [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute))]:
+            for origin in facts.origins(name, at):
+                if origin.node is not name:
+                    nodes.extend(self._closure(origin.node, origin.node, depth + 1))
+        return nodes
+
+
+# The nodes of a loss factor that ``_classify`` reads (a ``ComparisonTarget`` for its ``!=`` operator).
+_CLOSURE_NODES = (
+    cst.Name,
+    cst.Attribute,
+    cst.Call,
+    cst.SubscriptElement,
+    cst.Arg,
+    cst.SimpleString,
+    cst.ComparisonTarget,
+)
+
+
+# -- small pure helpers ---------------------------------------------------------------------------
+
+
+def _innermost(facts: PythonFacts, node: cst.CSTNode, blocks: dict[int, object]):
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        found = blocks.get(id(ancestor))
+        if found is not None and facts.is_within(node, ancestor.body):
+            return found
+    return None
+
+
+def _mentions_accumulation(facts: PythonFacts, expr: cst.BaseExpression) -> bool:
+    """An expression naming accumulation steps: ``args.gradient_accumulation_steps``, ``accum_iter``, ``grad_acc``."""
+    for node in (expr, *facts.within(expr, cst.Name, cst.Attribute)):
+        name = (get_full_name_for_node(node) or "").rsplit(".", 1)[-1].lower()
+        if "accum" in name or name.startswith(("grad_acc", "ga_", "n_acc")) or name in {"ga", "accum", "gas"}:
+            return True
+    return False
+
+
+def _first_positional(call: cst.Call) -> cst.BaseExpression | None:
+    return next((arg.value for arg in call.args if arg.keyword is None and not arg.star), None)
+
+
+def _is_method_call(expr: cst.CSTNode | None, method: str) -> bool:
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == method
+
+
+def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == value
+
+
+def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
+    return isinstance(expr, cst.Attribute) and expr.attr.value == attr
+
+
+def is_string_subscript(expr: cst.CSTNode | None, *literals: str) -> bool:
+    """``x["key"]``: a subscript with one element, an index that is one of these string literals."""
+    return (
+        isinstance(expr, cst.Subscript)
+        and len(expr.slice) == 1
+        and isinstance(expr.slice[0].slice, cst.Index)
+        and isinstance(expr.slice[0].slice.value, cst.SimpleString)
+        and expr.slice[0].slice.value.value in literals
+    )
+
+
+def is_loss_field(expr: cst.BaseExpression | None) -> bool:
+    """``outputs.loss`` or ``outputs["loss"]``."""
+    return _is_attribute(expr, "loss") or is_string_subscript(expr, "'loss'", '"loss"')
+
+
+def keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+
+
+def reduction(call: cst.Call) -> str:
+    """A criterion's reduction: "mean", "sum", "tokens" (``reduction="none"``) or "other"."""
+    if argument_of(call, "size_average", None) is not None or argument_of(call, "reduce", None) is not None:
+        return "other"
+    value = argument_of(call, "reduction", None)
+    if value is None:
+        return "mean"
+    if isinstance(value, cst.SimpleString):
+        return {"mean": "mean", "sum": "sum", "none": "tokens"}.get(value.evaluated_value, "other")
+    return "other"
+
+
+def suffix_kind(name: str) -> str | None:
+    """The head a transformers class name says: "causal", "token", "sequence", "other" or None."""
+    if name.endswith(CAUSAL_SUFFIXES) and not name.endswith("WithLMHeadModel"):
+        return "causal"
+    if name.endswith(TOKEN_SUFFIXES):
+        return "token"
+    if name.endswith(SEQUENCE_SUFFIXES) and not name.startswith("Blip"):  # BLIP's VQA head is a text decoder
+        return "sequence"
+    if "For" in name and name.rsplit("For", 1)[-1][:1].isupper():
+        return "other"
+    return None
+
+
+def integer_literal(expr: cst.BaseExpression, facts: PythonFacts, at: cst.CSTNode) -> int | None:
+    """The integer an expression is, directly or through a name bound to a literal."""
+    if isinstance(expr, cst.Integer):
+        return int(expr.evaluated_value)
+    if isinstance(expr, cst.Name):
+        origins = facts.origins(expr, at)
+        values = {o.node.evaluated_value for o in origins if isinstance(o.node, cst.Integer)}
+        if len(values) == 1 and all(isinstance(o.node, cst.Integer) for o in origins):
+            return int(values.pop())
+    return None
