@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
+from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.syntax import children
@@ -83,9 +84,11 @@ class AccumulateMultipleForward(Rule):
     ## What it does
     Reports a `with accelerator.accumulate(...)` block that runs more than one
     backward pass on some path through it (the branches of an `if` are
-    alternatives), or a loop that runs backward inside the block. A block with
-    one backward and several forward calls of the accumulated model is reported
-    at info level. Backward passes are `accelerator.backward(loss)`,
+    alternatives), or a loop that runs backward inside the block. It also
+    reports (as a warning, at the model's call) a block whose one backward
+    flows through another model that trains in its own `accumulate` block,
+    unfrozen, when nothing clears that model's gradients before its own
+    window. Backward passes are `accelerator.backward(loss)`,
     `loss.backward()` and those reached through helper functions of the same
     file. The report points at the `accumulate(...)` call. It is an error
     when DeepSpeed is in evidence (a `DeepSpeedPlugin` in the code, or a
@@ -108,9 +111,19 @@ class AccumulateMultipleForward(Rule):
     block, GANs that freeze the discriminator with `requires_grad_(False)`
     for the generator's backward, and blocks of several models where each
     model runs for one backward only (ELECTRA-style generator and
-    discriminator) are not reported. The info about extra forward calls is
-    left out for a discriminator step (a detached input, or another training
-    model called in the block).
+    discriminator) are not reported. Several forward calls that feed one loss
+    and one backward are one step and are not reported either: a
+    discriminator on the real and the fake halves, the query and document
+    towers of a bi-encoder, two masked views of one batch.
+
+    A GAN that gives each model its own block still leaks when the
+    generator's loss runs through the discriminator: that backward fills the
+    discriminator's gradients too, and while accumulating its optimizer's
+    `zero_grad()` does nothing, so they reach the discriminator's next step.
+    Freezing the discriminator for the generator's backward, detaching, a
+    backward restricted with `inputs=`, or a `zero_grad()` in the training
+    loop outside the `accumulate` blocks (it runs on the sync step between
+    the windows) keeps this quiet.
 
     ## Example
     ```python
@@ -221,10 +234,24 @@ for real in loader:
         d_opt.step()
         d_opt.zero_grad()
     with accelerator.accumulate(gen):
+        disc.requires_grad_(False)
         g_loss = gen_loss(disc(gen(noise())))
         accelerator.backward(g_loss)
+        disc.requires_grad_(True)
         g_opt.step()
         g_opt.zero_grad()
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=2)
+for first, second in loader:
+    with accelerator.accumulate(model):
+        loss = criterion(model(first)) + criterion(model(second))
+        accelerator.backward(loss)
+        optimizer.step()
 """
         ),
         Valid(
@@ -332,13 +359,19 @@ for real in loader:
 from accelerate import Accelerator
 
 accelerator = Accelerator(gradient_accumulation_steps=2)
-for first, second in loader:
-    with accelerator.accumulate(model):
-        loss = criterion(model(first)) + criterion(model(second))
-        accelerator.backward(loss)
-        optimizer.step()
+for real in loader:
+    with accelerator.accumulate(disc):
+        d_loss = disc_loss(disc(real), disc(gen(noise()).detach()))
+        accelerator.backward(d_loss)
+        d_opt.step()
+        d_opt.zero_grad()
+    with accelerator.accumulate(gen):
+        g_loss = gen_loss(disc(gen(noise())))
+        accelerator.backward(g_loss)
+        g_opt.step()
+        g_opt.zero_grad()
 """,
-            lines=(5,),
+            lines=(11,),
         ),
     )
 
@@ -373,19 +406,17 @@ for first, second in loader:
             if len(models) > 1 and self._models_kept_apart(block, models, walker):
                 return  # each model feeds one backward only (ELECTRA-style): nothing leaks between them
             self._report_sequential(block, call, accelerator, most.backward, models, severity, walk)
-        elif (
-            most.backward == 1
-            and most.forward > 1
-            and len(models) == 1
-            and not self._adversarial(block, models, others)
-        ):
-            name = next(iter(models))
-            message = (
-                f"`{name}` runs forward {most.forward} times before one backward in this {subject} block, which "
-                "accelerate counts as one micro-batch; if these are separate micro-batches, give each its own "
-                "`accumulate` block (several views of one batch, as in contrastive training, are fine)"
-            )
-            self.report(call, message, severity=Severity.INFO)
+        elif most.backward == 1 and others:
+            leak = self._leak(block, others, walk)
+            if leak is not None:
+                other, name = leak
+                message = (
+                    f"the backward in this {subject} block also fills `{name}`'s gradients (its loss flows through "
+                    f"`{name}`, which trains in its own `accumulate` block); while accumulating, `zero_grad()` does "
+                    f"nothing, so they leak into `{name}`'s next optimizer step; freeze it for this backward "
+                    f"(`{name}.requires_grad_(False)`, then `True` again after the backward)"
+                )
+                self.report(other, message, severity=Severity.WARNING)
 
     def _report_sequential(
         self,
@@ -414,23 +445,34 @@ for first, second in loader:
         fix = _sum_fix(self, block, walk.backward_calls, count, models)
         self.report(call, message, fix=fix, severity=severity)
 
-    def _adversarial(self, block: cst.With, models: frozenset[str], others: frozenset[str]) -> bool:
-        """The block looks like one half of a GAN step: it runs another training model (prepared, or
-        accumulated in another block; under ``no_grad`` too), or feeds the model a detached input."""
+    def _leak(self, block: cst.With, others: frozenset[str], walk: BlockWalk) -> tuple[cst.Call, str] | None:
+        """A model trained in another ``accumulate`` block feeds this block's loss, unfrozen and not detached, and
+        nothing clears its gradients: not in this block, and not between the windows (a ``zero_grad`` in the
+        training loop outside the ``accumulate`` blocks)."""
         facts = self.facts
-        for call in facts.calls_within(block.body):
-            if _calls_model(call, models):
-                if any(_detached(arg.value) for arg in call.args):
-                    return True
-            elif self._other_model(call, others):
-                return True
-        return False
-
-    def _other_model(self, call: cst.Call, others: frozenset[str]) -> bool:
-        facts = self.facts
-        if not isinstance(call.func, (cst.Name, cst.Attribute)) or facts.local_functions(call):
-            return False
-        return _calls_model(call, others) or any(facts.is_prepare_call(o.node) for o in facts.origins(call.func, call))
+        backwards = [c for c in walk.backward_calls if facts.is_within(c, block)]
+        if len(backwards) != 1 or walk.frozen or keyword(backwards[0], "inputs") is not None:
+            return None
+        calls = [c for c in facts.calls_within(block.body) if not _hidden(facts, c, block)]
+        cleared = {
+            get_full_name_for_node(c.func.value)
+            for c in calls
+            if facts.method_name(c) in {"zero_grad", "requires_grad_"} and isinstance(c.func, cst.Attribute)
+        }
+        around = facts.enclosing_loop(block)
+        if around is not None and any(
+            facts.method_name(c) == "zero_grad" and self.loop.accumulate_block_of(c) is None
+            for c in facts.calls_within(around)
+        ):
+            return None  # gradients are cleared between the windows, outside the accumulate blocks
+        loss = self.loop.backward_site(backwards[0]).loss
+        sources = _sources(facts, loss, block, backwards[0]) if loss is not None else []
+        for call in calls:
+            if _calls_model(call, others) and any(_flows_from(facts, call, source) for source in sources):
+                name = get_full_name_for_node(call.func.value if _is_forward_method(call) else call.func)
+                if name not in cleared:
+                    return call, name
+        return None
 
     def _models_kept_apart(self, block: cst.With, models: frozenset[str], walker: _Walker) -> bool:
         """Every backward pass sees at least one accumulated model and no model runs before two of them.
@@ -624,6 +666,43 @@ def _models_used(facts, call: cst.Call, models: frozenset[str]) -> set[str]:
     if not facts.local_functions(call):
         return set()
     return {name for arg in call.args if (name := get_full_name_for_node(arg.value)) in models}
+
+
+def _sources(facts, loss: cst.BaseExpression, block: cst.With, before: cst.CSTNode) -> list[cst.CSTNode]:
+    """The loss expression and the values assigned, earlier in the block, to the names it is computed from."""
+    order = facts.index.order
+    assignments = [
+        a for a in facts.within(block.body, cst.Assign, cst.AugAssign, cst.AnnAssign) if order(a) < order(before)
+    ]
+    sources, pending, seen = [], [loss], set()
+    while pending:
+        expr = pending.pop()
+        sources.append(expr)
+        for name in facts.within(expr, cst.Name):
+            if name.value in seen or _under_detach(facts, name, expr):
+                continue
+            seen.add(name.value)
+            for assign in assignments:
+                targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+                if assign.value is not None and any(
+                    n.value == name.value for t in targets for n in facts.within(t, cst.Name)
+                ):
+                    pending.append(assign.value)
+    return sources
+
+
+def _flows_from(facts, call: cst.Call, source: cst.CSTNode) -> bool:
+    """``call`` is part of ``source`` and its result is not detached on the way."""
+    return (call is source or facts.is_within(call, source)) and not _under_detach(facts, call, source)
+
+
+def _under_detach(facts, node: cst.CSTNode, root: cst.CSTNode) -> bool:
+    for ancestor in facts.ancestors(node):
+        if ancestor is root:
+            return False
+        if isinstance(ancestor, cst.Attribute) and ancestor.attr.value == "detach":
+            return True
+    return False
 
 
 def _is_forward_method(call: cst.Call) -> bool:
