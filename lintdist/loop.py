@@ -167,6 +167,8 @@ class Chain:
     base_at: cst.CSTNode | None = None
     num: list[Term] = field(default_factory=list)
     den: list[Term] = field(default_factory=list)
+    # The base is a mean only by assumption: an imported loss helper that lintdist cannot read, given token labels.
+    assumed: bool = False
 
     def set_base(self, kind: str, expr: cst.BaseExpression, at: cst.CSTNode) -> None:
         if self.base is not None:
@@ -555,6 +557,35 @@ class TrainingLoop:
                 return True
         return False
 
+    @cached_property
+    def short_fixed_labels(self) -> bool:
+        """The labels are short targets tokenised to one fixed length: ``labels = tokenizer(targets,
+        padding="max_length", max_length=3)`` with a literal of at most 8, or a length taken as the longest of a
+        few class names (``max(len(tokenizer(c)["input_ids"]) for c in classes)``). Every example then has
+        (nearly) the same number of label tokens, and a per-micro-batch mean is the token mean."""
+        facts = self.facts
+        for assign in facts.index.nodes(cst.Assign):
+            call = assign.value.value if isinstance(assign.value, cst.Subscript) else assign.value
+            if not isinstance(call, cst.Call) or not any(
+                "label" in name.value.lower() or "target" in name.value.lower()
+                for target in assign.targets
+                for name in facts.within(target.target, cst.Name)
+            ):
+                continue
+            padding, length = keyword(call, "padding"), keyword(call, "max_length")
+            if not (isinstance(padding, cst.SimpleString) and padding.evaluated_value == "max_length"):
+                continue
+            if isinstance(length, cst.Integer) and int(length.value) <= 8:
+                return True
+            if isinstance(length, cst.Name) and any(
+                isinstance(other.value, cst.Call)
+                and get_full_name_for_node(other.value.func) == "max"
+                and any(_is_name(t.target, length.value) for t in other.targets)
+                for other in facts.index.nodes(cst.Assign)
+            ):
+                return True  # the name may be bound in an enclosing function: any such binding in the file
+        return False
+
     def chain(self, expr: cst.BaseExpression, at: cst.CSTNode) -> Chain:
         """Walk a loss back to its base (a model's ``.loss``, a criterion, a helper's return) and its factors."""
         chain = Chain()
@@ -581,12 +612,24 @@ class TrainingLoop:
             elif isinstance(expr.operator, cst.Divide):
                 self._walk(expr.left, at, sign, chain, depth + 1)
                 self._walk(expr.right, at, -sign, chain, depth + 1)
+            elif isinstance(expr.operator, cst.Add) and sign > 0:
+                # two token means added (two views of a batch, two heads) are still a per-micro-batch mean
+                left, right = Chain(), Chain()
+                self._walk(expr.left, at, 1, left, depth + 1)
+                self._walk(expr.right, at, 1, right, depth + 1)
+                if all(c.base == "mean" and not c.num and not c.den for c in (left, right)):
+                    chain.set_base("mean", left.base_expr, left.base_at)
+                    chain.assumed = left.assumed or right.assumed
+                else:
+                    chain.set_base("other", expr, at)
             else:
                 chain.set_base("other", expr, at)
             return
         base = self._base_kind(expr, at)
         if base is not None:
             kind, count = base
+            if kind == "assumed":
+                kind, chain.assumed = "mean", True
             chain.set_base(kind if sign > 0 else "other", expr, at)
             if count is not None:
                 chain.den.append(Term(count, at))
@@ -598,6 +641,7 @@ class TrainingLoop:
                 self._walk_binding(expr, binding, 1, inner, depth)
                 if inner.base is not None:
                     chain.set_base(inner.base if sign > 0 else "other", inner.base_expr, inner.base_at)
+                    chain.assumed = chain.assumed or inner.assumed
                     chain.num.extend(inner.num if sign > 0 else inner.den)
                     chain.den.extend(inner.den if sign > 0 else inner.num)
                     return
@@ -624,7 +668,18 @@ class TrainingLoop:
             return
         value, unpacked = binding
         if unpacked:
-            chain.set_base("other", expr, value)
+            # `loss, parts = token_loss_helper(logits, labels)`: the first value is the loss
+            first = value.targets[0].target if isinstance(value, cst.Assign) else None
+            if (
+                isinstance(first, (cst.Tuple, cst.List))
+                and first.elements
+                and get_full_name_for_node(first.elements[0].value) == get_full_name_for_node(expr)
+                and self.imported_token_loss(value.value)
+            ):
+                chain.set_base("mean", value.value, value)
+                chain.assumed = True
+            else:
+                chain.set_base("other", expr, value)
             return
         self._walk(value.value, value, sign, chain, depth + 1)
 
@@ -663,6 +718,8 @@ class TrainingLoop:
             return "window", None
         if facts.callee_is(expr, CE_FUNCTIONS):
             return reduction(expr), None
+        if self.imported_token_loss(expr):
+            return "assumed", None
         if isinstance(expr.func, (cst.Name, cst.Attribute)) and method not in {"mean", "sum"}:
             for origin in facts.origins(expr.func, at):
                 if isinstance(origin.node, cst.Call) and facts.callee_is(origin.node, CE_MODULES):
@@ -673,6 +730,27 @@ class TrainingLoop:
             if inner.base == "tokens" and not inner.num and not inner.den:
                 return method, None
         return None
+
+    def imported_token_loss(self, expr: cst.BaseExpression) -> bool:
+        """A call of a loss function lintdist cannot read (imported, not torch's), given the batch's token labels
+        in a file with token evidence: ``compute_token_loss(logits, labels)``. It is taken for a token mean, the
+        default of every loss, unless it is told otherwise (``reduction=``, ``num_items_in_batch=``)."""
+        facts = self.facts
+        if not isinstance(expr, cst.Call) or not isinstance(expr.func, (cst.Name, cst.Attribute)):
+            return False
+        name = (get_full_name_for_node(expr.func) or "").rsplit(".", 1)[-1].lower()
+        if "loss" not in name or facts.local_functions(expr) or not self.token_evidence:
+            return False
+        qualified = facts.qualified_names(expr.func)
+        if not qualified or any(q.startswith(("torch.", "builtins.")) or "." not in q for q in qualified):
+            return False  # torch's functions are read directly; a local name may hold anything
+        if any(
+            arg.keyword is not None and arg.keyword.value in {"reduction", "num_items_in_batch"} for arg in expr.args
+        ):
+            return False
+        return any(
+            "label" in (facts.index.module.code_for_node(arg.value)).lower() for arg in expr.args if not arg.star
+        )
 
     def model_call(self, loss_field: cst.BaseExpression) -> cst.Call | None:
         """The call whose output ``.loss`` / ``["loss"]`` is read: inline, or the last assignment before the read."""

@@ -45,6 +45,10 @@ class TokenLossNotGlobal(Rule):
     divided by a token count. In Lightning, it reports a `training_step` that
     returns such a mean when the `Trainer` fitting the module says
     `accumulate_grad_batches` > 1 or several devices (literal arguments only).
+    A loss returned by an imported helper that lintdist cannot read, given the
+    micro-batch's `-100` labels (`loss, parts = token_loss(logits, labels)`),
+    is taken for a token mean, the default of losses, and reported as a
+    warning; so is a sum of two such means (two masked views of a batch).
 
     ## Why is this bad?
     `outputs.loss` and `CrossEntropyLoss()` return the mean over the
@@ -55,8 +59,10 @@ class TokenLossNotGlobal(Rule):
     step. The correct scale of micro-batch `(r, g)` is `S_rg * G * W / N`
     (sum of its token losses, accumulation steps, data-parallel ranks, global
     token count). HF `Trainer` and TRL do this already (`num_items_in_batch`);
-    sequence classification and fixed-length packed blocks (no `-100`) are
-    exact as they are and are not reported. It is an error under accumulation
+    sequence classification, fixed-length packed blocks (no `-100`) and short
+    targets tokenised to one fixed length (class names padded to a
+    `max_length` of at most 8, or to the longest class name) have (nearly) the
+    same number of label tokens in every example and are not reported. It is an error under accumulation
     or with sure signs of several processes (a DDP/FSDP wrapper,
     `init_process_group`, a launch with `num_processes` above 1), and a warning
     when the only sign is an `Accelerator`, which single-device scripts build
@@ -346,7 +352,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     # -- whole-file analysis ------------------------------------------------------------------
 
     def finish(self) -> None:
-        if not self.loop.token_evidence:
+        if not self.loop.token_evidence or self.loop.short_fixed_labels:
             return
         self._findings: set[int] = set()
         self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
@@ -375,7 +381,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return
         # An Accelerator alone does not say the job runs on several processes (it is also used for mixed precision
         # on one device): without accumulation that is only a warning.
-        self._severity = Severity.ERROR if accumulating or self.loop.surely_distributed else Severity.WARNING
+        certain = not chain.assumed and (accumulating or self.loop.surely_distributed)
+        self._severity = Severity.ERROR if certain else Severity.WARNING
         head = self.loop.loss_head(chain)
         if head == "sequence":
             return
@@ -412,10 +419,17 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             if fix
             else _REMEDY
         )
+        lead = f"{_subject(chain)} is a mean over this micro-batch's tokens, so the optimizer step"
+        if chain.assumed:
+            helper = get_full_name_for_node(chain.base_expr.func)
+            lead = (
+                f"{_subject(chain)} comes from `{helper}(...)`, which gets this micro-batch's token labels: if it "
+                "averages over their tokens (the default of losses), the optimizer step"
+            )
         self._report_once(
             chain.base_at,
             chain.base_expr,
-            f"{_subject(chain)} is a mean over this micro-batch's tokens, so the optimizer step ({why}) averages "
+            f"{lead} ({why}) averages "
             f"per-micro-batch means and over-weights tokens of short micro-batches instead of taking the mean over "
             f"all tokens of the step; {remedy}",
             fix,
