@@ -1,0 +1,981 @@
+"""LD103 ddp-accumulation-without-no-sync: raw DDP gradient accumulation that all-reduces every micro-batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import ACCELERATOR_CLASSES
+from lintdist.loop import BackwardSite, Gate, NoSync, StepSite, integer_literal
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+DDP_WRAPPERS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+)
+# Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
+# counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
+FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "deepspeed")
+# What turns DDP's all-reduce off or on, however it is spelled: seeing one near the loop means the script manages it.
+SYNC_ATTRIBUTES = frozenset(
+    {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync", "no_backward_sync", "grad_sync"}
+)
+RAW_BACKWARDS = frozenset({"tensor", "scaler", "autograd"})
+# Calls a copied gate expression may make: they have no side effects, so evaluating it twice changes nothing.
+PURE_CALLS = frozenset({"len", "min", "max", "int", "bool", "abs"})
+# How many levels of helper functions lintdist follows between the loop and the backward (or the step).
+MAX_HELPER_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A backward pass that accumulates: the node of the gate's function that runs it (the backward call itself,
+    or the call of the helper that runs it), and the gated optimizer step."""
+
+    anchor: cst.CSTNode
+    helpers: tuple[cst.Call, ...]  # the helper calls from ``anchor`` down to the backward's function
+    step: StepSite
+    gate: Gate | None  # the step's ``if``; None when an accumulation loop is the gate
+    loop: cst.For | cst.While | None  # the loop around both, in the gate's function
+    inner: cst.For | None = None  # ``for micro_step in range(accum_steps):`` with the step after it
+
+
+class DdpAccumulationWithoutNoSync(Rule):
+    """
+    ## What it does
+    Reports a backward pass of a model wrapped in
+    `torch.nn.parallel.DistributedDataParallel` that runs on every micro-batch
+    of a gradient-accumulation loop (the optimizer steps only under an
+    accumulation gate such as `if (step + 1) % accum_steps == 0:` or a counter
+    compared with the accumulation steps, or only after an inner
+    `for micro_step in range(accum_steps):` loop) when neither the forward nor
+    the backward runs under `model.no_sync()` (or `lintdist.runtime.grad_sync`).
+    The report points at the backward call. When the gate is a plain modulo of
+    the batch index, so that the last micro-batches of an epoch are never
+    stepped, the message says so as well.
+
+    ## Why is this bad?
+    DDP all-reduces the gradients in every backward pass it sees. While
+    accumulating, only the last micro-batch before the optimizer step needs
+    that: the all-reduce is linear, so reducing the summed local gradients once
+    gives the same result as reducing each micro-batch's. Without `no_sync()`
+    a loop accumulating `k` micro-batches communicates `k` times as much as it
+    needs to (the accelerate docs measure about 1.2x the time of a step on one
+    node and 2.2x across nodes). Only raw DDP scripts are reported:
+    accelerate's `accumulate`, Lightning and Fabric skip the all-reduce
+    themselves, FSDP keeps unsharded gradients under `no_sync` (LD104's
+    concern), and a script that sets `model.require_backward_grad_sync` (as
+    nanoGPT does), uses `no_sync` or `grad_sync` near the loop, or accumulates
+    exactly 1 step (a literal) is left alone.
+
+    ## Example
+    ```python
+    model = DistributedDataParallel(net)
+    for step, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y) / accum_steps
+        loss.backward()
+        if (step + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    from lintdist.runtime import grad_sync
+
+    model = DistributedDataParallel(net)
+    for step, (x, y) in enumerate(loader):
+        with grad_sync(model, sync=(step + 1) % accum_steps == 0):
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+        if (step + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Fix safety
+    Safe. The fix wraps the statements from the model's forward to the
+    backward in `with grad_sync(model, sync=<gate>):`, the gate expression
+    copied from the optimizer step's `if` (for an inner accumulation loop,
+    `micro_step == accum_steps - 1`), and imports `grad_sync` from
+    `lintdist.runtime`: it enters `model.no_sync()` unless `sync` is true. DDP
+    decides in the forward whether the backward all-reduces, which is why the
+    forward is inside. The gradients at each optimizer step are the same (the
+    mean over ranks of the summed micro-batch gradients); between steps each
+    rank holds its own partial sum. DDP also broadcasts module buffers from
+    rank 0 only in forwards that sync, which changes nothing in train-mode
+    gradients. The fix is offered only when that equivalence holds in sight:
+    the forward and the backward are statements of one block (the backward not
+    under an `if`), the gate comes after them, no name of the gate is rebound
+    between the forward and the gate, the gate calls nothing but `len`, `min`,
+    `max`, `int`, `bool` or `abs` (an inner accumulation loop has no `break`,
+    `continue` or `return` and rebinds neither its index nor its bound), and
+    every optimizer step of the loop is
+    under that gate, with no gradient clipping or `.grad` read outside it (a
+    step after the loop for a last partial window would then see gradients the
+    fix left unsynced).
+
+    ## References
+    - `torch.nn.parallel.DistributedDataParallel.no_sync` docstring
+    - PyTorch DDP notes: "Gradient accumulation" and `no_sync`
+    - accelerate guide "Gradient synchronization" (`no_sync` timing table)
+    """
+
+    code = "LD103"
+    name = "ddp-accumulation-without-no-sync"
+    severity = Severity.WARNING
+    fix_kind = "safe"
+    triggers = ("DistributedDataParallel",)
+    also_triggers = (("backward",),)
+
+    VALID = (
+        # no_sync around the non-final micro-batches
+        Valid(
+            """\
+import contextlib
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+for step, (x, y) in enumerate(loader):
+    last = (step + 1) % accum_steps == 0
+    context = contextlib.nullcontext() if last else model.no_sync()
+    with context:
+        loss = criterion(model(x), y)
+        loss.backward()
+    if last:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+        ),
+        # nanoGPT's toggle
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+for micro_step in range(gradient_accumulation_steps):
+    model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+    loss = model(x, y)
+    loss.backward()
+    if (micro_step + 1) % gradient_accumulation_steps == 0:
+        optimizer.step()
+"""
+        ),
+        # accumulation of exactly one step
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+
+ACCUM_STEPS = 1
+model = DistributedDataParallel(net)
+for step, (x, y) in enumerate(loader):
+    criterion(model(x), y).backward()
+    if (step + 1) % ACCUM_STEPS == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+        ),
+        # FSDP is LD104's
+        Valid(
+            """\
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
+
+model = FullyShardedDataParallel(net)
+for step, (x, y) in enumerate(loader):
+    criterion(model(x), y).backward()
+    if (step + 1) % accum_steps == 0:
+        optimizer.step()
+"""
+        ),
+        # a GAN: the discriminator steps every batch, the generator every `accum_steps`
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+generator, discriminator = DDP(gen), DDP(disc)
+for step, real in enumerate(loader):
+    d_loss = critic_loss(discriminator, generator, real)
+    d_loss.backward()
+    d_optimizer.step()
+    d_optimizer.zero_grad()
+    g_loss = -discriminator(generator(noise())).mean()
+    g_loss.backward()
+    if (step + 1) % accum_steps == 0:
+        g_optimizer.step()
+        g_optimizer.zero_grad()
+"""
+        ),
+        # the step follows every backward: no accumulation
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+
+model = DistributedDataParallel(net)
+for step, (x, y) in enumerate(loader):
+    criterion(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+for step, (x, y) in enumerate(loader):
+    x = x.to(device)
+    out = model(x)
+    loss = criterion(out, y) / accum_steps
+    loss.backward()
+    if (step + 1) % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            lines=(8,),
+            fixed="""\
+from torch.nn.parallel import DistributedDataParallel as DDP
+from lintdist.runtime import grad_sync
+
+model = DDP(net)
+for step, (x, y) in enumerate(loader):
+    x = x.to(device)
+    with grad_sync(model, sync=(step + 1) % accum_steps == 0):
+        out = model(x)
+        loss = criterion(out, y) / accum_steps
+        loss.backward()
+    if (step + 1) % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        ),
+        # a helper runs the forward and the backward; a counter gates the step
+        Invalid(
+            """\
+import torch.nn.parallel
+
+
+def forward_backward(net, batch):
+    loss = net(batch).mean()
+    loss.backward()
+
+
+def train(ddp_model, loader, optimizer, grad_accum):
+    micro = 0
+    for batch in loader:
+        micro += 1
+        forward_backward(ddp_model, batch)
+        if micro == grad_accum:
+            optimizer.step()
+            optimizer.zero_grad()
+            micro = 0
+
+
+train(torch.nn.parallel.DistributedDataParallel(model), loader, optimizer, 4)
+""",
+            lines=(6,),
+            fixed="""\
+import torch.nn.parallel
+from lintdist.runtime import grad_sync
+
+
+def forward_backward(net, batch):
+    loss = net(batch).mean()
+    loss.backward()
+
+
+def train(ddp_model, loader, optimizer, grad_accum):
+    micro = 0
+    for batch in loader:
+        micro += 1
+        with grad_sync(ddp_model, sync=micro == grad_accum):
+            forward_backward(ddp_model, batch)
+        if micro == grad_accum:
+            optimizer.step()
+            optimizer.zero_grad()
+            micro = 0
+
+
+train(torch.nn.parallel.DistributedDataParallel(model), loader, optimizer, 4)
+""",
+        ),
+        # the counter is bumped after the backward: no fix (the gate would be read before it changes)
+        Invalid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+
+model = DistributedDataParallel(net)
+micro = 0
+for x, y in loader:
+    criterion(model(x), y).backward()
+    micro += 1
+    if micro % accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            lines=(6,),
+        ),
+        # an inner accumulation loop, the step after it
+        Invalid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+for iteration in range(max_iters):
+    for micro_step in range(grad_accum):
+        x, y = next(batches)
+        loss = model(x, y) / grad_accum
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            lines=(8,),
+            fixed="""\
+from torch.nn.parallel import DistributedDataParallel as DDP
+from lintdist.runtime import grad_sync
+
+model = DDP(net)
+for iteration in range(max_iters):
+    for micro_step in range(grad_accum):
+        x, y = next(batches)
+        with grad_sync(model, sync=micro_step == grad_accum - 1):
+            loss = model(x, y) / grad_accum
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+        ),
+        # a step after the loop for the partial window: no fix
+        Invalid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+
+model = DistributedDataParallel(net)
+for epoch in range(epochs):
+    for i, (x, y) in enumerate(loader):
+        criterion(model(x), y).backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            lines=(6,),
+        ),
+    )
+
+    def finish(self) -> None:
+        if not self._raw_ddp():
+            return
+        loop = self.loop
+        if loop.sync_each_batch or loop.sync_toggles:
+            return
+        gated = self._gated_steps()
+        for site in loop.backward_sites:
+            if site.kind not in RAW_BACKWARDS:
+                continue
+            pairing = self._pairing(site, gated) or self._inner_pairing(site)
+            if pairing is None or self._managed(site, pairing):
+                continue
+            self._report(site, pairing)
+
+    # -- scope ---------------------------------------------------------------------------------
+
+    def _raw_ddp(self) -> bool:
+        """The file wraps a model in DistributedDataParallel and hands the loop to no framework."""
+        facts = self.facts
+        if not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
+            return False
+        if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
+            return False
+        if any(not facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
+            return False  # FSDP in the same file: its no_sync is LD104's concern
+        return not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
+
+    def _is_ddp(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        facts = self.facts
+        return any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in facts.origins(expr, at)
+        )
+
+    # -- the accumulation gate ----------------------------------------------------------------
+
+    def _gated_steps(self) -> list[tuple[StepSite, Gate]]:
+        """Optimizer steps under an accumulation gate (modulo or counter), also through a helper called under it."""
+        result = []
+        for step in self.loop.steps:
+            if step.kind != "optimizer":
+                continue
+            for gate in self._gates(step.call, 0):
+                if not self._single_step(gate):
+                    result.append((step, gate))
+        return result
+
+    def _gates(self, node: cst.CSTNode, depth: int) -> list[Gate]:
+        gate = self.loop.gate_of(node)
+        if gate is not None:
+            return [gate] if gate.kind in {"modulo", "counter"} else []
+        function = self.facts.enclosing_function(node)
+        if function is None or depth >= MAX_HELPER_DEPTH:
+            return []
+        return [g for call in self.facts.call_sites(function) for g in self._gates(call, depth + 1)]
+
+    def _single_step(self, gate: Gate) -> bool:
+        """The gate accumulates exactly one step: ``% 1`` or a steps name bound to the literal 1."""
+        facts = self.facts
+        for node in facts.within(gate.node.test, cst.BinaryOperation, cst.Name, cst.Attribute):
+            if isinstance(node, cst.BinaryOperation):
+                if isinstance(node.operator, cst.Modulo) and integer_literal(node.right, facts, node) == 1:
+                    return True
+            elif accumulation_name(node) and integer_literal(node, facts, node) == 1:
+                return True
+        return False
+
+    # -- the backward and its gate --------------------------------------------------------------
+
+    def _pairing(self, site: BackwardSite, gated: list[tuple[StepSite, Gate]]) -> Pairing | None:
+        facts = self.facts
+        for anchor, helpers in self._anchors(site.call):
+            function = facts.enclosing_function(anchor)
+            for step, gate in gated:
+                if facts.enclosing_function(gate.node) is not function or facts.is_within(anchor, gate.node):
+                    continue
+                loop = _common_loop(facts, anchor, gate.node)
+                if loop is None and not self._called_in_loop(function):
+                    continue
+                if self._ungated_step(loop if loop is not None else function):
+                    return None  # another optimizer steps every micro-batch (a GAN): which one this feeds is unclear
+                return Pairing(anchor, helpers, step, gate, loop)
+        return None
+
+    def _ungated_step(self, scope: cst.CSTNode | None) -> bool:
+        """An optimizer step in ``scope`` (or the helpers it calls) under no accumulation gate."""
+        if scope is None:
+            return False
+        reached = {id(c) for c in self.facts.reachable_calls(scope)}
+        return any(
+            step.kind == "optimizer" and id(step.call) in reached and not self._gates(step.call, 0)
+            for step in self.loop.steps
+        )
+
+    def _anchors(self, call: cst.Call) -> list[tuple[cst.CSTNode, tuple[cst.Call, ...]]]:
+        """The backward call, then the calls of the helpers that run it (up to two levels)."""
+        result = [(call, ())]
+        pending = [(call, ())]
+        for _ in range(MAX_HELPER_DEPTH):
+            following = []
+            for node, helpers in pending:
+                function = self.facts.enclosing_function(node)
+                if function is None:
+                    continue
+                for site in self.facts.call_sites(function):
+                    following.append((site, (site, *helpers)))
+            result.extend(following)
+            pending = following
+        return result
+
+    def _called_in_loop(self, function: cst.FunctionDef | None) -> bool:
+        """A function with no loop around the backward that the file calls from a loop (a ``train_step``)."""
+        facts = self.facts
+        pending, seen = [function], set()
+        for _ in range(MAX_HELPER_DEPTH + 1):
+            following = []
+            for current in pending:
+                if current is None or id(current) in seen:
+                    continue
+                seen.add(id(current))
+                for call in facts.call_sites(current):
+                    if facts.enclosing_loop(call) is not None:
+                        return True
+                    following.append(facts.enclosing_function(call))
+            pending = following
+        return False
+
+    def _inner_pairing(self, site: BackwardSite) -> Pairing | None:
+        """The backward runs in ``for micro_step in range(accum_steps):`` and the optimizer steps after that loop,
+        ungated, in the loop around it (nanoGPT's shape)."""
+        facts = self.facts
+        order, end = facts.index.order, facts.index.end
+        for anchor, helpers in self._anchors(site.call):
+            inner = self._accumulation_loop(anchor)
+            if inner is None:
+                continue
+            outer = facts.enclosing_loop(inner)
+            function = facts.enclosing_function(inner)
+            for step in self.loop.steps:
+                if (
+                    step.kind == "optimizer"
+                    and step.gate is None
+                    and facts.enclosing_function(step.call) is function
+                    and order(step.call) >= end(inner)
+                    and (outer is None or facts.is_within(step.call, outer.body))
+                ):
+                    return Pairing(anchor, helpers, step, None, outer, inner)
+        return None
+
+    def _accumulation_loop(self, anchor: cst.CSTNode) -> cst.For | None:
+        """The innermost ``for i in range(<accumulation steps>)`` around ``anchor`` in its function (not of 1)."""
+        facts = self.facts
+        for ancestor in facts.ancestors(anchor):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if not isinstance(ancestor, cst.For) or not facts.is_within(anchor, ancestor.body):
+                continue
+            bound = _range_bound(facts, ancestor)
+            if bound is not None and any(accumulation_name(n) for n in facts.within(bound, cst.Name, cst.Attribute)):
+                return None if integer_literal(bound, facts, ancestor) == 1 else ancestor
+        return None
+
+    def _last_iteration(self, inner: cst.For) -> cst.BaseExpression | None:
+        """``micro_step == accum_steps - 1`` for ``for micro_step in range(accum_steps):``, when the loop runs every
+        iteration to the end (no break, continue or return) and rebinds neither name."""
+        facts = self.facts
+        bound = _range_bound(facts, inner)
+        if bound is None or not isinstance(inner.target, cst.Name) or not _pure(facts, bound):
+            return None
+        if facts.within(inner.body, cst.Break, cst.Continue, cst.Return, cst.Raise, cst.Yield):
+            return None
+        keys = _read_keys(facts, bound) | {inner.target.value}
+        if any(_binds(facts, node) & keys for node in facts.within(inner.body, *BINDERS)):
+            return None
+        text = self.context.module.code_for_node(bound)
+        if not isinstance(bound, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
+            text = f"({text})"
+        return cst.parse_expression(f"{inner.target.value} == {text} - 1")
+
+    def _managed(self, site: BackwardSite, pairing: Pairing) -> bool:
+        """The script already decides when DDP syncs: a no_sync-like block around the backward (or the call of its
+        helper), or any mention of no_sync / grad_sync / require_backward_grad_sync where the loop runs."""
+        facts = self.facts
+        nodes = [site.call, *pairing.helpers]
+        if any(no_sync_around(self, node) is not None for node in nodes):
+            return True
+        scopes = {id(s): s for s in (facts.enclosing_function(n) for n in nodes)}
+        scopes[id(pairing.step.call)] = facts.enclosing_function(pairing.step.call)
+        containers = [s if s is not None else self.context.module for s in scopes.values()]
+        for container in list(containers):
+            containers.extend(f for c in facts.reachable_calls(container) for f in facts.local_functions(c))
+        return any(_mentions_sync(facts, container) for container in containers)
+
+    # -- the report -------------------------------------------------------------------------------
+
+    def _report(self, site: BackwardSite, pairing: Pairing) -> None:
+        code = self.context.module.code_for_node
+        if pairing.gate is not None:
+            where = f"under `if {_short(' '.join(code(pairing.gate.node.test).split()))}:`"
+        else:
+            inner = pairing.inner
+            where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
+        fix, model = self._fix(site, pairing)
+        model_text = model or "model"
+        message = (
+            f"DDP all-reduces the gradients in this backward on every micro-batch, but the optimizer steps only "
+            f"{where}; run the forward and backward of the other micro-batches under `{model_text}.no_sync()`, "
+            f"e.g. `with grad_sync({model_text}, sync=<last micro-batch of the step>):` from `lintdist.runtime`"
+        )
+        if fix is None and self._other_steps(pairing):
+            message += (
+                " (and sync the micro-batch before every other optimizer step, such as one after the loop for a "
+                "last partial window)"
+            )
+        elif self._partial_window(pairing):
+            message += (
+                f". When the number of batches is not a multiple of the accumulation steps, the last micro-batches "
+                f"of each pass over `{_short(code(_iterated(pairing.loop)))}` are never stepped: their gradients carry "
+                "over into the next epoch's first step"
+            )
+        self.report(site.call, message, fix=fix)
+
+    def _partial_window(self, pairing: Pairing) -> bool:
+        """A plain ``(i + 1) % k == 0`` gate over a loader loop, and no optimizer step after that loop."""
+        facts = self.facts
+        loop, gate = pairing.loop, pairing.gate
+        if (
+            gate is None
+            or gate.kind != "modulo"
+            or not isinstance(loop, cst.For)
+            or facts.within(gate.node.test, cst.BooleanOperation)
+        ):
+            return False
+        iterated = _iterated(loop)
+        if iterated is None or (isinstance(iterated, cst.Call) and facts.method_name(iterated) == "range"):
+            return False
+        # the modulo counts this loop's batches (its index), not a counter that runs on across passes
+        counters = {n.value for n in facts.within(loop.target, cst.Name)}
+        modulos = [n for n in facts.within(gate.node.test, cst.BinaryOperation) if isinstance(n.operator, cst.Modulo)]
+        if not any(n.value in counters for m in modulos for n in facts.within(m.left, cst.Name)):
+            return False
+        return not self._other_steps(pairing)
+
+    def _other_steps(self, pairing: Pairing) -> bool:
+        """An optimizer step of the gate's function (or its helpers) that is not under the gate (not the step after
+        the accumulation loop)."""
+        facts = self.facts
+        function = facts.enclosing_function(pairing.step.call)
+        containers = [function if function is not None else self.context.module]
+        if pairing.loop is None and function is not None:
+            # the loop is in the callers (a `train_step` method): a step after it is theirs
+            containers.extend(f for call in facts.call_sites(function) if (f := facts.enclosing_function(call)))
+        reached = {id(c) for container in containers for c in facts.reachable_calls(container)}
+        if pairing.gate is not None:
+            gated = {id(c) for c in facts.reachable_calls(pairing.gate.node.body)}
+        else:
+            gated = {id(pairing.step.call)}
+        return any(
+            step.kind == "optimizer" and id(step.call) in reached and id(step.call) not in gated
+            for step in self.loop.steps
+        )
+
+    # -- the fix ----------------------------------------------------------------------------------
+
+    def _fix(self, site: BackwardSite, pairing: Pairing) -> tuple[Fix | None, str | None]:
+        facts = self.facts
+        window = self._window(site, pairing)
+        if window is None:
+            return None, None
+        block, first, last, model = window
+        if not self.context.runtime_name_free("grad_sync"):
+            return None, model
+        if pairing.gate is not None:
+            gate = pairing.gate.node
+            if not facts.index.end(block.body[last]) <= facts.index.order(gate):
+                return None, model
+            if not _pure(facts, gate.test) or self._rebound(gate.test, block.body[first], gate):
+                return None, model
+            condition = gate.test.deep_clone()
+        else:
+            condition = self._last_iteration(pairing.inner)
+            if condition is None:
+                return None, model
+        if self._other_steps(pairing) or self._reads_gradients(pairing):
+            return None, model
+        statements = list(block.body[first : last + 1])
+        head = statements[0]
+        leading = head.leading_lines
+        statements[0] = head.with_changes(leading_lines=())
+        item = cst.parse_expression(f"grad_sync({model}, sync=(0))")
+        item = item.with_changes(args=[item.args[0], item.args[1].with_changes(value=condition)])
+        wrapped = cst.With(
+            items=[cst.WithItem(item=item)], body=cst.IndentedBlock(body=statements), leading_lines=leading
+        )
+        replacements = [(block.body[first], wrapped)]
+        replacements.extend((s, cst.RemovalSentinel.REMOVE) for s in block.body[first + 1 : last + 1])
+        fix = Fix(
+            Applicability.SAFE,
+            f"Run the forward and backward under `grad_sync({model}, sync=...)`, syncing on the step's micro-batch",
+            replacements=tuple(replacements),
+            imports=(("lintdist.runtime", "grad_sync"),),
+        )
+        return fix, model
+
+    def _window(self, site: BackwardSite, pairing: Pairing):
+        """(block, first, last, model text): the statements of one block from the model's forward to the
+        statement running the backward, which runs unconditionally there."""
+        facts = self.facts
+        chain = [site.call, *reversed(pairing.helpers)]  # backward first, then outwards to the anchor
+        # inside each helper, the backward (or the next helper call) must run whenever the helper does
+        for inner in chain[:-1]:
+            function = facts.enclosing_function(inner)
+            if function is None or not _unconditional(facts, inner, function.body):
+                return None
+        statement = _statement(facts, pairing.anchor)
+        while statement is not None:
+            block = facts.parent(statement)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return None
+            body = list(block.body)
+            last = body.index(statement)
+            first, model = self._forward(body[: last + 1], pairing.anchor)
+            if first is not None:
+                return (block, first, last, model) if model is not None else None
+            owner = facts.parent(block)
+            if not isinstance(owner, cst.With):
+                return None
+            statement = owner
+        return None
+
+    def _forward(self, statements: list[cst.BaseStatement], anchor: cst.CSTNode) -> tuple[int | None, str | None]:
+        """The index of the first statement running a forward of the DDP model, and the model's text there."""
+        facts = self.facts
+        code = self.context.module.code_for_node
+        function = facts.enclosing_function(anchor)
+        for index, statement in enumerate(statements):
+            forwards = [c for c in facts.reachable_calls(statement) if self._is_forward(c)]
+            if not forwards:
+                continue
+            wrappers = {
+                self._wrappers(_forward_target(c), c)
+                for later in statements[index:]
+                for c in facts.reachable_calls(later)
+                if self._is_forward(c)
+            }
+            if len(wrappers) > 1:
+                return index, None  # forwards of two DDP models (a GAN): which one to wrap is unclear
+            for forward in forwards:
+                target = _forward_target(forward)
+                if facts.enclosing_function(forward) is function:
+                    return index, code(target)
+                if (
+                    isinstance(target, cst.Attribute)
+                    and isinstance(target.value, cst.Name)
+                    and target.value.value == "self"
+                    and function is not None
+                    and facts.enclosing_class(forward) is facts.enclosing_class(function)
+                ):
+                    return index, code(target)
+            # the forward runs in a helper: the model is what the window passes to it
+            for later in statements[index:]:
+                for node in facts.within(later, cst.Name, cst.Attribute):
+                    if (
+                        facts.enclosing_function(node) is function
+                        and _is_value(facts, node)
+                        and self._is_ddp(node, node)
+                    ):
+                        return index, code(node)
+            return index, None
+        return None, None
+
+    def _wrappers(self, expr: cst.BaseExpression, at: cst.CSTNode) -> frozenset[int]:
+        """The DistributedDataParallel(...) calls a model expression can come from."""
+        facts = self.facts
+        return frozenset(
+            id(o.node)
+            for o in facts.origins(expr, at)
+            if isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS)
+        )
+
+    def _is_forward(self, call: cst.Call) -> bool:
+        target = _forward_target(call)
+        return isinstance(target, (cst.Name, cst.Attribute)) and self._is_ddp(target, call)
+
+    def _rebound(self, test: cst.BaseExpression, start: cst.CSTNode, gate: cst.If) -> bool:
+        """A name the gate reads is assigned between the window's start and the gate (also in a helper called
+        there, for ``self.`` attributes)."""
+        facts = self.facts
+        order = facts.index.order
+        keys = _read_keys(facts, test)
+        low, high = order(start), order(gate)
+        function = facts.enclosing_function(gate)
+        container = function if function is not None else self.context.module
+        for node in facts.within(container, *BINDERS):
+            if low <= order(node) < high and _binds(facts, node) & keys:
+                return True
+        attributes = {k for k in keys if k.startswith("self.")}
+        if attributes:
+            for call in facts.within(container, cst.Call):
+                if low <= order(call) < high:
+                    for helper in facts.local_functions(call):
+                        if any(_binds(facts, node) & attributes for node in facts.within(helper, *BINDERS)):
+                            return True
+        return False
+
+    def _reads_gradients(self, pairing: Pairing) -> bool:
+        """A clip or a ``.grad`` read in the loop outside the gate: it would see partial, unsynced gradients."""
+        facts = self.facts
+        if pairing.gate is None:
+            gate, scope = None, pairing.inner
+        else:
+            gate = pairing.gate.node
+            scope = pairing.loop if pairing.loop is not None else facts.enclosing_function(gate)
+        if scope is None:
+            return True
+        inside = {id(c) for c in facts.reachable_calls(gate.body)} if gate is not None else set()
+        calls = [c for c in facts.reachable_calls(scope) if id(c) not in inside]
+        outside = {id(c) for c in calls}
+        if any(step.kind == "clip" and id(step.call) in outside for step in self.loop.steps):
+            return True
+        containers = [scope, *(f for c in calls for f in facts.local_functions(c))]
+        for container in containers:
+            for node in facts.within(container, cst.Attribute):
+                if node.attr.value == "grad" and (gate is None or not facts.is_within(node, gate)):
+                    return True
+        return False
+
+
+# -- shared with LD110 --------------------------------------------------------------------------
+
+
+def accumulation_name(expr: cst.CSTNode) -> bool:
+    """``args.gradient_accumulation_steps``, ``accum_iter``, ``grad_acc``: a name of accumulation steps."""
+    name = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
+    return "accum" in name or name.startswith(("grad_acc", "ga_", "n_acc")) or name in {"ga", "gas"}
+
+
+def sync_blocks(rule: Rule) -> list[NoSync]:
+    """The loop facts' no_sync-like blocks, plus ``with context:`` where ``context`` holds
+    ``model.no_sync()`` / ``accelerator.no_sync(model)`` / ``grad_sync(...)`` (``loop.no_sync_blocks`` only sees
+    calls in the ``with`` itself)."""
+    facts = rule.facts
+    memo = facts._memo
+    if "ld103_sync_blocks" in memo:
+        return memo["ld103_sync_blocks"]
+    result = list(rule.loop.no_sync_blocks)
+    for block in facts.index.nodes(cst.With):
+        for item in block.items:
+            if not isinstance(item.item, (cst.Name, cst.Attribute)):
+                continue
+            for origin in facts.origins(item.item, block):
+                found = _no_sync_call(rule, origin.node)
+                if found is not None:
+                    result.append(NoSync(block, origin.node, *found))
+                    break
+    memo["ld103_sync_blocks"] = result
+    return result
+
+
+def _no_sync_call(rule: Rule, node: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
+    facts = rule.facts
+    if not isinstance(node, cst.Call):
+        return None
+    if facts.callee_is(node, frozenset({"lintdist.runtime.grad_sync", "lintdist.runtime.sync.grad_sync"})):
+        return "grad_sync", node.args[0].value if node.args else None
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "no_sync":
+        if facts.is_accelerator(node.func.value, node):
+            return "accelerator", node.args[0].value if node.args else None
+        return "model", node.func.value
+    return None
+
+
+def no_sync_around(rule: Rule, node: cst.CSTNode) -> NoSync | None:
+    """The innermost no_sync-like block (see ``sync_blocks``) whose body holds ``node``, in its function."""
+    facts = rule.facts
+    blocks = {id(b.node): b for b in sync_blocks(rule)}
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        found = blocks.get(id(ancestor))
+        if found is not None and facts.is_within(node, ancestor.body):
+            return found
+    return None
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+BINDERS = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.WithItem, cst.Del)
+
+
+def _binds(facts, node: cst.CSTNode) -> set[str]:
+    """The names (dotted for attributes) a statement or expression binds."""
+    if isinstance(node, cst.Assign):
+        targets = [t.target for t in node.targets]
+    elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr)):
+        targets = [node.target]
+    elif isinstance(node, cst.WithItem):
+        targets = [node.asname.name] if node.asname is not None else []
+    else:
+        targets = [t.target for t in node.target.elements] if isinstance(node.target, cst.Tuple) else [node.target]
+    names = set()
+    for target in targets:
+        for part in facts.within(target, cst.Name, cst.Attribute):
+            name = get_full_name_for_node(part)
+            if name:
+                names.add(name)
+    return names
+
+
+def _read_keys(facts, expr: cst.BaseExpression) -> set[str]:
+    return {key for node in facts.within(expr, cst.Name, cst.Attribute) if (key := get_full_name_for_node(node))}
+
+
+def _pure(facts, test: cst.BaseExpression) -> bool:
+    """The gate can be evaluated one more time without effect: only builtin calls such as ``len``."""
+    if facts.within(test, cst.NamedExpr, cst.Lambda, cst.Await, cst.Yield):
+        return False
+    for call in facts.within(test, cst.Call):
+        if not (isinstance(call.func, cst.Name) and call.func.value in PURE_CALLS):
+            return False
+    return True
+
+
+def _mentions_sync(facts, container: cst.CSTNode) -> bool:
+    for node in facts.within(container, cst.Attribute, cst.Name):
+        name = node.attr.value if isinstance(node, cst.Attribute) else node.value
+        if name in SYNC_ATTRIBUTES:
+            return True
+    return False
+
+
+def _common_loop(facts, anchor: cst.CSTNode, other: cst.CSTNode) -> cst.For | cst.While | None:
+    """The innermost loop of ``anchor``'s function whose body holds both nodes."""
+    for ancestor in facts.ancestors(anchor):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        if (
+            isinstance(ancestor, (cst.For, cst.While))
+            and facts.is_within(anchor, ancestor.body)
+            and facts.is_within(other, ancestor.body)
+        ):
+            return ancestor
+    return None
+
+
+def _statement(facts, node: cst.CSTNode) -> cst.BaseStatement | None:
+    """The statement line (or compound statement) holding ``node``."""
+    return next((a for a in facts.ancestors(node) if isinstance(a, cst.BaseStatement)), None)
+
+
+def _unconditional(facts, node: cst.CSTNode, body: cst.BaseSuite) -> bool:
+    """``node`` runs whenever ``body`` runs: only ``with`` blocks between, and no return or raise before it."""
+    statement = _statement(facts, node)
+    current = statement
+    while current is not None:
+        parent = facts.parent(current)
+        if parent is body:
+            break
+        if not isinstance(parent, cst.IndentedBlock) or not isinstance(facts.parent(parent), cst.With):
+            return False
+        current = facts.parent(parent)
+    else:
+        return False
+    order = facts.index.order
+    return not any(order(exit_) < order(node) for exit_ in facts.within(body, cst.Return, cst.Raise))
+
+
+def _forward_target(call: cst.Call) -> cst.BaseExpression:
+    """``model`` for ``model(x)`` and ``model.forward(x)``."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        return func.value
+    return func
+
+
+def _is_value(facts, node: cst.CSTNode) -> bool:
+    """A name or attribute read as a whole (not the ``.attr`` part of an attribute, nor the base of one)."""
+    parent = facts.parent(node)
+    return not isinstance(parent, cst.Attribute)
+
+
+def _range_bound(facts, loop: cst.For) -> cst.BaseExpression | None:
+    """``n`` of ``for i in range(n):`` (the builtin ``range``, one argument)."""
+    iterator = loop.iter
+    if (
+        isinstance(iterator, cst.Call)
+        and isinstance(iterator.func, cst.Name)
+        and iterator.func.value == "range"
+        and "builtins.range" in facts.qualified_names(iterator.func)
+        and len(iterator.args) == 1
+        and iterator.args[0].keyword is None
+        and not iterator.args[0].star
+    ):
+        return iterator.args[0].value
+    return None
+
+
+def _iterated(loop: cst.For | cst.While | None) -> cst.BaseExpression | None:
+    if not isinstance(loop, cst.For):
+        return None
+    iterator = loop.iter
+    while isinstance(iterator, cst.Call) and get_full_name_for_node(iterator.func) in {"enumerate", "tqdm", "iter"}:
+        if not iterator.args:
+            return None
+        iterator = iterator.args[0].value
+    return iterator
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."

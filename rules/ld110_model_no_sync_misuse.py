@@ -1,0 +1,419 @@
+"""LD110 model-no-sync-misuse: `model.no_sync()` on an accelerate-prepared model, and no_sync blocks that hold a
+backward but not its forward."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import argument_of
+from lintdist.loop import DEEPSPEED_PLUGINS, FSDP_PLUGINS, NoSync, integer_literal
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rules.ld103_ddp_accumulation_without_no_sync import DDP_WRAPPERS, sync_blocks
+
+PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
+# Methods of a model that are not its forward pass.
+NOT_FORWARD = frozenset(
+    {"no_sync", "parameters", "named_parameters", "zero_grad", "train", "eval", "state_dict", "buffers", "modules"}
+)
+
+
+class ModelNoSyncMisuse(Rule):
+    """
+    ## What it does
+    Reports two misuses of DDP's `no_sync`:
+    (a) `model.no_sync` on a model that came from `accelerator.prepare(...)`,
+    called (`with model.no_sync():`) or passed around
+    (`ctx = model.no_sync if not last else nullcontext`); and
+    (b) a `no_sync` block (`model.no_sync()`, `accelerator.no_sync(model)` or
+    `lintdist.runtime.grad_sync(model, ...)`) that runs a backward pass but
+    no forward pass of that model, on a DDP model (raw DDP, or accelerate
+    without an FSDP or DeepSpeed backend).
+
+    ## Why is this bad?
+    (a) What a prepared model is depends on the launch: a DDP module under
+    multi-GPU or multi-CPU, an FSDP2 module (which has no `no_sync`: an
+    `AttributeError`), a DeepSpeed engine (whose `no_sync` asserts that ZeRO
+    is below stage 2) or the plain model on one process (no `no_sync` either).
+    `accelerator.no_sync(model)` handles each: DDP's `no_sync`,
+    `set_requires_gradient_sync(False)` for FSDP2, nothing for DeepSpeed ZeRO
+    2/3 or a single process. It is an error when the script's backend is known
+    to be FSDP2 or DeepSpeed ZeRO 2/3, a warning otherwise.
+    (b) DDP decides in the forward pass whether the next backward all-reduces
+    (the `no_sync` docstring: "The forward pass should be included inside the
+    context manager, or else gradients will still be synchronized"). A block
+    that holds only the backward saves no communication: every micro-batch is
+    still all-reduced. (FSDP and DeepSpeed decide in the backward, so they are
+    not reported.)
+
+    ## Example
+    ```python
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for step, batch in enumerate(loader):
+        outputs = model(**batch)
+        with model.no_sync():
+            accelerator.backward(outputs.loss)
+    ```
+
+    ## Use instead
+    ```python
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for step, batch in enumerate(loader):
+        with accelerator.no_sync(model):
+            outputs = model(**batch)
+            accelerator.backward(outputs.loss)
+    ```
+
+    ## Fix safety
+    (a) is fixed safely: `model.no_sync()` becomes `accelerator.no_sync(model)`
+    and an uncalled `model.no_sync` becomes
+    `functools.partial(accelerator.no_sync, model)` (importing `functools`),
+    when an accelerator is in scope there. For DDP this is the same context
+    manager; for FSDP2, DeepSpeed and one process it is the one that works.
+    (b) has no fix: moving the forward into the block changes which statements
+    run under it, which lintdist leaves to you.
+
+    ## References
+    - `accelerate.Accelerator.no_sync` (FSDP2: `set_requires_gradient_sync`;
+      DeepSpeed ZeRO >= 2: `nullcontext`)
+    - `torch.nn.parallel.DistributedDataParallel.no_sync` docstring
+    - accelerate guide "Gradient synchronization"
+    """
+
+    code = "LD110"
+    name = "model-no-sync-misuse"
+    severity = Severity.WARNING
+    fix_kind = "safe"
+    triggers = ("no_sync", "grad_sync")
+
+    VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+for step, batch in enumerate(loader):
+    with accelerator.no_sync(model):
+        accelerator.backward(model(**batch).loss)
+"""
+        ),
+        # raw DDP with the forward inside: the intended use
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+with model.no_sync():
+    loss = model(x).sum()
+    loss.backward()
+"""
+        ),
+        # FSDP decides at backward time: a backward-only block does skip the reduction
+        Valid(
+            """\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(net)
+out = model(x)
+with model.no_sync():
+    out.sum().backward()
+"""
+        ),
+        # the forward runs in a helper called inside the block
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def compute(m, batch):
+    return m(batch).sum()
+
+
+model = DDP(net)
+with model.no_sync():
+    compute(model, x).backward()
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+for step, batch in enumerate(loader):
+    with model.no_sync():
+        accelerator.backward(model(**batch).loss)
+""",
+            lines=(6,),
+            fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+for step, batch in enumerate(loader):
+    with accelerator.no_sync(model):
+        accelerator.backward(model(**batch).loss)
+""",
+        ),
+        Invalid(
+            """\
+from contextlib import nullcontext
+
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+for step, batch in enumerate(loader):
+    ctx = model.no_sync if (step + 1) % 4 != 0 else nullcontext
+    with ctx():
+        accelerator.backward(model(**batch).loss)
+""",
+            lines=(8,),
+            fixed="""\
+from contextlib import nullcontext
+
+from accelerate import Accelerator
+import functools
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+for step, batch in enumerate(loader):
+    ctx = functools.partial(accelerator.no_sync, model) if (step + 1) % 4 != 0 else nullcontext
+    with ctx():
+        accelerator.backward(model(**batch).loss)
+""",
+        ),
+        # (b): the forward ran before the block
+        Invalid(
+            """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    if (step + 1) % accum != 0:
+        with model.no_sync():
+            loss.backward()
+    else:
+        loss.backward()
+        optimizer.step()
+""",
+            lines=(7,),
+        ),
+    )
+
+    def finish(self) -> None:
+        self._prepared_no_sync()
+        self._backward_only_blocks()
+
+    # -- (a) model.no_sync on a prepared model ------------------------------------------------------
+
+    def _prepared_no_sync(self) -> None:
+        facts = self.facts
+        for attribute in facts.index.nodes(cst.Attribute):
+            if attribute.attr.value != "no_sync":
+                continue
+            receiver = attribute.value
+            if not isinstance(receiver, (cst.Name, cst.Attribute)) or facts.is_accelerator(receiver, attribute):
+                continue
+            parent = facts.parent(attribute)
+            if isinstance(parent, (cst.AssignTarget, cst.Del)) or (
+                isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is attribute
+            ):
+                continue
+            prepare = self._prepare_of(receiver, attribute)
+            if prepare is None:
+                continue
+            self._report_prepared(attribute, receiver, prepare)
+
+    def _prepare_of(self, receiver: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+        """The ``accelerator.prepare(...)`` / ``prepare_model(...)`` call the receiver's value came from."""
+        facts = self.facts
+        for origin in facts.origins(receiver, at):
+            node = origin.node
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in PREPARE_MODEL_METHODS
+                and facts.is_accelerator(node.func.value, node)
+            ):
+                return node
+        return None
+
+    def _report_prepared(self, attribute: cst.Attribute, receiver: cst.BaseExpression, prepare: cst.Call) -> None:
+        facts = self.facts
+        code = self.context.module.code_for_node
+        model = code(receiver)
+        accelerator = self._accelerator_at(attribute, prepare)
+        shown = accelerator or "accelerator"
+        parent = facts.parent(attribute)
+        called = isinstance(parent, cst.Call) and parent.func is attribute
+        fatal = self._fatal_backend()
+        if called:
+            node, replacement = parent, f"{shown}.no_sync({model})"
+        else:
+            node, replacement = attribute, f"functools.partial({shown}.no_sync, {model})"
+        why = (
+            f"under {fatal} the prepared model has no working `no_sync`"
+            if fatal
+            else "a prepared model has a working `no_sync` only as a DDP, FSDP1 or DeepSpeed ZeRO 0/1 module (run "
+            "on one process or under FSDP2 it has none; under ZeRO 2/3 it asserts)"
+        )
+        message = f"`{model}` came from `accelerator.prepare` and {why}; use `{replacement}`"
+        fix = None
+        if accelerator is not None and (called and not parent.args or not called):
+            fix = self._fix(node, replacement, called)
+        self.report(node, message, fix=fix, severity=Severity.ERROR if fatal else None)
+
+    def _fix(self, node: cst.CSTNode, replacement: str, called: bool) -> Fix | None:
+        imports: tuple = ()
+        if not called:
+            functools_bound = self.context.names.module_bindings("functools")
+            if not functools_bound:
+                imports = (("functools", None),)
+            elif not all(
+                isinstance(b.node, cst.Import)
+                and b.alias is not None
+                and b.alias.asname is None
+                and get_full_name_for_node(b.alias.name) == "functools"
+                for b in functools_bound
+            ):
+                return None  # `functools` is some other name here
+        new = cst.parse_expression(replacement)
+        if isinstance(node, (cst.Call, cst.Attribute)):
+            new = new.with_changes(lpar=node.lpar, rpar=node.rpar)
+        return Fix(
+            Applicability.SAFE,
+            f"Use `{replacement}`",
+            replacements=((node, new),),
+            imports=imports,
+        )
+
+    def _accelerator_at(self, at: cst.CSTNode, prepare: cst.Call) -> str | None:
+        """An expression for the Accelerator that is valid where ``at`` is: the one that prepared the model, or
+        another accelerator used in the same function."""
+        facts = self.facts
+        code = self.context.module.code_for_node
+        candidates = [code(prepare.func.value)]
+        function = facts.enclosing_function(at)
+        container = function if function is not None else self.context.module
+        for call in facts.within(container, cst.Call):
+            if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, (cst.Name, cst.Attribute)):
+                candidates.append(code(call.func.value))
+        seen = set()
+        for text in candidates:
+            if text in seen:
+                continue
+            seen.add(text)
+            try:
+                expr = cst.parse_expression(text)
+            except cst.ParserSyntaxError:
+                continue
+            if isinstance(expr, (cst.Name, cst.Attribute)) and facts.is_accelerator(expr, at):
+                return text
+        return None
+
+    def _fatal_backend(self) -> str | None:
+        """ "FSDP2" or "DeepSpeed ZeRO 2/3" when the code or the launch says so; None otherwise."""
+        backend = self.loop.backend
+        if backend == "FSDP" and self._fsdp_version() == 2:
+            return "FSDP2"
+        if backend == "DEEPSPEED":
+            stage = self._zero_stage()
+            if stage is not None and stage >= 2:
+                return f"DeepSpeed ZeRO stage {stage}"
+        return None
+
+    def _fsdp_version(self) -> int | None:
+        facts = self.facts
+        for call in facts.calls:
+            if facts.callee_is(call, FSDP_PLUGINS):
+                value = argument_of(call, "fsdp_version", None)
+                return integer_literal(value, facts, call) if value is not None else None
+        return _setting_int(self.context.settings, "fsdp_version")
+
+    def _zero_stage(self) -> int | None:
+        facts = self.facts
+        for call in facts.calls:
+            if facts.callee_is(call, DEEPSPEED_PLUGINS):
+                value = argument_of(call, "zero_stage", None)
+                if value is not None:
+                    return integer_literal(value, facts, call)
+                if argument_of(call, "hf_ds_config", None) is None and argument_of(call, "config_file", None) is None:
+                    return 2  # DeepSpeedPlugin's default (ACCELERATE_DEEPSPEED_ZERO_STAGE, else 2)
+                return None
+        return _setting_int(self.context.settings, "zero_stage")
+
+    # -- (b) a no_sync block with a backward but no forward -------------------------------------------
+
+    def _backward_only_blocks(self) -> None:
+        facts = self.facts
+        loop = self.loop
+        reported: set[int] = set()
+        for block in sync_blocks(self):
+            if block.kind not in {"model", "accelerator", "grad_sync"} or block.model is None:
+                continue
+            if id(block.node) in reported or not self._decides_in_forward(block):
+                continue
+            calls = facts.reachable_calls(block.node.body)
+            backwards = [c for c in calls if (s := loop.backward_site(c)) is not None and s.kind != "engine"]
+            if not backwards or self._forward_in(calls, block.model, block.node):
+                continue
+            reported.add(id(block.node))
+            model = self.context.module.code_for_node(block.model)
+            self.report(
+                block.call if facts.is_within(block.call, block.node) else block.node.items[0].item,
+                f"this no_sync block runs a backward but no forward of `{model}`: DDP decides in the forward "
+                "whether the backward all-reduces, so the gradients are still synchronized on every micro-batch; "
+                "move the forward pass into the block",
+            )
+
+    def _decides_in_forward(self, block: NoSync) -> bool:
+        """The model is a DDP module: wrapped here, or prepared by accelerate with no FSDP/DeepSpeed backend."""
+        facts = self.facts
+        origins = facts.origins(block.model, block.node)
+        if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+            return True
+        prepared = any(
+            isinstance(o.node, cst.Call)
+            and isinstance(o.node.func, cst.Attribute)
+            and o.node.func.attr.value in PREPARE_MODEL_METHODS
+            and facts.is_accelerator(o.node.func.value, o.node)
+            for o in origins
+        )
+        return prepared and self.loop.backend is None
+
+    def _forward_in(self, calls: list[cst.Call], model: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """A call among ``calls`` runs the model (``model(...)``, ``model.forward(...)``) or hands it to a function
+        (which may run it)."""
+        facts = self.facts
+        key = get_full_name_for_node(model)
+        origins = {(id(o.node), o.index) for o in facts.origins(model, at)}
+
+        def same(expr: cst.BaseExpression, where: cst.CSTNode) -> bool:
+            if not isinstance(expr, (cst.Name, cst.Attribute)):
+                return False
+            if key is not None and get_full_name_for_node(expr) == key:
+                return True
+            return bool(origins & {(id(o.node), o.index) for o in facts.origins(expr, where)})
+
+        for call in calls:
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value in NOT_FORWARD:
+                continue
+            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+            if same(target, call) or any(same(arg.value, call) for arg in call.args):
+                return True
+        return False
+
+
+def _setting_int(settings, name: str) -> int | None:
+    setting = settings.get(name) if settings is not None else None
+    if setting is None:
+        return None
+    value = str(setting.value).strip()
+    return int(value) if value.isdigit() else None
