@@ -1,0 +1,711 @@
+"""LD106 backward-bypasses-accelerator: `loss.backward()` on a prepared model's loss, or in manual Lightning optimization."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import argument_of
+from lintdist.loop import BackwardSite
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rules.ld108_double_loss_scaling import (
+    Accumulation,
+    accumulation,
+    accumulation_division,
+    binding_before,
+    division_removal,
+)
+
+PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
+# Calls that hand back the model they are called on (or its parameters' owner): `model.to(device)`, `.train()`...
+SAME_MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double"})
+UNWRAP_METHODS = frozenset({"unwrap_model"})
+GRAD_SCALERS = frozenset(
+    {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
+)
+LIGHTNING_MODULES = frozenset(
+    {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
+)
+LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
+LIGHTNING_DEEPSPEED = frozenset(
+    {
+        "lightning.pytorch.strategies.DeepSpeedStrategy",
+        "pytorch_lightning.strategies.DeepSpeedStrategy",
+        "lightning.fabric.strategies.DeepSpeedStrategy",
+    }
+)
+FP16_PRECISIONS = frozenset({"16", "16-mixed", "fp16"})
+MAX_DEPTH = 6
+DETACHING = frozenset({"detach", "item", "tolist", "numpy"})
+
+
+# -- which model a value comes from (shared with LD107) -------------------------------------------
+
+
+def is_accelerate_prepare(rule: Rule, call: cst.CSTNode) -> bool:
+    """``accelerator.prepare(...)`` / ``accelerator.prepare_model(...)`` of an Accelerator (or of a name that says
+    it is one, in a file that imports accelerate: an accelerator handed in by code lintdist cannot see)."""
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return False
+    if call.func.attr.value not in PREPARE_MODEL_METHODS:
+        return False
+    receiver = call.func.value
+    if rule.facts.is_accelerator(receiver, call):
+        return True
+    name = (get_full_name_for_node(receiver) or "").rsplit(".", 1)[-1].lower()
+    return "accelerator" in name and imports_accelerate(rule)
+
+
+def imports_accelerate(rule: Rule) -> bool:
+    return any(m == "accelerate" or m.startswith("accelerate.") for m in rule.facts.imported_modules)
+
+
+def prepared_model(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> cst.Call | None:
+    """The ``accelerator.prepare(...)`` call a model expression holds the result of, or None.
+
+    In one function the last assignment before ``at`` decides (``model = Net()`` then ``model =
+    accelerator.prepare(model)``); a parameter is prepared when every call site passes a prepared model; a module
+    global or a ``self.`` attribute when one of its assignments prepares it.
+    """
+    if depth > MAX_DEPTH:
+        return None
+    facts = rule.facts
+    if isinstance(expr, cst.Call):
+        if is_accelerate_prepare(rule, expr):
+            return expr
+        method = facts.method_name(expr)
+        if isinstance(expr.func, cst.Attribute) and method in SAME_MODEL_METHODS:
+            return prepared_model(rule, expr.func.value, expr, depth + 1)
+        if method in UNWRAP_METHODS and expr.args:
+            return prepared_model(rule, expr.args[0].value, expr, depth + 1)
+        for function in facts.local_functions(expr):
+            for returned in facts.returns.get(function, ()):
+                found = prepared_model(rule, returned, returned, depth + 1)
+                if found is not None:
+                    return found
+        return None
+    if not isinstance(expr, (cst.Name, cst.Attribute)):
+        return None
+    key = get_full_name_for_node(expr)
+    if key is None:
+        return None
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "module" and not facts.bindings(key, at):
+        return prepared_model(rule, expr.value, at, depth + 1)  # `model.module.parameters()`
+    if not key.startswith(("self.", "cls.")):
+        binding = binding_before(rule, expr, at)
+        if isinstance(binding, cst.AugAssign):
+            return None
+        if binding is not None:
+            statement, unpacked = binding
+            value = statement.value
+            if not unpacked:
+                return prepared_model(rule, value, statement, depth + 1)
+            if is_accelerate_prepare(rule, value):
+                return value
+            return _prepared_origin(rule, expr, at, depth)
+        parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) else None
+        if parameter is not None:
+            function, index, _ = parameter
+            sites = facts.call_sites(function)
+            found = []
+            for site in sites:
+                argument = facts.argument_for(site, function, expr.value, index)
+                prepared = prepared_model(rule, argument, site, depth + 1) if argument is not None else None
+                if prepared is None:
+                    return None
+                found.append(prepared)
+            return found[0] if found else None
+    return _prepared_origin(rule, expr, at, depth)
+
+
+def _prepared_origin(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> cst.Call | None:
+    for origin in rule.facts.origins(expr, at):
+        if is_accelerate_prepare(rule, origin.node):
+            return origin.node
+        if isinstance(origin.node, cst.Call) and origin.node is not expr and origin.index is None:
+            found = prepared_model(rule, origin.node, origin.node, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def called_model(rule: Rule, call: cst.Call) -> cst.Call | None:
+    """The prepare call behind ``model(...)`` / ``model.forward(...)``, when ``model`` is a prepared model."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        func = func.value
+    if not isinstance(func, (cst.Name, cst.Attribute)):
+        return None
+    return prepared_model(rule, func, call)
+
+
+def loss_model(rule: Rule, loss: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+    """The prepare call of the model a loss is computed from: a call of a prepared model in the expression or in
+    what its names were last assigned (``outputs = model(**batch)``, ``loss = criterion(outputs, y)``)."""
+    memo: dict[int, cst.Call | None] = {}
+    return _loss_model(rule, loss, at, 0, memo)
+
+
+def _loss_model(rule, expr: cst.CSTNode, at: cst.CSTNode, depth: int, memo: dict) -> cst.Call | None:
+    if depth > MAX_DEPTH or id(expr) in memo:
+        return memo.get(id(expr))
+    memo[id(expr)] = None
+    facts = rule.facts
+    if facts.under_no_grad(at):
+        return None  # no gradient flows out of what runs under `torch.no_grad()`, nor out of `x.detach()`
+    attributes = {id(a.attr) for a in facts.within(expr, cst.Attribute)}
+    calls = facts.within(expr, cst.Call)
+    called = {id(c.func) for c in calls}
+    cut = [c for c in calls if facts.method_name(c) in DETACHING and isinstance(c.func, cst.Attribute)]
+    found = None
+    for node in facts.within(expr, cst.Call, cst.Name):
+        if any(node is c.func.value or facts.is_within(node, c.func.value) for c in cut):
+            continue
+        if isinstance(node, cst.Call):
+            found = called_model(rule, node)
+            if found is None and facts.local_functions(node):
+                returns = [r for f in facts.local_functions(node) for r in facts.returns.get(f, ())]
+                found = next((m for r in returns if (m := _loss_model(rule, r, r, depth + 1, memo))), None)
+        elif id(node) not in attributes and id(node) not in called and node.value not in {"self", "True", "False"}:
+            binding = binding_before(rule, node, at)
+            if isinstance(binding, cst.AugAssign):
+                found = _loss_model(rule, binding.value, binding, depth + 1, memo)
+                if found is None:
+                    found = _loss_model(rule, binding.target, binding, depth + 1, memo)
+            elif binding is not None:
+                statement = binding[0]
+                found = _loss_model(rule, statement.value, statement, depth + 1, memo)
+        if found is not None:
+            break
+    memo[id(expr)] = found
+    return found
+
+
+def accelerator_at(rule: Rule, prepare: cst.Call, at: cst.CSTNode) -> str | None:
+    """An expression naming the Accelerator that prepared the model, valid at ``at``: the receiver of the prepare
+    call, ``accelerator`` or ``self.accelerator``, if that name holds an Accelerator there (a parameter, a module
+    global, a local of the same function or an attribute of the same class)."""
+    facts = rule.facts
+    receiver = get_full_name_for_node(prepare.func.value) if isinstance(prepare.func, cst.Attribute) else None
+    candidates = [c for c in (receiver, "accelerator", "self.accelerator") if c]
+    for text in dict.fromkeys(candidates):
+        if text.startswith("self.") and (facts.enclosing_function(at) is None or not _in_method(rule, at)):
+            continue
+        expr = cst.parse_expression(text)
+        if facts.is_accelerator(expr, at):
+            return text
+        if text == receiver and _visible(rule, text, at, prepare):
+            return text
+    return None
+
+
+def _in_method(rule: Rule, at: cst.CSTNode) -> bool:
+    function = rule.facts.enclosing_function(at)
+    if function is None or rule.facts.enclosing_class(function) is None:
+        return False
+    params = function.params.params
+    return bool(params) and params[0].name.value == "self"
+
+
+def _visible(rule: Rule, text: str, at: cst.CSTNode, prepare: cst.Call) -> bool:
+    """The prepare call's receiver, which lintdist could not trace to ``Accelerator(...)``, is still the same name at
+    ``at``: a plain name used in the function that prepared the model, or a ``self.`` attribute read in a method
+    of the same class."""
+    facts = rule.facts
+    if text.startswith("self."):
+        return facts.enclosing_class(prepare) is facts.enclosing_class(at) and _in_method(rule, at)
+    same = facts.enclosing_function(prepare) is facts.enclosing_function(at)
+    return same and "." not in text
+
+
+def fp16(rule: Rule) -> bool:
+    """fp16 mixed precision: ``Accelerator(mixed_precision="fp16")`` (or a name bound to that literal), or the
+    launch's ``mixed_precision``."""
+    for call in rule.loop.accelerators:
+        value = argument_of(call, "mixed_precision", None)
+        if value is not None and _string(rule, value, call) == "fp16":
+            return True
+    setting = rule.context.settings.get("mixed_precision") if rule.context.settings else None
+    return setting is not None and str(setting.value).strip().lower() == "fp16"
+
+
+def _string(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value
+    if isinstance(expr, cst.Name):
+        values = {o.node.evaluated_value for o in rule.facts.origins(expr, at) if isinstance(o.node, cst.SimpleString)}
+        return values.pop() if len(values) == 1 else None
+    return None
+
+
+class BackwardBypassesAccelerator(Rule):
+    """
+    ## What it does
+    Reports `loss.backward()` in an accelerate script when the loss is computed
+    from a model that went through `accelerator.prepare` (called directly, through
+    its outputs' `.loss`, a criterion, or a helper function of the same file), and
+    `scaler.scale(loss).backward()` with the script's own `GradScaler` there. In a
+    `LightningModule` with `automatic_optimization = False`, it reports
+    `loss.backward()` in place of `self.manual_backward(loss)`. The report points
+    at the `backward` call. It is an error when the script uses DeepSpeed, fp16
+    mixed precision or gradient accumulation (in the code or in its launch
+    config), a warning otherwise (where `loss.backward()` happens to give the
+    same gradient today).
+
+    ## Why is this bad?
+    `accelerator.backward(loss)` is where accelerate does its part of the step:
+    it divides the loss by `gradient_accumulation_steps`, scales it with the
+    fp16 `GradScaler` whose `step` the prepared optimizer runs, and under
+    DeepSpeed calls the engine's `backward` and `step` (the prepared optimizer's
+    `step` does nothing there). With `loss.backward()`: under gradient
+    accumulation each optimizer step's gradient is the sum of the window instead
+    of its mean (k times too large); under fp16 the unscaled loss underflows
+    while the scaler still unscales the gradients (they come out 65536 times too
+    small); under DeepSpeed the model never trains. A script's own `GradScaler`
+    beside the Accelerator skips the accumulation division and, with accelerate's
+    own fp16, unscales twice. Lightning's `manual_backward` applies the
+    precision plugin's scaling and the strategy's backward (DeepSpeed) in the
+    same way. Not reported: models that were not prepared (a raw DDP model
+    beside an Accelerator used for its device, a frozen helper network),
+    `accelerator.backward`, and helpers called with prepared and unprepared
+    models alike.
+
+    ## Example
+    ```python
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Fix safety
+    Safe: `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)`
+    (`self.manual_backward(loss, **kw)` in Lightning), which is what accelerate
+    and Lightning document; the gradient then has the scale the rest of the
+    step (scheduler, clipping, the optimizer wrapper) expects. The fix is
+    offered only where a name for the Accelerator is in scope at the call (the
+    one that prepared the model, `accelerator` or `self.accelerator`, as a
+    parameter, a module global, a local or an attribute of the same class).
+    When the loss was already divided by the accumulation steps (the
+    `loss = loss / k` that LD108 reports once the call is
+    `accelerator.backward`), the same fix deletes that division, since
+    `accelerator.backward` divides by the Accelerator's steps: the two changes
+    are made together or not at all, so the gradient is never divided twice
+    (nor left undivided). Where the division cannot be deleted cleanly, or the
+    steps are unknown, there is no fix. `scaler.scale(loss).backward()` is
+    reported without a fix: the script's `GradScaler` and its
+    `scaler.step`/`scaler.update` calls have to go, and fp16 be set on the
+    Accelerator.
+
+    ## References
+    - accelerate `Accelerator.backward` (divides by `gradient_accumulation_steps`,
+      `scaler.scale(loss).backward()` for fp16, DeepSpeed's engine backward and step)
+    - accelerate `AcceleratedOptimizer.step` and `DeepSpeedOptimizerWrapper.step`
+    - Lightning `LightningModule.manual_backward`, "Manual optimization" guide
+    """
+
+    code = "LD106"
+    name = "backward-bypasses-accelerator"
+    severity = Severity.ERROR
+    fix_kind = "safe"
+    triggers = (re.compile(r"backward\s*\("),)
+    also_triggers = (("accelerat", "lightning", "Lightning"),)
+
+    VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+        ),
+        Valid(
+            """\
+import torch
+from accelerate import Accelerator
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+accelerator = Accelerator()
+model = DDP(model.to(accelerator.device), device_ids=[accelerator.local_process_index])
+loader = accelerator.prepare(loader)
+for batch in loader:
+    loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+student, optimizer = accelerator.prepare(student, optimizer)
+probe = Probe().to(accelerator.device)
+for batch in loader:
+    features = student(batch).detach()
+    probe_loss = probe_criterion(probe(features), batch["labels"])
+    probe_loss.backward()
+"""
+        ),
+        Valid(
+            """\
+import lightning as L
+
+
+class Module(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.model(batch).loss
+        self.manual_backward(loss)
+        opt.step()
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        outputs = model(**batch)
+        outputs.loss.backward()  # the summed window
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            lines=(8,),
+            fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        outputs = model(**batch)
+        accelerator.backward(outputs.loss)  # the summed window
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+import torch.nn.functional as F
+
+
+def train_step(model, batch, optimizer, accelerator):
+    logits = model(batch["x"])
+    loss = F.cross_entropy(logits, batch["y"])
+    loss.backward(retain_graph=True)
+    optimizer.step()
+
+
+def main():
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(Net(), opt)
+    for batch in loader:
+        train_step(model, batch, optimizer, accelerator)
+""",
+            lines=(8,),
+            fixed="""\
+from accelerate import Accelerator
+import torch.nn.functional as F
+
+
+def train_step(model, batch, optimizer, accelerator):
+    logits = model(batch["x"])
+    loss = F.cross_entropy(logits, batch["y"])
+    accelerator.backward(loss, retain_graph=True)
+    optimizer.step()
+
+
+def main():
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(Net(), opt)
+    for batch in loader:
+        train_step(model, batch, optimizer, accelerator)
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        loss = loss / args.accum
+        loss.backward()
+        optimizer.step()
+""",
+            lines=(9,),
+            fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+""",
+        ),
+        Invalid(
+            """\
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+scaler = torch.amp.GradScaler("cuda")
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+""",
+            lines=(9,),
+        ),
+        Invalid(
+            """\
+import pytorch_lightning as pl
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        loss.backward()
+        opt.step()
+""",
+            lines=(13,),
+            fixed="""\
+import pytorch_lightning as pl
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        opt.step()
+""",
+        ),
+    )
+
+    def finish(self) -> None:
+        for site in self.loop.backward_sites:
+            if site.kind not in {"tensor", "scaler"} or site.loss is None:
+                continue
+            if self._lightning(site):
+                continue
+            statement = self.loop.statement_of(site.call)
+            if statement is None:
+                continue
+            if site.kind == "scaler" and not self._own_scaler(site):
+                continue
+            prepare = loss_model(self, site.loss, statement)
+            if prepare is not None:
+                self._report(site, statement, prepare)
+
+    # -- accelerate ---------------------------------------------------------------------------
+
+    def _own_scaler(self, site: BackwardSite) -> bool:
+        return site.receiver is not None and any(
+            isinstance(o.node, cst.Call) and self.facts.callee_is(o.node, GRAD_SCALERS)
+            for o in self.facts.origins(site.receiver, site.call)
+        )
+
+    def _report(self, site: BackwardSite, statement: cst.CSTNode, prepare: cst.Call) -> None:
+        loop = self.loop
+        receiver = prepare.func.value
+        acc = accumulation(self, receiver, site.call)
+        division = accumulation_division(self, site.loss, statement, acc) if acc.state != "none" else None
+        reasons = []
+        if loop.backend == "DEEPSPEED":
+            reasons.append("under DeepSpeed the engine never runs its backward and step, so the model does not train")
+        if fp16(self):
+            reasons.append("under fp16 the loss is not scaled while the prepared optimizer still unscales")
+        if acc.state == "configured" and division is None:
+            reasons.append(
+                "with gradient accumulation the loss is not divided by the steps, so the gradient is the window's "
+                "sum, not its mean"
+            )
+        certain = bool(reasons)
+        if acc.state == "unknown" and division is None:
+            reasons.append(
+                "if the launch sets gradient accumulation, the loss is not divided by the steps and the gradient is "
+                "the window's sum, not its mean"
+            )
+        accelerator = accelerator_at(self, prepare, site.call)
+        shown = accelerator or get_full_name_for_node(receiver) or "accelerator"
+        loss_text = cst.Module([]).code_for_node(_bare(site.loss))
+        if site.kind == "scaler":
+            message = (
+                f"`scaler.scale({loss_text}).backward()` with a `GradScaler` of the script's own bypasses "
+                f"`{shown}.backward`: it skips accelerate's accumulation division and, with accelerate's fp16, "
+                f'unscales twice; set `mixed_precision="fp16"` on the Accelerator, call '
+                f"`{shown}.backward({loss_text})` and drop the scaler's `step`/`update`"
+            )
+            severity = Severity.ERROR if certain or acc.state == "configured" else Severity.WARNING
+            self.report(site.call, message, severity=severity)
+            return
+        fix, why_not = self._fix(site, accelerator, acc, division)
+        if reasons:
+            consequence = "; ".join(reasons)
+        elif division is not None:
+            consequence = (
+                "the division by the accumulation steps stands in for accelerate's today, but fp16 scaling and "
+                "DeepSpeed's backward would be skipped"
+            )
+        else:
+            consequence = (
+                "it gives the same gradient only while the script runs without fp16, DeepSpeed and accumulation"
+            )
+        message = (
+            f"`{loss_text}.backward()` bypasses `{shown}.backward` for a model prepared by accelerate: "
+            f"{consequence}; call `{shown}.backward({loss_text})`"
+        )
+        if division is not None:
+            message += f" and delete the division by `{cst.Module([]).code_for_node(division.term.expr)}`"
+        if why_not:
+            message += f" ({why_not})"
+        self.report(site.call, message, fix=fix, severity=None if certain else Severity.WARNING)
+
+    def _fix(self, site: BackwardSite, accelerator: str | None, acc: Accumulation, division) -> tuple[Fix | None, str]:
+        if accelerator is None:
+            return None, "not fixed automatically: no name for the Accelerator is in scope here"
+        new_call = _backward_call(site, accelerator)
+        if new_call is None:
+            return None, ""
+        if division is None:
+            return Fix(
+                Applicability.SAFE, f"Call `{accelerator}.backward(...)`", replacements=((site.call, new_call),)
+            ), ""
+        if acc.state != "configured" and not division.exact:
+            return None, (
+                "not fixed automatically: the loss is divided by the accumulation steps and the Accelerator's steps "
+                "are unknown here"
+            )
+        replacements, why_not = division_removal(self, division, site.call, new_call)
+        if replacements is None:
+            return None, f"not fixed automatically, since the division must go with it: {why_not}"
+        return Fix(
+            Applicability.SAFE,
+            f"Call `{accelerator}.backward(...)` and delete the division by the accumulation steps",
+            replacements=replacements,
+        ), ""
+
+    # -- Lightning ------------------------------------------------------------------------------
+
+    def _lightning(self, site: BackwardSite) -> bool:
+        """A ``loss.backward()`` in a LightningModule method (reported when it optimizes manually)."""
+        facts = self.facts
+        function = facts.enclosing_function(site.call)
+        cls = facts.enclosing_class(function) if function is not None else None
+        if cls is None or not facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
+            return False
+        if site.kind == "tensor" and self._manual_optimization(cls) and _in_method(self, site.call):
+            loss_text = cst.Module([]).code_for_node(_bare(site.loss))
+            message = (
+                f"`{loss_text}.backward()` in a LightningModule that optimizes manually bypasses the precision "
+                "plugin's scaling and the strategy's backward (DeepSpeed); call "
+                f"`self.manual_backward({loss_text})`"
+            )
+            new_call = _backward_call(site, "self", method="manual_backward")
+            fix = (
+                Fix(Applicability.SAFE, "Call `self.manual_backward(...)`", replacements=((site.call, new_call),))
+                if new_call is not None
+                else None
+            )
+            self.report(site.call, message, fix=fix, severity=None if self._lightning_scaled() else Severity.WARNING)
+        return True
+
+    def _manual_optimization(self, cls: cst.ClassDef) -> bool:
+        """``self.automatic_optimization = False`` in a method, or the class attribute."""
+        for assign in self.facts.within(cls, cst.Assign):
+            if not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
+                continue
+            for target in assign.targets:
+                name = get_full_name_for_node(target.target)
+                if name in {"self.automatic_optimization", "automatic_optimization"}:
+                    return True
+        return False
+
+    def _lightning_scaled(self) -> bool:
+        """A Lightning Trainer with fp16 mixed precision or a DeepSpeed strategy in this file."""
+        facts = self.facts
+        for call in facts.calls:
+            if facts.callee_is(call, LIGHTNING_DEEPSPEED):
+                return True
+            if not facts.callee_is(call, LIGHTNING_TRAINERS):
+                continue
+            precision = argument_of(call, "precision", None)
+            if isinstance(precision, (cst.SimpleString, cst.Integer)):
+                value = precision.evaluated_value if isinstance(precision, cst.SimpleString) else precision.value
+                if str(value) in FP16_PRECISIONS:
+                    return True
+            strategy = argument_of(call, "strategy", None)
+            if isinstance(strategy, cst.SimpleString) and strategy.evaluated_value.startswith("deepspeed"):
+                return True
+        return False
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without its own parentheses, as an argument needs none."""
+    if getattr(expr, "lpar", None):
+        return expr.with_changes(lpar=(), rpar=())
+    return expr
+
+
+def _backward_call(site: BackwardSite, receiver: str, method: str = "backward") -> cst.Call | None:
+    """``<receiver>.backward(loss, **kw)`` in place of ``loss.backward(**kw)``; None for a positional gradient."""
+    call = site.call
+    if any(arg.keyword is None for arg in call.args):
+        return None
+    func = cst.Attribute(value=cst.parse_expression(receiver), attr=cst.Name(method))
+    loss = cst.Arg(value=_bare(site.loss))
+    rest = list(call.args)
+    if rest:
+        loss = loss.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(func=func, args=(loss, *rest))
