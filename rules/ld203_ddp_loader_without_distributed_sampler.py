@@ -1,0 +1,817 @@
+"""LD203 ddp-loader-without-distributed-sampler: every rank of a raw DDP/FSDP job iterates the whole dataset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import (
+    DATALOADER_CLASSES,
+    RANK_GETTERS,
+    RANK_NAMES,
+    SAMPLER_CLASSES,
+    Loop,
+    argument_of,
+    iterated_expression,
+    wrapped_iterable,
+)
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+ITERABLE_CLASSES = frozenset(
+    {
+        "torch.utils.data.IterableDataset",
+        "torch.utils.data.dataset.IterableDataset",
+        "torch.utils.data.IterDataPipe",
+        "torch.utils.data.datapipes.datapipe.IterDataPipe",
+        "datasets.IterableDataset",
+        "datasets.iterable_dataset.IterableDataset",
+    }
+)
+# Libraries whose datasets stream (iterable) or split themselves by rank.
+SELF_SHARDING_MODULES = ("webdataset", "torchdata", "streaming", "litdata", "ffcv")
+# Parts of a dataset class's name that say it is iterable or streamed.
+ITERABLE_NAME_PARTS = ("Iterable", "IterDataPipe", "Stream", "WebDataset")
+# Calls and methods that make a dataset iterable or keep one rank's part of it.
+SHARDING_CALLS = frozenset({"split_dataset_by_node", "to_iterable_dataset", "shard", "IterableDatasetShard"})
+SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
+LOAD_DATASET = frozenset({"datasets.load_dataset", "datasets.load.load_dataset"})
+# Where a rank only chooses the device, not the data: `.to(rank)`, `.cuda(local_rank)`, `device=...`.
+DEVICE_METHODS = frozenset({"to", "cuda", "device", "set_device"})
+# Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
+FRAMEWORK_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders", "fit", "validate", "test"})
+LIGHTNING_HOOKS = frozenset({"train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"})
+LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
+MAX_DEPTH = 6
+WRAPPER_NAMES = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard")
+
+
+@dataclass(frozen=True)
+class Use:
+    """A training loop that draws batches from a loader expression: ``for`` over it, or ``next()`` of its iterator."""
+
+    loop: Loop
+    expr: cst.BaseExpression
+    stepped: bool  # through ``next(it)``
+
+
+class DdpLoaderWithoutDistributedSampler(Rule):
+    """
+    ## What it does
+    Reports a `DataLoader` that a raw DistributedDataParallel or FSDP script
+    (one that wraps its model in `DistributedDataParallel`,
+    `FullyShardedDataParallel` or `fully_shard` itself) trains on, when the
+    loader has neither a `sampler` nor a `batch_sampler` and its dataset is
+    map-style. The report points at the `DataLoader(...)` call.
+
+    ## Why is this bad?
+    DDP and FSDP split nothing: each process builds its own loader, and a
+    loader without a sampler walks the whole dataset, in the same order on
+    every rank when it does not shuffle, and in independent orders when it
+    does. The ranks then train on copies of the same data: an epoch is W
+    times longer than it should be (or W times fewer epochs fit in the
+    budget), the effective batch holds the same samples W times, and nothing
+    warns. `DistributedSampler` gives each rank its own 1/W of the indices.
+
+    Not reported, because the data is split some other way: a loader passed
+    to `accelerator.prepare`, Fabric's `setup_dataloaders` or a Lightning
+    `Trainer` (or returned from a Lightning `*_dataloader` hook); an
+    `IterableDataset` (a subclass, a `datasets` dataset loaded with
+    `streaming=True` or turned into one with `to_iterable_dataset`,
+    WebDataset and other streaming libraries), which cannot take a sampler and
+    shards itself; a dataset already cut by rank (`split_dataset_by_node`,
+    `.shard(num_shards=world, index=rank)`, `dataset[rank::world]`, a
+    `Subset` of rank-dependent indices, a dataset class given the rank or
+    reading it); a loader used only in evaluation (no backward pass in the
+    loop, or under `torch.no_grad()`), or only on rank 0; and a script whose
+    wrapped model and loader loop no common code path connects.
+
+    ## Example
+    ```python
+    dist.init_process_group("nccl")
+    model = DDP(model.to(local_rank), device_ids=[local_rank])
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    dist.init_process_group("nccl")
+    model = DDP(model.to(local_rank), device_ids=[local_rank])
+    loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset, shuffle=True))
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    ```
+
+    ## Fix safety
+    Unsafe (`--unsafe-fixes`): each rank then sees 1/W of the data per epoch,
+    so the number of steps per epoch, learning-rate schedules computed from
+    `len(loader)`, and logged epoch metrics all change, and
+    `DistributedSampler` pads the dataset with repeated samples up to a
+    multiple of W (unless given `drop_last=True`). The fix replaces
+    `shuffle=X` with `sampler=DistributedSampler(dataset, shuffle=X)` (a loader
+    without `shuffle` gets `shuffle=False`, keeping the order it had), using
+    the file's existing import of `DistributedSampler` or adding
+    `from torch.utils.data import DistributedSampler`. A shuffling sampler also
+    needs the epoch, or every epoch replays one order (LD201): the fix inserts
+    `loader.sampler.set_epoch(epoch)` at the start of each epoch loop, or, when
+    the loader is rebuilt inside the epoch loop, passes `seed=epoch` (the
+    sampler shuffles with `seed + epoch`, so both give the same orders). No fix
+    when the dataset is not a plain name or attribute (it would be evaluated
+    twice), when `shuffle` is passed by position, when an epoch loop has no
+    usable counter, when the loader has no name at the epoch loop, or when a
+    shuffling loader is read with `next(iter(loader))` (where a new pass
+    starts is not a loop lintdist sees, so it cannot tell the sampler the
+    epoch). The fix does not reformat: a long `DataLoader(...)` line may need
+    rewrapping.
+
+    ## References
+    - `torch.utils.data.distributed.DistributedSampler` (its docstring: "useful
+      in conjunction with DistributedDataParallel ... each process can pass a
+      DistributedSampler instance as a DataLoader sampler")
+    - PyTorch tutorial "Getting Started with Distributed Data Parallel" and the
+      `ddp-tutorial-series` examples (`multigpu.py`)
+    - accelerate `accelerate/data_loader.py`, `prepare_data_loader` (why
+      accelerate loaders need no sampler)
+    """
+
+    code = "LD203"
+    name = "ddp-loader-without-distributed-sampler"
+    severity = Severity.ERROR
+    fix_kind = "unsafe"
+    triggers = ("DataLoader",)
+    # a wrapper needs its import, so its real name is in the text even when it is used as `DDP`/`FSDP`
+    also_triggers = (WRAPPER_NAMES,)
+
+    VALID = (
+        Valid(
+            """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+dist.init_process_group("gloo")
+model = DDP(model)
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=16, sampler=sampler)
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+"""
+        ),
+        Valid(
+            """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class TokenStream(IterableDataset):
+    def __iter__(self):
+        yield from read_shard(dist.get_rank())
+
+
+dist.init_process_group("gloo")
+model = DDP(model)
+loader = DataLoader(TokenStream(), batch_size=16)
+for batch in loader:
+    model(batch).sum().backward()
+"""
+        ),
+        Valid(
+            """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo")
+model = DDP(model)
+train_loader = DataLoader(train_set, batch_size=16, sampler=DistributedSampler(train_set))
+eval_loader = DataLoader(eval_set, batch_size=64)
+with torch.no_grad():
+    for x, y in eval_loader:
+        total += (model(x).argmax(1) == y).sum()
+"""
+        ),
+        Valid(
+            """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+model = DDP(model)
+loader = DataLoader(dataset[rank::world], batch_size=16, shuffle=True)
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+"""
+        ),
+        Valid(
+            """\
+import torch.distributed as dist
+from datasets import load_dataset
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader
+
+dist.init_process_group("nccl")
+fully_shard(model)
+stream = load_dataset("allenai/c4", "en", split="train", streaming=True)
+for batch in DataLoader(stream.with_format("torch"), batch_size=8):
+    model(batch["input_ids"]).loss.backward()
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+if args.raw:
+    model = DDP(model)
+accelerator = Accelerator()
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for x, y in loader:
+    accelerator.backward(loss_fn(model(x), y))
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo")
+model = DDP(model)
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+for epoch in range(3):
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+""",
+            lines=(7,),
+            unsafe_fixed="""\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler, DataLoader
+
+dist.init_process_group("gloo")
+model = DDP(model)
+loader = DataLoader(dataset, batch_size=16, sampler=DistributedSampler(dataset, shuffle=True))
+for epoch in range(3):
+    loader.sampler.set_epoch(epoch)
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+""",
+        ),
+        Invalid(
+            """\
+import torch.distributed as dist
+import torch.utils.data as tud
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data.distributed import DistributedSampler as DS
+
+
+def train(model, data, epochs):
+    for epoch in range(epochs):
+        for batch in tud.DataLoader(data, 8):
+            model(batch).sum().backward()
+
+
+dist.init_process_group("gloo")
+fully_shard(model)
+train(model, dataset, 4)
+""",
+            lines=(9,),
+            unsafe_fixed="""\
+import torch.distributed as dist
+import torch.utils.data as tud
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data.distributed import DistributedSampler as DS
+
+
+def train(model, data, epochs):
+    for epoch in range(epochs):
+        for batch in tud.DataLoader(data, 8, sampler=DS(data, shuffle=False)):
+            model(batch).sum().backward()
+
+
+dist.init_process_group("gloo")
+fully_shard(model)
+train(model, dataset, 4)
+""",
+        ),
+        Invalid(
+            """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo")
+model = DistributedDataParallel(model)
+loader = DataLoader(build_dataset(), batch_size=16, shuffle=True)
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+""",
+            lines=(7,),
+        ),
+    )
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._reach: dict[int, set[int]] = {}
+
+    def finish(self) -> None:
+        wrappers = self._wrappers()
+        if not wrappers:
+            return
+        # DataLoader(...) call -> the training loops that iterate it, with the loader's expression there
+        found: dict[int, tuple[cst.Call, list[Use]]] = {}
+        for use in self._training_iterations():
+            for loader in self._loaders(use.expr, use.loop):
+                if any(self._related(use.loop, wrapper) for wrapper in wrappers):
+                    found.setdefault(id(loader), (loader, []))[1].append(use)
+        for loader, uses in found.values():
+            if self._split_elsewhere(loader):
+                continue
+            self._report(loader, uses)
+
+    def _wrappers(self) -> list[cst.Call]:
+        """``facts.wrapped_models()``, asked only when some call is spelled like a wrapper or an imported alias of
+        one (resolving every call's name costs more than the rest of the rule in a file that wraps nothing)."""
+        facts = self.facts
+        spellings = set(WRAPPER_NAMES)
+        for statement in facts.index.nodes(cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar):
+                return facts.wrapped_models()
+            for alias in statement.names:
+                if alias.asname is not None and get_full_name_for_node(alias.name) in WRAPPER_NAMES:
+                    spellings.add(get_full_name_for_node(alias.asname.name) or "")
+        if not any((get_full_name_for_node(c.func) or "").rsplit(".", 1)[-1] in spellings for c in facts.calls):
+            return []
+        return facts.wrapped_models()
+
+    # -- where a loader is trained on -------------------------------------------------------------
+
+    def _training_iterations(self) -> list[Use]:
+        """Loops that run a backward pass over a loader: ``for batch in loader`` (through ``enumerate``/
+        ``tqdm``), or ``next(it)`` of ``it = iter(loader)`` inside the loop."""
+        facts = self.facts
+        result = []
+        for loop, expr in facts.data_loops():
+            if self._trains_everywhere(loop):
+                result.append(Use(loop, expr, stepped=False))
+        for call in facts.calls:
+            if get_full_name_for_node(call.func) != "next" or not call.args:
+                continue
+            loop = facts.enclosing_loop(call)
+            if loop is None or not self._trains_everywhere(loop):
+                continue
+            for origin in facts.origins(call.args[0].value, call):
+                node = origin.node
+                if isinstance(node, cst.Call) and origin.index is None and wrapped_iterable(node) is not None:
+                    inner = iterated_expression(node)
+                    if inner is not None:
+                        result.append(Use(loop, inner, stepped=True))
+        return result
+
+    def _trains_everywhere(self, loop: Loop) -> bool:
+        """The loop runs a backward pass, not under ``no_grad`` and not on the main process only."""
+        facts = self.facts
+        return facts.trains(loop.body) and not facts.under_no_grad(loop) and facts.rank_guard(loop) is None
+
+    def _loaders(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> list[cst.Call]:
+        """The ``DataLoader(...)`` calls an iterated expression can be; none when a framework prepared it."""
+        facts = self.facts
+        origins = facts.origins(expr, at)
+        if any(facts.is_prepare_call(o.node) for o in origins):
+            return []
+        result = []
+        for origin in origins:
+            node = origin.node
+            if not isinstance(node, cst.Call) or origin.index is not None:
+                continue
+            if wrapped_iterable(node) is not None and depth < MAX_DEPTH:
+                result.extend(self._loaders(wrapped_iterable(node), node, depth + 1))
+            elif self._plain_loader(node) and self._unsampled(node):
+                result.append(node)
+        return result
+
+    def _plain_loader(self, call: cst.Call) -> bool:
+        """torch's ``DataLoader``, or a subclass of this file that never mentions a sampler (one that does may
+        build its own ``DistributedSampler``)."""
+        facts = self.facts
+        if facts.callee_is(call, DATALOADER_CLASSES):
+            return True
+        if not facts.is_instance_of(call, DATALOADER_CLASSES):
+            return False
+        name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
+        return not any(
+            "sampler" in node.value.lower()
+            for cls in facts.classes
+            if cls.name.value == name
+            for node in facts.within(cls, cst.Name)
+        )
+
+    def _unsampled(self, loader: cst.Call) -> bool:
+        """No ``sampler``/``batch_sampler`` (or ``None`` for both), and no ``**kwargs`` that may hold one."""
+        if any(arg.star for arg in loader.args):
+            return False
+        for keyword, position in (("sampler", 3), ("batch_sampler", 4)):
+            value = argument_of(loader, keyword, position)
+            if value is not None and not (isinstance(value, cst.Name) and value.value == "None"):
+                return False
+        return argument_of(loader, "dataset", 0) is not None
+
+    # -- the traps: data split some other way -----------------------------------------------------
+
+    def _split_elsewhere(self, loader: cst.Call) -> bool:
+        facts = self.facts
+        if facts.rank_guard(loader) is not None or self._framework_loader(loader):
+            return True
+        dataset = argument_of(loader, "dataset", 0)
+        return self._iterable_or_sharded(dataset, loader, 0, set())
+
+    def _framework_loader(self, loader: cst.Call) -> bool:
+        """The loader is built in a Lightning hook or module, or handed to accelerate/Fabric/Lightning."""
+        facts = self.facts
+        function = facts.enclosing_function(loader)
+        if function is not None and function.name.value in LIGHTNING_HOOKS:
+            return True
+        cls = facts.enclosing_class(loader)
+        if cls is not None and facts.derives_from(cls, lambda name: name.startswith(LIGHTNING_MODULES)):
+            return True
+        for call in facts.calls:
+            if facts.method_name(call) in FRAMEWORK_METHODS and not facts.local_functions(call):
+                for arg in call.args:
+                    if any(o.node is loader for o in facts.origins(arg.value, call)):
+                        return True
+        return False
+
+    def _iterable_or_sharded(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int, seen: set[int]) -> bool:
+        """The dataset is iterable, or already holds one rank's part, as far as lintdist can follow it."""
+        if depth > MAX_DEPTH:
+            return False
+        for origin in self.facts.origins(expr, at):
+            node = origin.node
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if self._mentions_rank(node):
+                return True
+            parts: list[cst.BaseExpression] = []
+            if isinstance(node, cst.Subscript):
+                parts = [node.value]  # `dataset[rank::world]` is caught above; `splits["train"]` is followed
+            elif isinstance(node, cst.Call):
+                if self._iterable_call(node):
+                    return True
+                parts = [arg.value for arg in node.args]  # `Subset(dataset, indices)`, `ConcatDataset([a, b])`
+                if isinstance(node.func, cst.Attribute):
+                    parts.append(node.func.value)  # `dataset.shard(...)`, `dataset.with_format("torch")`
+            elif isinstance(node, (cst.List, cst.Tuple)):
+                parts = [element.value for element in node.elements]
+            if any(part is not node and self._iterable_or_sharded(part, node, depth + 1, seen) for part in parts):
+                return True
+        return False
+
+    def _iterable_call(self, call: cst.Call) -> bool:
+        """A call that builds an iterable dataset or keeps one rank's part of one."""
+        facts = self.facts
+        names = facts.qualified_names(call.func) | {get_full_name_for_node(call.func) or ""}
+        last = {name.rsplit(".", 1)[-1] for name in names}
+        if not last.isdisjoint(SHARDING_CALLS) or facts.is_instance_of(call, ITERABLE_CLASSES):
+            return True
+        if any(name.startswith(SELF_SHARDING_MODULES) for name in names):
+            return True
+        if any(part in name for name in last for part in ITERABLE_NAME_PARTS):
+            return True
+        if facts.callee_is(call, LOAD_DATASET):
+            streaming = argument_of(call, "streaming", None)
+            if streaming is not None and not (isinstance(streaming, cst.Name) and streaming.value == "False"):
+                return True
+        for cls in facts.classes:
+            # a local iterable dataset, or one that reads the rank to pick its part
+            if (
+                cls.name.value in last
+                and facts.enclosing_class(cls) is None
+                and (facts.derives_from(cls, _iterable_name) or self._mentions_rank(cls))
+            ):
+                return True
+        return False
+
+    def _mentions_rank(self, node: cst.CSTNode) -> bool:
+        """The expression (or class) reads a process's rank to choose data, not a device."""
+        facts = self.facts
+        for name in facts.within(node, cst.Name):
+            if name.value in RANK_NAMES and not self._device_use(name, node):
+                return True
+        for call in facts.within(node, cst.Call):
+            if facts.method_name(call) in RANK_GETTERS and not self._device_use(call, node):
+                return True
+        for string in facts.within(node, cst.SimpleString):
+            if string.value.strip("\"'") in {"RANK", "LOCAL_RANK"} and not self._device_use(string, node):
+                return True
+        return False
+
+    def _device_use(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        """``node`` sits in a device choice (``.to(rank)``, ``.cuda(rank)``, ``device=...``, ``torch.device``)."""
+        facts = self.facts
+        for ancestor in facts.ancestors(node):
+            if isinstance(ancestor, cst.Arg) and ancestor.keyword is not None and "device" in ancestor.keyword.value:
+                return True
+            if isinstance(ancestor, cst.Call) and facts.method_name(ancestor) in DEVICE_METHODS:
+                return True
+            if ancestor is container:
+                break
+        return False
+
+    # -- is the loader part of the distributed job? ------------------------------------------------
+
+    def _related(self, loop: Loop, wrapper: cst.Call) -> bool:
+        """The wrapped model and the loop share code: the same function or class, module-level code, or a
+        function of this file whose calls reach both."""
+        first, second = self._unit(loop), self._unit(wrapper)
+        if first is None or second is None or first is second:
+            return True
+        roots = [f for functions in self.facts.functions.values() for f in functions]
+        return any({id(first), id(second)} <= self._reached(root) for root in roots) or {
+            id(first),
+            id(second),
+        } <= self._reached(None)
+
+    def _unit(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The class or function ``node`` belongs to (a function belongs to itself, a method to its class)."""
+        facts = self.facts
+        cls = facts.enclosing_class(node)
+        if cls is not None:
+            return cls
+        return node if isinstance(node, cst.FunctionDef) else facts.enclosing_function(node)
+
+    def _reached(self, root: cst.FunctionDef | None) -> set[int]:
+        """The functions and classes (ids) the calls of ``root`` reach (module-level code when None)."""
+        key = id(root)
+        if key not in self._reach:
+            facts = self.facts
+            if root is None:
+                calls = [c for c in facts.calls if self._unit(c) is None]
+                units: set[int] = set()
+            else:
+                calls = facts.reachable_calls(root)
+                units = {id(self._unit(root))}
+            pending = list(calls)
+            seen: set[int] = set()
+            while pending:
+                call = pending.pop()
+                for function in facts.local_functions(call):
+                    if id(function) not in seen:
+                        seen.add(id(function))
+                        units.add(id(self._unit(function)))
+                        pending.extend(facts.reachable_calls(function))
+            self._reach[key] = units
+        return self._reach[key]
+
+    # -- the report and its fix -----------------------------------------------------------------
+
+    def _report(self, loader: cst.Call, uses: list[Use]) -> None:
+        code = self.context.module.code_for_node
+        dataset = argument_of(loader, "dataset", 0)
+        dataset_text = code(dataset) if isinstance(dataset, (cst.Name, cst.Attribute)) else "dataset"
+        shuffle = argument_of(loader, "shuffle", 2)
+        shuffle_text = "False" if shuffle is None else code(shuffle)
+        if len(shuffle_text) > 30:
+            shuffle_text = "..."
+        instead = "" if shuffle is None else " in place of `shuffle=`"
+        epoch = "" if shuffle_text == "False" else ", and call `sampler.set_epoch(epoch)` at the start of each epoch"
+        message = (
+            "this DataLoader has no sampler in a raw DistributedDataParallel/FSDP script, so every rank iterates "
+            "the whole dataset and the ranks train on copies of the same batches; pass "
+            f"`sampler=DistributedSampler({dataset_text}, shuffle={shuffle_text})`{instead}{epoch}"
+        )
+        self.report(loader, message, fix=self._fix(loader, uses))
+
+    def _fix(self, loader: cst.Call, uses: list[Use]) -> Fix | None:
+        facts = self.facts
+        code = self.context.module.code_for_node
+        dataset = argument_of(loader, "dataset", 0)
+        if not isinstance(dataset, (cst.Name, cst.Attribute)):
+            return None
+        positional = [arg for arg in loader.args if arg.keyword is None]
+        shuffle_arg = next((a for a in loader.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+        if len(positional) > 2 or (shuffle_arg is None and argument_of(loader, "shuffle", 2) is not None):
+            return None
+        sampler_name, imports = self._sampler_name()
+        if sampler_name is None:
+            return None
+        shuffle = code(shuffle_arg.value) if shuffle_arg is not None else "False"
+        shuffles = shuffle != "False"
+        # the epoch each shuffling sampler must be told: a statement in each epoch loop, or a seed
+        insertions: list[tuple[Loop, str]] = []
+        seed = None
+        if shuffles:
+            if any(use.stepped for use in uses):
+                return None  # `next(iter(loader))`: where a pass over the data starts is not a loop lintdist sees
+            for epoch_loop, loader_there in {
+                id(e): (e, x) for use in uses for e, x in self._epochs(loader, use.loop, use.expr)
+            }.values():
+                epoch = _epoch_variable(epoch_loop)
+                if epoch is None or not isinstance(epoch_loop.body, cst.IndentedBlock):
+                    return None
+                if facts.is_within(loader, epoch_loop):
+                    if facts.enclosing_function(loader) is not facts.enclosing_function(epoch_loop) or seed:
+                        return None
+                    seed = epoch
+                    continue
+                if not self._named_at(loader_there, loader, epoch_loop):
+                    return None
+                insertions.append((epoch_loop, f"{code(loader_there)}.sampler.set_epoch({epoch})"))
+        seed_text = f", seed={seed}" if seed else ""
+        sampler = cst.parse_expression(f"{sampler_name}({code(dataset)}, shuffle={shuffle}{seed_text})")
+        if shuffle_arg is not None:
+            replacements = [(shuffle_arg, shuffle_arg.with_changes(keyword=cst.Name("sampler"), value=sampler))]
+        else:
+            replacements = self._appended(loader, positional[-1], sampler)
+            if replacements is None:
+                return None
+        for epoch_loop, statement in insertions:
+            body = epoch_loop.body
+            replacements.append((body, body.with_changes(body=(cst.parse_statement(f"{statement}\n"), *body.body))))
+        changed = [old for old, _ in replacements]
+        if any(a is not b and facts.is_within(a, b) for a in changed for b in changed):
+            return None  # nested edits would overwrite each other
+        told = " and tell it the epoch" if insertions or seed else ""
+        return Fix(
+            Applicability.UNSAFE,
+            f"Give the loader `sampler={sampler_name}({code(dataset)}, shuffle={shuffle})`{told}",
+            replacements=tuple(replacements),
+            imports=imports,
+        )
+
+    def _appended(self, loader: cst.Call, last: cst.Arg, sampler: cst.BaseExpression) -> list | None:
+        """Replacements that add ``sampler=...`` right after the last positional argument."""
+        new = cst.Arg(
+            value=sampler,
+            keyword=cst.Name("sampler"),
+            equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+            ),
+        )
+        if isinstance(last.comma, cst.Comma):
+            if last is loader.args[-1]:
+                return None  # a trailing comma: where the new line goes and how it is indented is unclear
+            new = new.with_changes(comma=last.comma)
+            args = list(loader.args)
+            at = args.index(last)
+            return [(loader, loader.with_changes(args=(*args[: at + 1], new, *args[at + 1 :])))]
+        return [
+            (
+                loader,
+                loader.with_changes(
+                    args=(
+                        *loader.args[:-1],
+                        last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                        new,
+                    )
+                ),
+            )
+        ]
+
+    def _sampler_name(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+        """How this file names ``DistributedSampler`` at module level, or the import the fix must add."""
+        facts = self.facts
+        for statement in facts.index.nodes(cst.ImportFrom):
+            if facts.enclosing_function(statement) is not None or facts.enclosing_class(statement) is not None:
+                continue
+            if statement.module is None or isinstance(statement.names, cst.ImportStar):
+                continue
+            module = get_full_name_for_node(statement.module)
+            for alias in statement.names:
+                if f"{module}.{get_full_name_for_node(alias.name)}" in SAMPLER_CLASSES:
+                    local = alias.asname.name if alias.asname is not None else alias.name
+                    return get_full_name_for_node(local), ()
+        for statement in facts.index.nodes(cst.Import):  # `import torch.utils.data as tud`
+            if facts.enclosing_function(statement) is not None or facts.enclosing_class(statement) is not None:
+                continue
+            for alias in statement.names:
+                module = get_full_name_for_node(alias.name)
+                if module in SAMPLER_MODULES:
+                    local = get_full_name_for_node(alias.asname.name) if alias.asname is not None else module
+                    return f"{local}.DistributedSampler", ()
+        for attribute in facts.index.nodes(cst.Attribute):  # `torch.utils.data.distributed.DistributedSampler`
+            if attribute.attr.value == "DistributedSampler" and not SAMPLER_CLASSES.isdisjoint(
+                facts.qualified_names(attribute)
+            ):
+                root = get_full_name_for_node(attribute).split(".", 1)[0]
+                if self.context.names.module_bindings(root):
+                    return self.context.module.code_for_node(attribute), ()
+        if self.context.names.module_bindings("DistributedSampler") or any(
+            n.value == "DistributedSampler" and not _attribute_part(n, facts) for n in facts.index.nodes(cst.Name)
+        ):
+            return None, ()
+        return "DistributedSampler", (("torch.utils.data", "DistributedSampler"),)
+
+    def _epochs(self, loader: cst.Call, loop: Loop, expr: cst.BaseExpression) -> list[tuple[Loop, cst.BaseExpression]]:
+        """The epoch loops around a training loop that do not already tell a sampler the epoch."""
+        facts = self.facts
+        result = []
+        for epoch_loop, loader_there in facts.epoch_loops(loop, expr):
+            if _single_pass(epoch_loop):
+                continue
+            if any(self._tells(call, loader) for call in facts.reachable_calls(epoch_loop.body)):
+                continue
+            result.append((epoch_loop, loader_there))
+        return result
+
+    def _tells(self, call: cst.Call, loader: cst.Call) -> bool:
+        """A ``set_epoch`` call that may reach this loader's sampler: ``loader.sampler.set_epoch(e)``,
+        ``set_epoch(loader, e)``, or one on something lintdist cannot follow (then no second call is added)."""
+        facts = self.facts
+        if facts.method_name(call) != "set_epoch":
+            return False
+        if isinstance(call.func, cst.Attribute):
+            receiver = call.func.value
+            while isinstance(receiver, cst.Attribute) and receiver.attr.value in {"sampler", "batch_sampler"}:
+                receiver = receiver.value
+        elif call.args:
+            receiver = call.args[0].value
+        else:
+            return True
+        origins = facts.origins(receiver, call)
+        if any(o.node is loader for o in origins):
+            return True
+        # every value is something else lintdist can see (another sampler, None): not this loader's
+        return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)
+
+    def _named_at(self, expr: cst.BaseExpression, loader: cst.Call, epoch_loop: Loop) -> bool:
+        """``expr`` names the loader at the epoch loop, bound outside it (so the new first statement can read it)."""
+        facts = self.facts
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return False
+        key = get_full_name_for_node(expr)
+        if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
+            return False
+        return any(o.node is loader for o in facts.origins(expr, epoch_loop))
+
+
+def _attribute_part(name: cst.Name, facts) -> bool:
+    """The ``name`` of ``x.name``, or a keyword ``name=``: not a variable."""
+    parent = facts.parent(name)
+    return (isinstance(parent, cst.Attribute) and parent.attr is name) or (
+        isinstance(parent, cst.Arg) and parent.keyword is name
+    )
+
+
+def _iterable_name(qualified: str) -> bool:
+    return any(part in qualified.rsplit(".", 1)[-1] for part in ITERABLE_NAME_PARTS)
+
+
+# Copied from LD201 (rules do not import each other): what a loop's epoch counter is, and single passes.
+
+
+def _single_pass(loop: Loop) -> bool:
+    if not isinstance(loop, cst.For):
+        return False
+    iterator = loop.iter
+    if isinstance(iterator, (cst.List, cst.Tuple)):
+        return len(iterator.elements) <= 1
+    return (
+        isinstance(iterator, cst.Call)
+        and get_full_name_for_node(iterator.func) == "range"
+        and len(iterator.args) == 1
+        and isinstance(iterator.args[0].value, cst.Integer)
+        and iterator.args[0].value.evaluated_value <= 1
+    )
+
+
+def _epoch_variable(loop: Loop) -> str | None:
+    """The loop's epoch counter: a plain ``for`` target, or a ``while`` body's ``name += 1``."""
+    if isinstance(loop, cst.For):
+        target = loop.target
+        return target.value if isinstance(target, cst.Name) and target.value != "_" else None
+    if isinstance(loop.body, cst.IndentedBlock):
+        for statement in loop.body.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if (
+                        isinstance(small, cst.AugAssign)
+                        and isinstance(small.operator, cst.AddAssign)
+                        and isinstance(small.target, cst.Name)
+                        and isinstance(small.value, cst.Integer)
+                        and small.value.value == "1"
+                    ):
+                        return small.target.value
+    return None
