@@ -1,0 +1,502 @@
+"""LD202 sampler-with-shuffle: a DataLoader given both `shuffle=True` and a sampler, which raises when it is built."""
+
+from __future__ import annotations
+
+import io
+import tokenize
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+SEQUENTIAL_SAMPLERS = frozenset({"torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler"})
+BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
+# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positions of the arguments read here.
+SHUFFLE, SAMPLER, BATCH_SAMPLER = 2, 3, 4
+MAX_DEPTH = 4
+
+
+class SamplerWithShuffle(Rule):
+    """
+    ## What it does
+    Reports `shuffle=True` (or any value that is certainly true) given to a
+    `torch.utils.data.DataLoader` together with a `sampler=` or a
+    `batch_sampler=` that is not `None`. The report points at the `shuffle`
+    argument. Aliases (`import torch.utils.data as tud`,
+    `from torch.utils.data import DataLoader as DL`), values passed through
+    variables and helper parameters, and subclasses of `DataLoader` defined in
+    the file without their own `__init__` are followed.
+
+    ## Why is this bad?
+    `DataLoader.__init__` raises `ValueError: sampler option is mutually
+    exclusive with shuffle` (with a `batch_sampler`: `batch_sampler option is
+    mutually exclusive with batch_size, shuffle, sampler, and drop_last`),
+    whatever the sampler: a `DistributedSampler(..., shuffle=False)` raises
+    just the same. The order comes from the sampler, so `shuffle` can only be
+    false there. In a script that picks `DistributedSampler(...) if
+    distributed else None` the crash happens only in the distributed run,
+    typically on the cluster, after the job waited in the queue. Reported as a
+    warning when the sampler is a helper's parameter that defaults to `None`
+    and has no caller in the file. Not reported: `shuffle=(sampler is None)`,
+    `shuffle=args.shuffle` and any other value that is not certainly true (a
+    flag may be false whenever a sampler is given), a sampler that may come in
+    through `**kwargs`, and loaders of other libraries.
+
+    ## Example
+    ```python
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, sampler=sampler)
+    ```
+
+    ## Use instead
+    ```python
+    sampler = DistributedSampler(dataset)  # shuffles by default; call set_epoch every epoch
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    ```
+
+    ## Fix safety
+    Safe: the call always raised, and the sampler decides the order either way.
+    When every sampler the call can get is built in sight (a class such as
+    `DistributedSampler(...)` instantiated in this file), the fix deletes
+    `shuffle=True` (a positional `True` becomes `False`). When the sampler may
+    be `None` (a conditional, a parameter, a helper of another module) and is a
+    plain name, the fix writes `shuffle=sampler is None` instead, which keeps
+    the shuffling of the run without a sampler. There is no fix when the
+    sampler itself says it keeps the order (`DistributedSampler(...,
+    shuffle=False)`, `SequentialSampler`): the call asks for both orders, and
+    only its author knows which one was meant; nor when `shuffle` comes in
+    through a parameter (callers out of sight may pass `False`), nor when a
+    comment sits on the `shuffle` argument.
+
+    ## References
+    - `torch/utils/data/dataloader.py`, `DataLoader.__init__`: "sampler option
+      is mutually exclusive with shuffle"
+    - `torch.utils.data.distributed.DistributedSampler` (`shuffle=True` by default)
+    """
+
+    code = "LD202"
+    name = "sampler-with-shuffle"
+    severity = Severity.ERROR
+    fix_kind = "safe"
+    triggers = ("DataLoader",)
+    also_triggers = (("ampler",),)
+
+    VALID = (
+        Valid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+"""
+        ),
+        Valid(
+            """\
+import torch.utils.data
+
+sampler = torch.utils.data.DistributedSampler(dataset) if distributed else None
+loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=(sampler is None), sampler=sampler)
+"""
+        ),
+        Valid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+loader = DataLoader(dataset, shuffle=args.shuffle, sampler=DistributedSampler(dataset))
+val_loader = DataLoader(val_set, shuffle=False, sampler=DistributedSampler(val_set, shuffle=False))
+"""
+        ),
+        Valid(
+            """\
+from torch.utils.data import DataLoader
+
+
+def build(dataset, sampler=None, shuffle=True):
+    return DataLoader(dataset, sampler=sampler, shuffle=shuffle)
+
+
+train = build(train_set)
+"""
+        ),
+        Valid(
+            """\
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, shuffle=True, sampler=None, **loader_options)
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=32, shuffle=True, sampler=sampler)
+""",
+            lines=(4,),
+            fixed="""\
+from torch.utils.data import DataLoader, DistributedSampler
+
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+""",
+        ),
+        Invalid(
+            """\
+import torch.utils.data as tud
+
+loader = tud.DataLoader(
+    dataset,
+    batch_size=32,
+    sampler=tud.distributed.DistributedSampler(dataset),  # one shard per rank
+    shuffle=True,
+)
+""",
+            lines=(7,),
+            fixed="""\
+import torch.utils.data as tud
+
+loader = tud.DataLoader(
+    dataset,
+    batch_size=32,
+    sampler=tud.distributed.DistributedSampler(dataset),  # one shard per rank
+)
+""",
+        ),
+        Invalid(
+            """\
+from torch.utils.data import DataLoader as DL
+from torch.utils.data.distributed import DistributedSampler
+
+train_sampler = DistributedSampler(train_set) if args.distributed else None
+loader = DL(train_set, args.batch_size, True, train_sampler, num_workers=4)
+""",
+            lines=(5,),
+            fixed="""\
+from torch.utils.data import DataLoader as DL
+from torch.utils.data.distributed import DistributedSampler
+
+train_sampler = DistributedSampler(train_set) if args.distributed else None
+loader = DL(train_set, args.batch_size, train_sampler is None, train_sampler, num_workers=4)
+""",
+        ),
+        Invalid(
+            """\
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+SHUFFLE = True
+batches = BatchSampler(RandomSampler(dataset), batch_size=16, drop_last=True)
+loader = DataLoader(dataset, batch_sampler=batches, shuffle=SHUFFLE)
+""",
+            lines=(5,),
+            fixed="""\
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+SHUFFLE = True
+batches = BatchSampler(RandomSampler(dataset), batch_size=16, drop_last=True)
+loader = DataLoader(dataset, batch_sampler=batches)
+""",
+        ),
+        Invalid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+loader = DataLoader(dataset, shuffle=True, sampler=DistributedSampler(dataset, shuffle=False))
+""",
+            lines=(3,),
+        ),
+        Invalid(
+            """\
+from torch.utils.data import DataLoader
+
+
+def make_loader(dataset, sampler, shuffle=True):
+    return DataLoader(dataset, batch_size=8, shuffle=shuffle, sampler=sampler)
+
+
+loader = make_loader(dataset, sampler)
+""",
+            lines=(5,),
+        ),
+    )
+
+    def finish(self) -> None:
+        facts = self.facts
+        for call in facts.calls:
+            if not self._is_dataloader(call):
+                continue
+            shuffle = _argument(call, "shuffle", SHUFFLE)
+            if shuffle is None or self._truth(shuffle.value, call) is not True:
+                continue
+            for keyword, position in (("sampler", SAMPLER), ("batch_sampler", BATCH_SAMPLER)):
+                given = _argument(call, keyword, position)
+                if given is None:
+                    continue
+                kinds = self._sampler_kinds(given.value, call)
+                if kinds - {"none"}:
+                    self._report(call, shuffle, given, keyword, kinds)
+                    break
+
+    # -- what the loader is given -----------------------------------------------------------------
+
+    def _is_dataloader(self, call: cst.Call) -> bool:
+        """``DataLoader(...)`` under any alias, or a subclass of this file that keeps ``DataLoader.__init__``."""
+        facts = self.facts
+        if facts.callee_is(call, DATALOADER_CLASSES):
+            return True
+        if not isinstance(call.func, cst.Name):
+            return False
+        classes = [c for c in facts.classes if c.name.value == call.func.value and facts.enclosing_function(c) is None]
+        return (
+            len(classes) == 1
+            and facts.derives_from(classes[0], lambda name: name in DATALOADER_CLASSES)
+            and not self._own_init(classes[0])
+        )
+
+    def _own_init(self, cls: cst.ClassDef, depth: int = 0) -> bool:
+        """The class, or a local class between it and ``DataLoader``, defines ``__init__`` (it may take
+        ``shuffle`` and ``sampler`` apart itself)."""
+        facts = self.facts
+        if any(
+            isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+            for s in (cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ())
+        ):
+            return True
+        for base in cls.bases:
+            name = get_full_name_for_node(base.value)
+            local = next((c for c in facts.classes if c.name.value == name and c is not cls), None)
+            if local is not None and depth < MAX_DEPTH and self._own_init(local, depth + 1):
+                return True
+        return False
+
+    def _truth(
+        self, expr: cst.BaseExpression, at: cst.CSTNode, *, parameters: bool = True, depth: int = 0
+    ) -> bool | None:
+        """True or False when every value ``expr`` can take there is a constant of that truth; else None.
+        ``parameters=False``: None as soon as a value comes in through a function parameter."""
+        constant = _constant_truth(expr)
+        if constant is not None or depth > MAX_DEPTH:
+            return constant
+        if isinstance(expr, cst.IfExp):
+            sides = [self._truth(side, at, parameters=parameters, depth=depth + 1) for side in (expr.body, expr.orelse)]
+            return sides[0] if sides[0] == sides[1] else None
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return None
+        values = self._values(expr, at, parameters)
+        if not values:
+            return None
+        truths = {self._truth(value, where, parameters=parameters, depth=depth + 1) for value, where in values}
+        return truths.pop() if len(truths) == 1 else None
+
+    def _values(
+        self, expr: cst.BaseExpression, at: cst.CSTNode, parameters: bool
+    ) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
+        """The expressions a name can hold at ``at``, each with where it is read. For a parameter: what
+        every call site of the file passes, or its default where one passes nothing; nothing at all when the
+        function has no call site here (its callers are out of sight)."""
+        facts = self.facts
+        key = get_full_name_for_node(expr)
+        found = facts.bindings(key, at) if key else []
+        if found:
+            values = []
+            for binding in found:
+                if binding.index is not None:
+                    return []
+                values.append((binding.value, binding.statement))
+            return values
+        parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) and parameters else None
+        if parameter is None:
+            return []
+        function, index, param = parameter
+        values = []
+        for call in facts.call_sites(function):
+            if any(arg.star for arg in call.args):
+                return []
+            passed = facts.argument_for(call, function, param.name.value, index)
+            if passed is not None:
+                values.append((passed, call))
+            elif param.default is not None:
+                values.append((param.default, function))
+            else:
+                return []
+        return values
+
+    def _sampler_kinds(self, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+        """What a ``sampler=`` argument can be: "none"; "sampler" (a class built there, never None);
+        "unknown" (another call, a name from elsewhere, a parameter that takes a value); "maybe" (a
+        parameter that defaults to ``None`` and whose callers are out of sight)."""
+        facts = self.facts
+        kinds = set()
+        for origin in facts.origins(expr, at):
+            node = origin.node
+            if _constant_truth(node) is not None:
+                kinds.add("none" if isinstance(node, cst.Name) and node.value == "None" else "unknown")
+            elif isinstance(node, cst.Param):
+                function = facts.enclosing_function(node)
+                is_none = _constant_truth(node.default) is not None and node.default.value == "None"
+                if function is not None and facts.call_sites(function):
+                    # every call in sight passes nothing here, so the default is what arrives
+                    kinds.add("none" if node.default is None or is_none else "unknown")
+                else:
+                    kinds.add("maybe" if is_none else "unknown")
+            elif isinstance(node, cst.Call) and origin.index is None and _constructs(node):
+                kinds.add("sampler")
+            else:
+                kinds.add("unknown")
+        return kinds
+
+    def _keeps_order(self, expr: cst.BaseExpression, at: cst.CSTNode, batched: bool) -> bool:
+        """The sampler (or the sampler inside the batch sampler) says it does not shuffle."""
+        facts = self.facts
+        for origin in facts.origins(expr, at):
+            node = origin.node
+            if not isinstance(node, cst.Call):
+                continue
+            if batched and facts.callee_is(node, BATCH_SAMPLERS):
+                inner = argument_of(node, "sampler", 0)
+                if inner is not None and self._keeps_order(inner, node, batched=False):
+                    return True
+                continue
+            if facts.callee_is(node, SEQUENTIAL_SAMPLERS):
+                return True
+            if facts.is_instance_of(node, SAMPLER_CLASSES):
+                shuffle = argument_of(node, "shuffle", 3)
+                if shuffle is not None and _constant_truth(shuffle) is False:
+                    return True
+        return False
+
+    # -- the report and its fix -------------------------------------------------------------
+
+    def _report(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, keyword: str, kinds: set[str]) -> None:
+        shuffle_text = self.context.module.code_for_node(shuffle.value)
+        batched = keyword == "batch_sampler"
+        error = (
+            "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+            if batched
+            else "sampler option is mutually exclusive with shuffle"
+        )
+        may_be_none = bool(kinds & {"none", "maybe"})
+        when = " whenever the sampler is not None (the distributed run)" if may_be_none else ""
+        keeps_order = self._keeps_order(given.value, call, batched)
+        if keeps_order:
+            advice = (
+                "the sampler keeps a fixed order while `shuffle` asks for a random one: drop `shuffle` to keep "
+                "the order, or make the sampler shuffle"
+            )
+        elif may_be_none:
+            name = get_full_name_for_node(given.value) if isinstance(given.value, (cst.Name, cst.Attribute)) else None
+            advice = f"shuffle only when there is no sampler (`shuffle={name or '<sampler>'} is None`)"
+        elif shuffle.keyword is None:
+            advice = "the sampler decides the order, so pass `False` for `shuffle`"
+        else:
+            advice = "the sampler decides the order, so drop `shuffle`"
+        message = (
+            f"`shuffle={shuffle_text}` with a `{keyword}` makes `DataLoader` raise ValueError ('{error}'){when}; "
+            f"{advice}"
+        )
+        fix = None if keeps_order else self._fix(call, shuffle, given, kinds)
+        severity = None if kinds & {"sampler", "unknown"} else Severity.WARNING
+        self.report(shuffle, message, fix=fix, severity=severity)
+
+    def _fix(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, kinds: set[str]) -> Fix | None:
+        if _has_comment(self.context.module.code_for_node(shuffle)):
+            return None
+        if self._truth(shuffle.value, call, parameters=False) is not True:
+            return None  # `shuffle` comes in through a parameter: callers out of sight may pass False
+        if kinds != {"sampler"}:
+            if not isinstance(given.value, (cst.Name, cst.Attribute)):
+                return None
+            test = cst.Comparison(
+                left=given.value,
+                comparisons=[cst.ComparisonTarget(operator=cst.Is(), comparator=cst.Name("None"))],
+            )
+            return Fix(
+                Applicability.SAFE,
+                f"Shuffle only without a sampler: `{get_full_name_for_node(given.value)} is None`",
+                replacements=((shuffle.value, test),),
+            )
+        if shuffle.keyword is None:
+            return Fix(
+                Applicability.SAFE,
+                "Pass `False` for `shuffle`: the sampler decides the order",
+                replacements=((shuffle.value, cst.Name("False")),),
+            )
+        new_call = without_argument(call, shuffle)
+        if new_call is None:
+            return None
+        return Fix(
+            Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),)
+        )
+
+
+def _argument(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
+    """The ``Arg`` a call passes for a parameter, by keyword (also after ``**kwargs``) or by position."""
+    positional = 0
+    starred = False
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg
+        elif arg.star:
+            starred = starred or arg.star == "*"
+        elif not starred:
+            if positional == position:
+                return arg
+            positional += 1
+    return None
+
+
+def _constructs(call: cst.Call) -> bool:
+    """A class is instantiated (``DistributedSampler(...)``, ``samplers.Bucketed(...)``): never None."""
+    name = get_full_name_for_node(call.func) or ""
+    return name.rsplit(".", 1)[-1][:1].isupper()
+
+
+def _constant_truth(expr: cst.BaseExpression) -> bool | None:
+    if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
+        return expr.value == "True"
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return bool(expr.evaluated_value)
+    return None
+
+
+def without_argument(call: cst.Call, dropped: cst.Arg) -> cst.Call | None:
+    """``call`` without one argument, keeping the layout: the last argument hands its comma (and the
+    whitespace before the closing parenthesis) to the one before it."""
+    args = list(call.args)
+    index = args.index(dropped)
+    del args[index]
+    if index == len(args) and args:
+        previous = args[-1]
+        if isinstance(dropped.comma, cst.Comma):
+            comma = dropped.comma
+            before = previous.comma.whitespace_after if isinstance(previous.comma, cst.Comma) else None
+            after = comma.whitespace_after
+            if isinstance(before, cst.ParenthesizedWhitespace) and isinstance(after, cst.ParenthesizedWhitespace):
+                # keep the previous line's own comment, end the line as the dropped argument's did
+                comma = comma.with_changes(
+                    whitespace_after=before.with_changes(indent=after.indent, last_line=after.last_line)
+                )
+            args[-1] = previous.with_changes(comma=comma)
+        else:
+            if isinstance(previous.comma, cst.Comma) and _has_comment(cst.Module([]).code_for_node(previous.comma)):
+                return None
+            args[-1] = previous.with_changes(
+                comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=dropped.whitespace_after_arg
+            )
+    return call.with_changes(args=args)
+
+
+def _has_comment(code: str) -> bool:
+    """The source of a node holds a comment (a ``#`` inside a string literal is not one)."""
+    if "#" not in code:
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return True
+    return any(token.type == tokenize.COMMENT for token in tokens)

@@ -1,0 +1,602 @@
+"""LD205 skip-first-batches-reused: the loader from `skip_first_batches` iterated again in later epochs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import Loop, argument_of
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.syntax import child_fields
+
+IMPORTS_ACCELERATE = re.compile(r"^\s*(?:from|import)\s+accelerate\b", re.MULTILINE)
+SKIP_FUNCTIONS = frozenset({"accelerate.skip_first_batches", "accelerate.data_loader.skip_first_batches"})
+ACTIVE = "active_dataloader"
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A skipping loader that a later epoch of ``epoch_loop`` iterates again."""
+
+    skip: cst.Call  # the skip_first_batches(...) call
+    kind: str  # "before" | "stale" | "rebind" | "every"
+    epoch_loop: Loop
+    loader_there: cst.BaseExpression  # the loader at the epoch loop (the data loop's, or a helper's argument)
+    target: str | None  # the name the skipping loader is bound to; None when iterated in place
+
+
+class SkipFirstBatchesReused(Rule):
+    """
+    ## What it does
+    Reports a loader made by `accelerator.skip_first_batches(loader, n)` (or
+    `accelerate.skip_first_batches`) that an epoch loop iterates in more than
+    the resumed epoch: the call's result bound before the epoch loop, or
+    rebound over the loader's own name (`loader = skip_first_batches(loader,
+    n)`), or bound under an `if` and never reset in the epoch loop, or built
+    afresh every epoch with the same `n`. The report points at the
+    `skip_first_batches` call.
+
+    ## Why is this bad?
+    `skip_first_batches` returns a new loader whose batch sampler is a
+    `SkipBatchSampler`: it drops the first `n` batches on **every** pass, not
+    just the first one. Iterated again in the next epochs, it silently trains
+    on `n` fewer batches each epoch (and rebinding it over the loader's own
+    name loses the full loader for the rest of the run). The intended use is
+    to iterate it for the resumed epoch only and then go back to the original
+    loader. Not reported: the `active_dataloader = ...` pattern of accelerate's
+    examples (set to the original loader in the other branch, every epoch), a
+    helper whose parameter is rebound for one epoch's call only, an `n` that
+    changes inside the epoch loop, and a skip under a condition that also
+    holds the loop that iterates it.
+
+    ## Example
+    ```python
+    if resume_step:
+        train_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+    for epoch in range(starting_epoch, num_epochs):
+        for batch in train_dataloader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(starting_epoch, num_epochs):
+        if resume_step and epoch == starting_epoch:
+            active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+        else:
+            active_dataloader = train_dataloader
+        for batch in active_dataloader:
+            ...
+    ```
+
+    ## Fix safety
+    Unsafe: it changes which batches later epochs train on (that is the point,
+    but `len()` of the loader changes for them too, and so does anything
+    derived from it). When the skip rebinds the loader's own name, the fix
+    binds it to `active_dataloader` instead and iterates that; the name that
+    holds the skipping loader is then set back to the full loader for the
+    epochs after the resumed one (at the start of each epoch when the skip
+    is gated inside the epoch loop, after the loader's use when it comes
+    before the loop). A skip made afresh every epoch becomes
+    `skip_first_batches(loader, n) if epoch == <first epoch> else loader` in a
+    `for epoch in range(...)` loop. No fix when the name `active_dataloader`
+    is taken in that function, when the loader is not a plain name or is
+    rebound in the epoch loop, when the skip and the loop are in different
+    functions (an attribute set by a `resume()` method), or for other loop
+    shapes.
+
+    ## References
+    - accelerate `accelerate/data_loader.py`, `skip_first_batches` and `SkipBatchSampler`
+    - accelerate `Accelerator.skip_first_batches` docstring ("for the first epoch only")
+    - accelerate `examples/by_feature/checkpointing.py` (`active_dataloader`)
+    """
+
+    code = "LD205"
+    name = "skip-first-batches-reused"
+    severity = Severity.WARNING
+    fix_kind = "unsafe"
+    triggers = ("skip_first_batches",)
+
+    VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+for epoch in range(starting_epoch, num_epochs):
+    if resume_step is not None and epoch == starting_epoch:
+        active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+    else:
+        active_dataloader = train_dataloader
+    for batch in active_dataloader:
+        accelerator.backward(model(batch).sum())
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for epoch in range(starting_epoch, num_epochs):
+    for batch in accelerator.skip_first_batches(train_dataloader, resume_step):
+        accelerator.backward(model(batch).sum())
+    resume_step = 0
+"""
+        ),
+        Valid(
+            """\
+from accelerate import skip_first_batches
+
+
+def train_one_epoch(model, loader, epoch, first_epoch, skip):
+    if epoch == first_epoch and skip:
+        loader = skip_first_batches(loader, skip)
+    for batch in loader:
+        model(batch).sum().backward()
+
+
+for epoch in range(start, epochs):
+    train_one_epoch(model, train_loader, epoch, start, resume_step)
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+train_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+for batch in train_dataloader:
+    accelerator.backward(model(batch).sum())
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+if resume_step:
+    train_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+for epoch in range(starting_epoch, num_epochs):
+    model.train()
+    for batch in train_dataloader:
+        accelerator.backward(model(batch).sum())
+    evaluate(model)
+""",
+            lines=(5,),
+            unsafe_fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+active_dataloader = train_dataloader
+if resume_step:
+    active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+for epoch in range(starting_epoch, num_epochs):
+    model.train()
+    for batch in active_dataloader:
+        accelerator.backward(model(batch).sum())
+    active_dataloader = train_dataloader
+    evaluate(model)
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for epoch in range(starting_epoch, num_epochs):
+    if args.resume_from_checkpoint and epoch == starting_epoch:
+        train_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+    for step, batch in enumerate(train_dataloader):
+        accelerator.backward(model(batch).sum())
+""",
+            lines=(6,),
+            unsafe_fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for epoch in range(starting_epoch, num_epochs):
+    active_dataloader = train_dataloader
+    if args.resume_from_checkpoint and epoch == starting_epoch:
+        active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+    for step, batch in enumerate(active_dataloader):
+        accelerator.backward(model(batch).sum())
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for epoch in range(starting_epoch, args.num_train_epochs):
+    for step, batch in enumerate(accelerator.skip_first_batches(train_dataloader, num_batches=resume_step)):
+        accelerator.backward(model(**batch).loss)
+""",
+            lines=(5,),
+            unsafe_fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for epoch in range(starting_epoch, args.num_train_epochs):
+    for step, batch in enumerate(accelerator.skip_first_batches(train_dataloader, num_batches=resume_step) if epoch == starting_epoch else train_dataloader):
+        accelerator.backward(model(**batch).loss)
+""",
+        ),
+        Invalid(
+            """\
+import accelerate
+
+active = train_loader
+for epoch in range(3):
+    if epoch == 0 and skip:
+        active = accelerate.skip_first_batches(train_loader, skip)
+    for batch in active:
+        model(batch).sum().backward()
+""",
+            lines=(6,),
+            unsafe_fixed="""\
+import accelerate
+
+active = train_loader
+for epoch in range(3):
+    active = train_loader
+    if epoch == 0 and skip:
+        active = accelerate.skip_first_batches(train_loader, skip)
+    for batch in active:
+        model(batch).sum().backward()
+""",
+        ),
+        Invalid(
+            """\
+from accelerate.data_loader import skip_first_batches
+
+
+def train(model, loader, epochs):
+    for batch in loader:
+        model(batch).sum().backward()
+
+
+skipped = skip_first_batches(train_loader, 100)
+epoch = 0
+while epoch < 3:
+    train(model, skipped, 1)
+    epoch += 1
+""",
+            lines=(9,),
+            unsafe_fixed="""\
+from accelerate.data_loader import skip_first_batches
+
+
+def train(model, loader, epochs):
+    for batch in loader:
+        model(batch).sum().backward()
+
+
+skipped = skip_first_batches(train_loader, 100)
+epoch = 0
+while epoch < 3:
+    train(model, skipped, 1)
+    skipped = train_loader
+    epoch += 1
+""",
+        ),
+    )
+
+    def finish(self) -> None:
+        skips = [call for call in self.facts.calls if self._is_skip(call)]
+        if not skips:
+            return
+        for skip in skips:
+            reuse = self._reuse(skip)
+            if reuse is not None:
+                self._report(reuse)
+
+    # -- finding the skip and the loops that run it again ------------------------------------------
+
+    def _is_skip(self, call: cst.Call) -> bool:
+        facts = self.facts
+        if facts.callee_is(call, SKIP_FUNCTIONS):
+            return True
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "skip_first_batches"):
+            return False
+        if facts.is_accelerator(func.value, call):
+            return True
+        name = (get_full_name_for_node(func.value) or "").rsplit(".", 1)[-1]
+        return name.endswith("accelerator") and IMPORTS_ACCELERATE.search(self.context.text) is not None
+
+    def _reuse(self, skip: cst.Call) -> Reuse | None:
+        facts = self.facts
+        count = argument_of(skip, "num_batches", 1)
+        if count is None or _falsy(count) or argument_of(skip, "dataloader", 0) is None:
+            return None
+        statement = facts.parent(skip)
+        target = None
+        if isinstance(statement, cst.Assign) and statement.value is skip:
+            if len(statement.targets) != 1 or not isinstance(statement.targets[0].target, (cst.Name, cst.Attribute)):
+                return None
+            target = get_full_name_for_node(statement.targets[0].target)
+        for loop, loader in facts.data_loops():
+            if target is None and loader is not skip:
+                continue
+            if not any(origin.node is skip for origin in facts.origins(loader, loop)):
+                continue
+            for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
+                kind = self._kind(skip, target, loop, epoch_loop, loader_there)
+                if kind is not None:
+                    return Reuse(skip, kind, epoch_loop, loader_there, target)
+        return None
+
+    def _kind(
+        self, skip: cst.Call, target: str | None, loop: cst.For, epoch_loop: Loop, loader_there: cst.BaseExpression
+    ) -> str | None:
+        facts = self.facts
+        statement = facts.parent(skip) if target else loop
+        if not facts.is_within(skip, epoch_loop):
+            if target is None:
+                return None
+            same_scope = facts.enclosing_function(skip) is facts.enclosing_function(epoch_loop)
+            if not same_scope and not target.startswith("self."):
+                return None  # a helper's own variable: rebound for that call only
+            if same_scope and facts.index.order(skip) > facts.index.order(epoch_loop):
+                return None
+            if self._rebound_in(target, epoch_loop, statement) or (
+                same_scope and self._rebound_between(target, statement, epoch_loop)
+            ):
+                return None
+            return "before"
+        gates = [a for a in self._up_to(statement, epoch_loop) if isinstance(a, cst.If)]
+        in_place = any(isinstance(a, (cst.IfExp, cst.BooleanOperation)) for a in self._up_to(skip, statement))
+        if target is not None:
+            if self._rebound_in(target, epoch_loop, statement):
+                return None
+            if any(not facts.is_within(loader_there, gate) for gate in gates):
+                return "stale"
+            loader = argument_of(skip, "dataloader", 0)
+            if get_full_name_for_node(loader) == target and not gates:
+                return "rebind"
+        if gates or in_place or not self._same_each_epoch(argument_of(skip, "num_batches", 1), epoch_loop):
+            return None
+        return "every"
+
+    def _up_to(self, node: cst.CSTNode, container: cst.CSTNode) -> list[cst.CSTNode]:
+        """The ancestors of ``node`` strictly inside ``container``."""
+        found = []
+        for ancestor in self.facts.ancestors(node):
+            if ancestor is container:
+                break
+            found.append(ancestor)
+        return found
+
+    def _rebound_in(self, key: str, loop: Loop, besides: cst.CSTNode) -> bool:
+        return any(
+            b.statement is not besides and self.facts.is_within(b.statement, loop)
+            for b in self.facts.bindings(key, loop)
+        )
+
+    def _rebound_between(self, key: str, statement: cst.CSTNode, loop: Loop) -> bool:
+        order = self.facts.index.order
+        return any(
+            b.statement is not statement and order(statement) < order(b.statement) < order(loop)
+            for b in self.facts.bindings(key, loop)
+        )
+
+    def _same_each_epoch(self, count: cst.BaseExpression, loop: Loop) -> bool:
+        """``num_batches`` has the same value in every epoch: a constant, or names the loop never rebinds."""
+        if isinstance(count, cst.Integer):
+            return count.evaluated_value != 0
+        facts = self.facts
+        if facts.within(count, cst.Call):
+            return False
+        keys = {
+            get_full_name_for_node(node)
+            for node in facts.within(count, cst.Name, cst.Attribute)
+            if not isinstance(facts.parent(node), cst.Attribute)
+        }
+        return not (keys & self._rebound_keys(loop))
+
+    def _rebound_keys(self, loop: Loop) -> set[str]:
+        """Names and attributes (``x``, ``args.x``) assigned inside the loop, its own target included."""
+        facts = self.facts
+        keys: set[str] = set()
+        for node in facts.within(loop, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For):
+            if isinstance(node, cst.Assign):
+                targets = [t.target for t in node.targets]
+            else:
+                targets = [node.target]
+            for target in targets:
+                for part in facts.within(target, cst.Name, cst.Attribute):
+                    keys.add(get_full_name_for_node(part) or "")
+        return keys
+
+    # -- the report and its fix -----------------------------------------------------------------
+
+    def _report(self, reuse: Reuse) -> None:
+        code = self.context.module.code_for_node
+        skip = reuse.skip
+        count = code(argument_of(skip, "num_batches", 1))
+        loader = code(argument_of(skip, "dataloader", 0))
+        line = self.context.span(reuse.epoch_loop).line
+        what = f"`{reuse.target}`" if reuse.target else "the loader"
+        why = f"its `SkipBatchSampler` drops the first `{count}` batches on every pass, not only in the resumed epoch"
+        situation = {
+            "before": f"{what} skips batches and every epoch of the loop at line {line} iterates it",
+            "stale": (
+                f"{what} is bound to the skipping loader under an `if` and never set back in the epoch loop at "
+                f"line {line}, so the epochs after the resumed one iterate it again"
+            ),
+            "rebind": f"{what} is rebound to a skipping loader in every epoch of the loop at line {line}",
+            "every": f"{what} is made to skip batches in every epoch of the loop at line {line}",
+        }[reuse.kind]
+        message = (
+            f"{situation}: {why}; iterate `skip_first_batches(...)` in the resumed epoch only and "
+            f"`{loader}` in the others (`active_dataloader`, as in accelerate's checkpointing example)"
+        )
+        self.report(skip, message, fix=self._fix(reuse))
+
+    def _fix(self, reuse: Reuse) -> Fix | None:
+        facts = self.facts
+        skip, loop, there = reuse.skip, reuse.epoch_loop, reuse.loader_there
+        loader = argument_of(skip, "dataloader", 0)
+        if not isinstance(loader, (cst.Name, cst.Attribute)):
+            return None
+        loader_key = get_full_name_for_node(loader)
+        rebound = self._rebound_keys(loop)
+        if loader_key in rebound - {reuse.target}:
+            return None
+        statement = facts.parent(skip)
+        rebinding = reuse.target == loader_key
+        if rebinding and (not self._name_free(ACTIVE, loop) or get_full_name_for_node(there) != loader_key):
+            return None
+        if reuse.kind in {"every", "rebind"}:
+            first = _first_epoch(loop, rebound)
+            if first is None:
+                return None
+            counter, start = first
+            test = cst.Comparison(cst.Name(counter), [cst.ComparisonTarget(cst.Equal(), start)])
+            message = f"Skip the batches only when `{counter} == {self.context.module.code_for_node(start)}`"
+            choice = cst.IfExp(test=test, body=skip, orelse=loader)
+            if reuse.kind == "every":
+                return Fix(Applicability.UNSAFE, message, replacements=((skip, choice),))
+            replace = {
+                id(statement): statement.with_changes(targets=[cst.AssignTarget(cst.Name(ACTIVE))], value=choice),
+                id(there): cst.Name(ACTIVE),
+            }
+            return self._edit([statement, there], replace, {}, {}, f"{message}, in `{ACTIVE}`")
+        replace: dict[int, cst.CSTNode] = {}
+        before: dict[int, list[cst.BaseStatement]] = {}
+        after: dict[int, list[cst.BaseStatement]] = {}
+        holder = ACTIVE if rebinding else reuse.target
+        if rebinding:
+            replace[id(statement.targets[0].target)] = cst.Name(ACTIVE)
+            replace[id(there)] = cst.Name(ACTIVE)
+        if reuse.kind == "stale":
+            gate = _child_of(facts, statement, loop.body)
+            if gate is None:
+                return None
+            before[id(gate)] = [_assignment(holder, loader_key)]
+            touched = [gate, there]
+        else:  # "before"
+            use = _child_of(facts, there, loop.body)
+            if use is None or facts.enclosing_function(statement) is not facts.enclosing_function(loop):
+                return None
+            after[id(use)] = [_assignment(holder, loader_key)]
+            touched = [statement, use]
+            if rebinding:
+                outer = _child_of(facts, statement, facts.parent(loop))
+                if outer is None:
+                    return None
+                if facts.parent(statement) is not outer:  # the skip sits in an `if`: bind the name on every path
+                    before[id(outer)] = [_assignment(ACTIVE, loader_key)]
+                touched.append(outer)
+        if rebinding:
+            touched += [statement.targets[0].target, there]
+        verb = f"Iterate `{ACTIVE}`" if rebinding else f"Set `{holder}` back to `{loader_key}`"
+        return self._edit(touched, replace, before, after, f"{verb}: skip the batches in the resumed epoch only")
+
+    def _edit(
+        self,
+        touched: list[cst.CSTNode],
+        replace: dict[int, cst.CSTNode],
+        before: dict[int, list[cst.BaseStatement]],
+        after: dict[int, list[cst.BaseStatement]],
+        message: str,
+    ) -> Fix:
+        """One replacement of the smallest node holding every edit (statements go in beside the ``touched``)."""
+        facts = self.facts
+        root = _common_ancestor(facts, [facts.parent(node) for node in touched])
+        on_path = {id(a) for node in touched for a in facts.ancestors(node)}
+        on_path |= {id(node) for node in touched}
+        return Fix(
+            Applicability.UNSAFE, message, replacements=((root, _rebuild(root, replace, before, after, on_path)),)
+        )
+
+    def _name_free(self, name: str, loop: Loop) -> bool:
+        """No ``name`` in the function that runs the loop (in the whole file for a module-level loop)."""
+        facts = self.facts
+        scope = facts.enclosing_function(loop) or self.context.module
+        return not any(node.value == name for node in facts.within(scope, cst.Name))
+
+
+def _falsy(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Name):
+        return expr.value in {"None", "False"}
+    return isinstance(expr, cst.Integer) and expr.evaluated_value == 0
+
+
+def _assignment(target: str, value: str) -> cst.SimpleStatementLine:
+    return cst.parse_statement(f"{target} = {value}\n")
+
+
+def _first_epoch(loop: Loop, rebound: set[str]) -> tuple[str, cst.BaseExpression] | None:
+    """``for epoch in range(start, ...)``: the counter and its first value (a name the loop keeps, or a number)."""
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
+        return None
+    call = loop.iter
+    if get_full_name_for_node(call.func) != "range" or not call.args or any(a.keyword or a.star for a in call.args):
+        return None
+    start = call.args[0].value if len(call.args) > 1 else cst.Integer("0")
+    if isinstance(start, cst.Integer) or (
+        isinstance(start, (cst.Name, cst.Attribute)) and get_full_name_for_node(start) not in rebound
+    ):
+        return loop.target.value, start
+    return None
+
+
+def _child_of(facts, node: cst.CSTNode, block: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The statement of ``block`` (an indented block or the module) that holds ``node``."""
+    child = node
+    for ancestor in facts.ancestors(node):
+        if ancestor is block:
+            return child
+        child = ancestor
+    return None
+
+
+def _common_ancestor(facts, nodes: list[cst.CSTNode]) -> cst.CSTNode:
+    paths = [[node, *facts.ancestors(node)] for node in nodes]
+    shared = {id(a) for a in paths[0]}
+    for path in paths[1:]:
+        shared &= {id(a) for a in path}
+    return next(a for a in paths[0] if id(a) in shared)
+
+
+def _rebuild(
+    node: cst.CSTNode,
+    replace: dict[int, cst.CSTNode],
+    before: dict[int, list[cst.BaseStatement]],
+    after: dict[int, list[cst.BaseStatement]],
+    on_path: set[int],
+) -> cst.CSTNode:
+    """``node`` with some descendants replaced and statements inserted beside others, rebuilt along the paths
+    to them only (no walk of the rest)."""
+    if id(node) in replace:
+        return replace[id(node)]
+    if id(node) not in on_path:
+        return node
+    changes = {}
+    for name in child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            new = _rebuild(value, replace, before, after, on_path)
+            if new is not value:
+                changes[name] = new
+        elif isinstance(value, (tuple, list)):
+            items, changed = [], False
+            for item in value:
+                if not isinstance(item, cst.CSTNode):
+                    items.append(item)
+                    continue
+                new = _rebuild(item, replace, before, after, on_path)
+                extra_before, extra_after = before.get(id(item), []), after.get(id(item), [])
+                changed = changed or new is not item or bool(extra_before or extra_after)
+                items.extend([*extra_before, new, *extra_after])
+            if changed:
+                changes[name] = tuple(items)
+    return node.with_changes(**changes) if changes else node
