@@ -24,13 +24,15 @@ Loop = cst.For | cst.While
 
 ACCELERATOR_CLASSES = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 PREPARE_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
+FABRIC_CLASSES = frozenset({"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"})
 PREPARE_FUNCTIONS = frozenset({"accelerate.data_loader.prepare_data_loader"})
 DATALOADER_CLASSES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 SAMPLER_CLASSES = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
-DDP_CLASSES = frozenset(
+DDP_WRAPPERS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+)
+DDP_CLASSES = DDP_WRAPPERS | frozenset(
     {
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
         "torch.distributed.fsdp.FullyShardedDataParallel",
         "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
         "torch.distributed.fsdp.fully_shard",
@@ -147,6 +149,23 @@ class PythonFacts:
     def within(self, container: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
         """The nodes of these classes inside ``container`` (itself included), in source order, from the index."""
         return self.index.within(container, *types)
+
+    def exclusive(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """``a`` and ``b`` sit in different branches of one ``if``/``elif``/``else`` (or ``try``/``except``)."""
+        for ancestor in self.ancestors(a):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if isinstance(ancestor, cst.If) and ancestor.orelse is not None:
+                branches = (ancestor.body, ancestor.orelse)
+            elif isinstance(ancestor, cst.Try):
+                branches = (ancestor.body, *ancestor.handlers)
+            else:
+                continue
+            where_a = [i for i, branch in enumerate(branches) if self.is_within(a, branch)]
+            where_b = [i for i, branch in enumerate(branches) if b is branch or self.is_within(b, branch)]
+            if where_a and where_b and where_a != where_b:
+                return True
+        return False
 
     def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -437,13 +456,33 @@ class PythonFacts:
 
     # -- what the script does -------------------------------------------------------------
 
+    def imports(self, package: str) -> bool:
+        """The file imports ``package`` or one of its modules (``import accelerate.utils``, ``from accelerate import
+        x``)."""
+        return any(m == package or m.startswith(f"{package}.") for m in self.imported_modules)
+
     def is_prepare_call(self, node: cst.CSTNode) -> bool:
         """``accelerator.prepare(...)``, ``prepare_data_loader`` or Fabric's ``setup_dataloaders``."""
         if not isinstance(node, cst.Call):
             return False
         if isinstance(node.func, cst.Attribute):
-            return node.func.attr.value in PREPARE_METHODS
+            method, receiver = node.func.attr.value, node.func.value
+            if method not in PREPARE_METHODS:
+                return False
+            if method == "setup_dataloaders":
+                return self._fabric_like(receiver, node)
+            return self.accelerator_like(receiver, node)
         return self.callee_is(node, PREPARE_FUNCTIONS)
+
+    def accelerator_like(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``expr`` holds an Accelerator, or its name says so (``self.accelerator`` handed in by unseen code)."""
+        return self.is_accelerator(expr, at) or "accelerator" in _last_name_lower(expr)
+
+    def _fabric_like(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``expr`` holds a Lightning ``Fabric``, or its name says so."""
+        if any(isinstance(o.node, cst.Call) and self.callee_is(o.node, FABRIC_CLASSES) for o in self.origins(expr, at)):
+            return True
+        return "fabric" in _last_name_lower(expr)
 
     def is_accelerator(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None) -> bool:
         return any(
@@ -611,6 +650,12 @@ def iterated_expression(expr: cst.BaseExpression | None) -> cst.BaseExpression |
     while isinstance(expr, cst.Call) and wrapped_iterable(expr) is not None:
         expr = wrapped_iterable(expr)
     return expr if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)) else None
+
+
+def _last_name_lower(expr: cst.BaseExpression) -> str:
+    """The last part of a dotted name, lower-cased (``self.accelerator`` -> "accelerator"); "" for other
+    expressions."""
+    return (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
 
 
 def _last_name(expr: cst.BaseExpression) -> str | None:

@@ -19,7 +19,11 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, DDP_CLASSES, PythonFacts, argument_of
 
 GA_PLUGIN_CLASSES = frozenset(
-    {"accelerate.utils.GradientAccumulationPlugin", "accelerate.utils.dataclasses.GradientAccumulationPlugin"}
+    {
+        "accelerate.utils.GradientAccumulationPlugin",
+        "accelerate.utils.dataclasses.GradientAccumulationPlugin",
+        "accelerate.accelerator.GradientAccumulationPlugin",
+    }
 )
 DEEPSPEED_PLUGINS = frozenset(
     {"accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"}
@@ -89,6 +93,13 @@ COUNT_NAME_HINTS = ("num_items", "num_tokens", "n_tokens", "ntokens", "token_cou
 WINDOW_METHODS = frozenset({"scale_mean", "scale_sum"})
 SCHEDULER_FACTORIES = ("get_scheduler", "schedule", "lr_scheduler", "LambdaLR", "StepLR", "CosineAnnealing", "OneCycle")
 MAX_WALK = 12
+MAX_DEPTH = 6
+PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
+# Calls that hand back the model they are called on (or its parameters' owner): `model.to(device)`, `.train()`...
+SAME_MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double"})
+UNWRAP_METHODS = frozenset({"unwrap_model"})
+PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+DETACHING = frozenset({"detach", "item", "tolist", "numpy"})
 
 
 # -- what the loop is made of -------------------------------------------------------------------
@@ -142,12 +153,39 @@ class AccumulateBlock:
 class NoSync:
     """A block that skips the gradient all-reduce: ``model.no_sync()`` ("model"), ``accelerator.no_sync(model)``
     ("accelerator"), ``grad_sync(model, sync=...)`` of ``lintdist.runtime`` ("grad_sync") or
-    ``fabric.no_backward_sync(model)`` ("fabric"). ``call`` is the context expression's call."""
+    ``fabric.no_backward_sync(model)`` ("fabric"). ``call`` is the context expression's call: in the ``with``
+    itself, or in the assignment of the name it enters (``with context:``)."""
 
     node: cst.With
     call: cst.Call
     kind: str
     model: cst.BaseExpression | None
+
+
+@dataclass(frozen=True)
+class AccumulationLoop:
+    """nanoGPT's accumulation window: ``for micro_step in range(accum_steps):`` around the backward, and the
+    optimizer step that runs after it, ungated, in the loop around it (``outer``; None: the function is called once
+    per step)."""
+
+    node: cst.For
+    bound: cst.BaseExpression  # ``accum_steps``
+    step: StepSite
+    outer: cst.For | cst.While | None
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """What lintdist knows of an Accelerator's gradient accumulation steps.
+
+    ``state`` is "configured" (the code, its plugin or the launch sets more than one step), "unknown" (nothing sets
+    it, but the script opens ``accumulate`` blocks: ``accelerate launch`` may set it) or "none" (one step).
+    ``value`` is the number when a literal says it; ``expr`` the expression the code configures it with.
+    """
+
+    state: str
+    value: int | None = None
+    expr: cst.BaseExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +212,15 @@ class Chain:
         if self.base is not None:
             kind = "other"  # two losses multiplied or divided: not a recipe lintdist understands
         self.base, self.base_expr, self.base_at = kind, expr, at
+
+
+@dataclass(frozen=True)
+class Division:
+    """A division of the loss by the accumulation steps: the divisor ``term``, and whether it is
+    ``accelerator.gradient_accumulation_steps`` itself (then it is exactly what accelerate divides by)."""
+
+    term: Term
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -355,7 +402,7 @@ class TrainingLoop:
                 continue
             item = facts.parent(call)
             block = facts.parent(item) if isinstance(item, cst.WithItem) else None
-            if not isinstance(block, cst.With) or not facts.is_accelerator(call.func.value, call):
+            if not isinstance(block, cst.With) or not self._accumulating_accelerator(call.func.value, call):
                 continue
             models = tuple(arg.value for arg in call.args if not arg.star and arg.keyword is None)
             known = blocks.get(id(block))
@@ -365,39 +412,61 @@ class TrainingLoop:
                 blocks[id(block)] = AccumulateBlock(block, call, call.func.value, models)
         return list(blocks.values())
 
+    def _accumulating_accelerator(self, receiver: cst.BaseExpression, call: cst.Call) -> bool:
+        """The receiver of ``x.accumulate(...)`` holds an Accelerator; or, in a file that builds exactly one, its
+        name ends in ``accelerator`` (a closure reading the enclosing function's, which ``origins`` does not
+        follow: accelerate's ``automatic_gradient_accumulation.py``)."""
+        if self.facts.is_accelerator(receiver, call):
+            return True
+        name = (get_full_name_for_node(receiver) or "").rsplit(".", 1)[-1]
+        return name.endswith("accelerator") and len(self.accelerators) == 1
+
     def accumulate_block_of(self, node: cst.CSTNode) -> AccumulateBlock | None:
         """The innermost ``accumulate`` block whose body holds ``node`` (in the same function)."""
         return _innermost(self.facts, node, {id(b.node): b for b in self.accumulate_blocks})
 
     @cached_property
     def no_sync_blocks(self) -> list[NoSync]:
+        """The blocks that skip the gradient all-reduce: ``with model.no_sync():``, ``with ctx():`` for ``ctx =
+        model.no_sync if c else nullcontext``, and ``with context:`` for ``context = nullcontext() if last else
+        model.no_sync()`` (or ``grad_sync(...)``, ``accelerator.no_sync(model)``)."""
         facts = self.facts
         result = []
         for block in facts.index.nodes(cst.With):
             for item in block.items:
-                call = item.item
-                if not isinstance(call, cst.Call):
-                    continue
-                found = self._no_sync(call)
-                if found is not None:
-                    result.append(NoSync(block, call, *found))
+                expr = item.item
+                if isinstance(expr, cst.Call):
+                    found = self._no_sync(expr)
+                    if found is not None:
+                        result.append(NoSync(block, expr, *found))
+                elif isinstance(expr, (cst.Name, cst.Attribute)):
+                    for origin in facts.origins(expr, block):
+                        found = self._no_sync(origin.node) if isinstance(origin.node, cst.Call) else None
+                        if found is not None:
+                            result.append(NoSync(block, origin.node, *found))
+                            break
         return result
 
     def no_sync_of(self, node: cst.CSTNode) -> NoSync | None:
         """The innermost ``no_sync``-like block whose body holds ``node`` (in the same function)."""
-        return _innermost(self.facts, node, {id(b.node): b for b in self.no_sync_blocks})
+        return _innermost(self.facts, node, self._no_sync_by_block)
+
+    @cached_property
+    def _no_sync_by_block(self) -> dict[int, NoSync]:
+        """The no_sync-like blocks by their ``with`` node."""
+        return {id(b.node): b for b in self.no_sync_blocks}
 
     def _no_sync(self, call: cst.Call) -> tuple[str, cst.BaseExpression | None] | None:
         facts = self.facts
         if facts.callee_is(call, GRAD_SYNC):
-            return "grad_sync", _first_positional(call)
+            return "grad_sync", argument_of(call, "model", 0)
         func = call.func
         if isinstance(func, cst.Attribute):
             if func.attr.value == "no_backward_sync":
                 return "fabric", _first_positional(call)
             if func.attr.value == "no_sync":
                 if facts.is_accelerator(func.value, call):
-                    return "accelerator", _first_positional(call)
+                    return "accelerator", argument_of(call, "model", 0)
                 return "model", func.value
             return None
         if isinstance(func, cst.Name):
@@ -410,6 +479,40 @@ class TrainingLoop:
                         if facts.is_accelerator(option.value, call):
                             return "accelerator", None
                         return "model", option.value
+        return None
+
+    def accumulation_loop(self, node: cst.CSTNode) -> AccumulationLoop | None:
+        """The accumulation window ``node`` runs in: the innermost ``for i in range(<accumulation steps>)`` around it
+        in its function (not of the literal 1), with an ungated optimizer step after that loop."""
+        facts = self.facts
+        inner = self._accumulation_for(node)
+        if inner is None:
+            return None
+        order, end = facts.index.order, facts.index.end
+        outer = facts.enclosing_loop(inner)
+        function = facts.enclosing_function(inner)
+        for step in self.steps:
+            if (
+                step.kind == "optimizer"
+                and step.gate is None
+                and facts.enclosing_function(step.call) is function
+                and order(step.call) >= end(inner)
+                and (outer is None or facts.is_within(step.call, outer.body))
+            ):
+                return AccumulationLoop(inner, range_bound(facts, inner), step, outer)
+        return None
+
+    def _accumulation_for(self, node: cst.CSTNode) -> cst.For | None:
+        """The innermost ``for i in range(<accumulation steps>)`` around ``node`` in its function (not of 1)."""
+        facts = self.facts
+        for ancestor in facts.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if not isinstance(ancestor, cst.For) or not facts.is_within(node, ancestor.body):
+                continue
+            bound = range_bound(facts, ancestor)
+            if bound is not None and _mentions_accumulation(facts, bound):
+                return None if integer_literal(bound, facts, ancestor) == 1 else ancestor
         return None
 
     @cached_property
@@ -453,13 +556,77 @@ class TrainingLoop:
         return None
 
     @cached_property
+    def _launch_steps(self):
+        """The launch's ``gradient_accumulation_steps`` Setting that reaches the Accelerator, of any value: the
+        ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` variable, or under a DeepSpeed launch also the flag and the
+        DeepSpeed config's key (``accelerate launch`` exports those only in ``prepare_deepspeed_cmd_env``)."""
+        settings = self.settings
+        setting = settings.get("gradient_accumulation_steps") if settings is not None else None
+        if setting is None or setting.spelling == "env":
+            return setting
+        backend = settings.distributed_type
+        return setting if backend is not None and str(backend.value).upper() == "DEEPSPEED" else None
+
+    @cached_property
     def launch_accumulation(self):
-        """``gradient_accumulation_steps`` from the launch (flag, env or DeepSpeed config), as a Setting, if > 1."""
-        setting = self.settings.get("gradient_accumulation_steps") if self.settings is not None else None
+        """``gradient_accumulation_steps`` from the launch (env; under DeepSpeed also the flag or the DeepSpeed
+        config), as a Setting, if > 1."""
+        setting = self._launch_steps
         if setting is None:
             return None
         value = str(setting.value).strip()
         return setting if not value.isdigit() or int(value) > 1 else None
+
+    def accumulation(self, accelerator: cst.BaseExpression | None, at: cst.CSTNode) -> Accumulation:
+        """The accumulation of the Accelerator behind ``accelerator`` (the file's only one when it cannot be named).
+
+        The launch wins over the code, as in accelerate: ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` (which a
+        DeepSpeed ``accelerate launch`` sets from its flag or config) overrides the keyword, and a DeepSpeed config's
+        value overrides both.
+        """
+        facts = self.facts
+        calls: list[cst.Call] = []
+        if accelerator is not None:
+            calls = [
+                o.node
+                for o in facts.origins(accelerator, at)
+                if isinstance(o.node, cst.Call) and facts.callee_is(o.node, ACCELERATOR_CLASSES)
+            ]
+        if not calls and len(self.accelerators) == 1:
+            calls = list(self.accelerators)
+        setting = self._launch_steps
+        if setting is not None and str(setting.value).strip().isdigit():
+            value = int(str(setting.value).strip())
+            return Accumulation("configured", value) if value > 1 else Accumulation("none")
+        if setting is not None:
+            return Accumulation("unknown")
+        for call in calls:
+            steps = self.configured_accumulation(call)
+            if steps is not None:
+                return Accumulation("configured", integer_literal(steps, facts, call), steps)
+        if calls and all(self._one_step(call) for call in calls):
+            return Accumulation("none")
+        blocks = [b for b in self.accumulate_blocks if accelerator is None or _same_name(b.accelerator, accelerator)]
+        return Accumulation("unknown") if blocks else Accumulation("none")
+
+    def _one_step(self, call: cst.Call) -> bool:
+        """``Accelerator(gradient_accumulation_steps=1)``, or a plugin with ``num_steps=1`` or without ``num_steps``
+        (accelerate then keeps 1). An Accelerator built with neither is not: the launch may set the steps."""
+        facts = self.facts
+        steps = argument_of(call, "gradient_accumulation_steps", None)
+        plugin = argument_of(call, "gradient_accumulation_plugin", None)
+        if steps is not None:
+            return isinstance(steps, cst.Integer) and int(steps.value) == 1
+        if plugin is None:
+            return False
+        for origin in facts.origins(plugin, call):
+            node = origin.node
+            if isinstance(node, cst.Call) and facts.callee_is(node, GA_PLUGIN_CLASSES):
+                if any(arg.star for arg in node.args):
+                    return False
+                num = argument_of(node, "num_steps", 0)
+                return num is None or (isinstance(num, cst.Integer) and int(num.value) == 1)
+        return False
 
     @cached_property
     def accumulates(self) -> bool:
@@ -489,6 +656,17 @@ class TrainingLoop:
                 return True
         return False
 
+    @cached_property
+    def accumulation_setters(self) -> list[tuple[cst.Assign, cst.Attribute]]:
+        """``x.gradient_accumulation_steps = n`` (the Accelerator's property setter, which rewrites the gradient
+        state's ``num_steps``), as (assignment, target); whether ``x`` holds an Accelerator is the reader's call."""
+        return [
+            (assign, target.target)
+            for assign in self.facts.index.nodes(cst.Assign)
+            for target in assign.targets
+            if _is_attribute(target.target, "gradient_accumulation_steps")
+        ]
+
     # -- the backend --------------------------------------------------------------------------
 
     @cached_property
@@ -512,6 +690,23 @@ class TrainingLoop:
         return value if value in {"DEEPSPEED", "FSDP"} else None
 
     @cached_property
+    def fsdp_version(self) -> int | None:
+        """The FSDP version accelerate would run: a plugin's ``fsdp_version=`` (a literal, or a name bound to one),
+        else the launch's ``fsdp_version`` (the plugin reads ``FSDP_VERSION``), else 1, accelerate's default; None
+        when an expression lintdist cannot read decides."""
+        facts = self.facts
+        for call in facts.calls:
+            if facts.callee_is(call, FSDP_PLUGINS):
+                value = argument_of(call, "fsdp_version", None)
+                if value is not None:
+                    return integer_literal(value, facts, call)
+        setting = self.settings.get("fsdp_version") if self.settings is not None else None
+        if setting is not None:
+            text = str(setting.value).strip()
+            return int(text) if text.isdigit() else None
+        return 1
+
+    @cached_property
     def distributed(self) -> bool:
         """The script can run on several processes: a DDP/FSDP wrapper, an Accelerator, a process group..."""
         facts = self.facts
@@ -528,6 +723,187 @@ class TrainingLoop:
             return True
         processes = self.settings.get("num_processes") if self.settings else None
         return processes is not None and str(processes.value).strip().isdigit() and int(processes.value) > 1
+
+    @cached_property
+    def fp16(self) -> bool:
+        """fp16 mixed precision: ``Accelerator(mixed_precision="fp16")`` (or a name bound to that literal), or the
+        launch's ``mixed_precision``."""
+        for call in self.accelerators:
+            value = argument_of(call, "mixed_precision", None)
+            if value is not None and string_literal(value, self.facts, call) == "fp16":
+                return True
+        setting = self.settings.get("mixed_precision") if self.settings else None
+        return setting is not None and str(setting.value).strip().lower() == "fp16"
+
+    # -- prepared models ----------------------------------------------------------------------
+
+    def is_accelerate_prepare(self, call: cst.CSTNode) -> bool:
+        """``accelerator.prepare(...)`` / ``accelerator.prepare_model(...)`` of an Accelerator (or of a name that says
+        it is one: an accelerator handed in by code lintdist cannot see)."""
+        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+            return False
+        return call.func.attr.value in PREPARE_MODEL_METHODS and self.facts.accelerator_like(call.func.value, call)
+
+    def prepared_model(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> cst.Call | None:
+        """The ``accelerator.prepare(...)`` call a model expression holds the result of, or None.
+
+        In one function the last assignment before ``at`` decides (``model = Net()`` then ``model =
+        accelerator.prepare(model)``); a parameter is prepared when every call site passes a prepared model; a module
+        global or a ``self.`` attribute when one of its assignments prepares it.
+        """
+        if depth > MAX_DEPTH:
+            return None
+        facts = self.facts
+        if isinstance(expr, cst.Call):
+            if self.is_accelerate_prepare(expr):
+                return expr
+            method = facts.method_name(expr)
+            if isinstance(expr.func, cst.Attribute) and method in SAME_MODEL_METHODS:
+                return self.prepared_model(expr.func.value, expr, depth + 1)
+            if method in UNWRAP_METHODS and expr.args:
+                return self.prepared_model(expr.args[0].value, expr, depth + 1)
+            for function in facts.local_functions(expr):
+                for returned in facts.returns.get(function, ()):
+                    found = self.prepared_model(returned, returned, depth + 1)
+                    if found is not None:
+                        return found
+            return None
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return None
+        key = get_full_name_for_node(expr)
+        if key is None:
+            return None
+        if isinstance(expr, cst.Attribute) and expr.attr.value == "module" and not facts.bindings(key, at):
+            return self.prepared_model(expr.value, at, depth + 1)  # `model.module.parameters()`
+        if not key.startswith(("self.", "cls.")):
+            binding = self.binding_before(expr, at)
+            if isinstance(binding, cst.AugAssign):
+                return None
+            if binding is not None:
+                statement, unpacked = binding
+                value = statement.value
+                if not unpacked:
+                    return self.prepared_model(value, statement, depth + 1)
+                if self.is_accelerate_prepare(value):
+                    return value
+                return self._prepared_origin(expr, at, depth)
+            parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) else None
+            if parameter is not None:
+                function, index, _ = parameter
+                found = []
+                for site in facts.call_sites(function):
+                    argument = facts.argument_for(site, function, expr.value, index)
+                    prepared = self.prepared_model(argument, site, depth + 1) if argument is not None else None
+                    if prepared is None:
+                        return None
+                    found.append(prepared)
+                return found[0] if found else None
+        return self._prepared_origin(expr, at, depth)
+
+    def _prepared_origin(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> cst.Call | None:
+        for origin in self.facts.origins(expr, at):
+            if self.is_accelerate_prepare(origin.node):
+                return origin.node
+            if isinstance(origin.node, cst.Call) and origin.node is not expr and origin.index is None:
+                found = self.prepared_model(origin.node, origin.node, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def called_model(self, call: cst.Call) -> cst.Call | None:
+        """The prepare call behind ``model(...)`` / ``model.forward(...)``, when ``model`` is a prepared model."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        if not isinstance(func, (cst.Name, cst.Attribute)):
+            return None
+        return self.prepared_model(func, call)
+
+    def loss_model(self, loss: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+        """The prepare call of the model a loss is computed from: a call of a prepared model in the expression or in
+        what its names were last assigned (``outputs = model(**batch)``, ``loss = criterion(outputs, y)``)."""
+        return self._loss_model(loss, at, 0, {})
+
+    def _loss_model(self, expr: cst.CSTNode, at: cst.CSTNode, depth: int, memo: dict) -> cst.Call | None:
+        if depth > MAX_DEPTH or id(expr) in memo:
+            return memo.get(id(expr))
+        memo[id(expr)] = None
+        facts = self.facts
+        if facts.under_no_grad(at):
+            return None  # no gradient flows out of what runs under `torch.no_grad()`, nor out of `x.detach()`
+        attributes = {id(a.attr) for a in facts.within(expr, cst.Attribute)}
+        calls = facts.within(expr, cst.Call)
+        called = {id(c.func) for c in calls}
+        cut = [c for c in calls if facts.method_name(c) in DETACHING and isinstance(c.func, cst.Attribute)]
+        found = None
+        for node in facts.within(expr, cst.Call, cst.Name):
+            if any(node is c.func.value or facts.is_within(node, c.func.value) for c in cut):
+                continue
+            if isinstance(node, cst.Call):
+                found = self.called_model(node)
+                if found is None and facts.local_functions(node):
+                    returns = [r for f in facts.local_functions(node) for r in facts.returns.get(f, ())]
+                    found = next((m for r in returns if (m := self._loss_model(r, r, depth + 1, memo))), None)
+            elif id(node) not in attributes and id(node) not in called and node.value not in {"self", "True", "False"}:
+                binding = self.binding_before(node, at)
+                if isinstance(binding, cst.AugAssign):
+                    found = self._loss_model(binding.value, binding, depth + 1, memo)
+                    if found is None:
+                        found = self._loss_model(binding.target, binding, depth + 1, memo)
+                elif binding is not None:
+                    statement = binding[0]
+                    found = self._loss_model(statement.value, statement, depth + 1, memo)
+            if found is not None:
+                break
+        memo[id(expr)] = found
+        return found
+
+    def parameters_model(self, params: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> cst.Call | None:
+        """The prepare call of the model whose parameters ``params`` holds: ``model.parameters()``, a list or chain
+        built from them, or a name assigned one of those."""
+        if depth > MAX_DEPTH:
+            return None
+        facts = self.facts
+        for node in facts.within(params, cst.Call, cst.Name):
+            if isinstance(node, cst.Call):
+                if isinstance(node.func, cst.Attribute) and facts.method_name(node) in PARAMETER_METHODS:
+                    found = self.prepared_model(node.func.value, node)
+                    if found is not None:
+                        return found
+            elif not isinstance(facts.parent(node), cst.Attribute):
+                binding = self.binding_before(node, at)
+                if isinstance(binding, tuple) and not binding[1]:
+                    found = self.parameters_model(binding[0].value, binding[0], depth + 1)
+                    if found is not None:
+                        return found
+        return None
+
+    def accelerator_at(self, prepare: cst.Call, at: cst.CSTNode) -> str | None:
+        """An expression naming the Accelerator that prepared the model, valid at ``at``: the receiver of the prepare
+        call, ``accelerator`` or ``self.accelerator``, if that name holds an Accelerator there (a parameter, a module
+        global, a local of the same function or an attribute of the same class)."""
+        facts = self.facts
+        receiver = get_full_name_for_node(prepare.func.value) if isinstance(prepare.func, cst.Attribute) else None
+        candidates = [c for c in (receiver, "accelerator", "self.accelerator") if c]
+        for text in dict.fromkeys(candidates):
+            if text.startswith("self.") and (facts.enclosing_function(at) is None or not in_method(facts, at)):
+                continue
+            expr = cst.parse_expression(text)
+            if facts.is_accelerator(expr, at):
+                return text
+            if text == receiver and self._visible(text, at, prepare):
+                return text
+        return None
+
+    def _visible(self, text: str, at: cst.CSTNode, prepare: cst.Call) -> bool:
+        """The prepare call's receiver, which lintdist could not trace to ``Accelerator(...)``, is still the same name
+        at ``at``: a plain name used in the function that prepared the model, or a ``self.`` attribute read in a
+        method of the same class."""
+        facts = self.facts
+        if text.startswith("self."):
+            return facts.enclosing_class(prepare) is facts.enclosing_class(at) and in_method(facts, at)
+        same = facts.enclosing_function(prepare) is facts.enclosing_function(at)
+        return same and "." not in text
 
     # -- the loss -------------------------------------------------------------------------------
 
@@ -685,7 +1061,16 @@ class TrainingLoop:
 
     def binding_before(self, expr: cst.BaseExpression, at: cst.CSTNode):
         """The last assignment to ``expr``'s name before ``at`` in the same function: an AugAssign node, or
-        (Assign-like statement, unpacked?)."""
+        (Assign-like statement, unpacked?). None when there is none, or when that assignment sits in another branch
+        of an ``if``/``try`` than ``at`` (``if a: loss /= k; loss.backward()`` / ``else: accelerator.backward(loss)``)
+        and so never reaches it."""
+        binding = self._last_binding(expr, at)
+        node = binding if isinstance(binding, cst.AugAssign) else binding[0] if binding is not None else None
+        if node is not None and self.facts.exclusive(node, at):
+            return None
+        return binding
+
+    def _last_binding(self, expr: cst.BaseExpression, at: cst.CSTNode):
         facts = self.facts
         key = get_full_name_for_node(expr)
         if not key:
@@ -703,6 +1088,88 @@ class TrainingLoop:
         if not candidates:
             return None
         return max(candidates, key=lambda item: item[0])[1]
+
+    def accumulation_division(self, loss: cst.BaseExpression, at: cst.CSTNode, acc: Accumulation) -> Division | None:
+        """The division of ``loss`` by the accumulation steps, if the loss has one and no factor that undoes it
+        (the token-loss recipe multiplies by the steps on purpose: ``loss * GA * world / tokens``)."""
+        num: list[Term] = []
+        den: list[Term] = []
+        self._split_factors(loss, at, 1, num, den, 0)
+        if any(isinstance(t.expr, cst.Call) and self.facts.method_name(t.expr) in WINDOW_METHODS for t in num):
+            return None
+        divisions = [t for t in den if self._is_steps(t, acc)]
+        if not divisions or any(self._is_steps(t, acc) for t in num):
+            return None
+        term = divisions[0]
+        return Division(term, self._exact_steps(term.expr))
+
+    def _split_factors(self, expr: cst.BaseExpression, at: cst.CSTNode, sign: int, num: list, den: list, depth: int):
+        """Split a loss into the factors it is multiplied (``num``) and divided (``den``) by, through the assignments
+        of its names in the same function (``loss = loss / k``, ``loss /= k``). Unlike ``chain`` it needs no
+        recognised base: a custom criterion's loss divided by the steps is divided all the same."""
+        if depth > MAX_WALK:
+            return
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
+            self._split_factors(expr.left, at, sign, num, den, depth + 1)
+            inverse = isinstance(expr.operator, cst.Divide)
+            self._split_factors(expr.right, at, -sign if inverse else sign, num, den, depth + 1)
+            return
+        if isinstance(expr, (cst.Name, cst.Attribute)) and sign > 0:  # a divisor stays the name it is divided by
+            binding = self.binding_before(expr, at)
+            if isinstance(binding, cst.AugAssign) and isinstance(
+                binding.operator, (cst.DivideAssign, cst.MultiplyAssign)
+            ):
+                self._split_factors(binding.target, binding, sign, num, den, depth + 1)
+                inverse = isinstance(binding.operator, cst.DivideAssign)
+                self._split_factors(binding.value, binding, -sign if inverse else sign, num, den, depth + 1)
+                return
+            if isinstance(binding, tuple) and not binding[1] and isinstance(binding[0], cst.Assign):
+                self._split_factors(binding[0].value, binding[0], sign, num, den, depth + 1)
+                return
+        if isinstance(expr, cst.Call):
+            returns = [r for f in self.facts.local_functions(expr) for r in self.facts.returns.get(f, ())]
+            if len(returns) == 1:  # a helper of this file that returns the loss
+                self._split_factors(returns[0], returns[0], sign, num, den, depth + 1)
+                return
+        (num if sign > 0 else den).append(Term(expr, at))
+
+    def _is_steps(self, term: Term, acc: Accumulation) -> bool:
+        """The factor is the accumulation steps: ``accelerator.gradient_accumulation_steps``, a name that says
+        accumulation (``args.gradient_accumulation_steps``, ``accum_iter``), or the literal the Accelerator is built
+        with."""
+        if self._exact_steps(term.expr) or (acc.expr is not None and _same_name(term.expr, acc.expr)):
+            return True
+        literal = integer_literal(term.expr, self.facts, term.at)
+        if literal is not None:
+            return acc.value is not None and literal == acc.value and acc.value > 1
+        if not self._says_accumulation(term.expr, term.at, 0):
+            return False
+        return self.factor(term).kind not in {"count", "world"}  # `tokens_per_accum_window` is a count
+
+    def _says_accumulation(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> bool:
+        """A name read in ``expr`` (or in what a name of it was last assigned) says accumulation. Attribute names
+        after a dot are not variables: ``outputs.loss`` does not read the variable ``loss``."""
+        facts = self.facts
+        attributes = {id(a.attr) for a in facts.within(expr, cst.Attribute)}
+        for node in facts.within(expr, cst.Name, cst.Attribute):
+            if id(node) in attributes:
+                continue
+            name = (get_full_name_for_node(node) or "").lower()
+            if "accum" in name or "gradient_accumulation" in name:
+                return True
+            if depth == 0 and isinstance(node, cst.Name):
+                binding = self.binding_before(node, at)
+                if (
+                    isinstance(binding, tuple)
+                    and not binding[1]
+                    and self._says_accumulation(binding[0].value, binding[0], depth + 1)
+                ):
+                    return True
+        return False
+
+    def _exact_steps(self, expr: cst.BaseExpression) -> bool:
+        """``<accelerator>.gradient_accumulation_steps``."""
+        return _is_attribute(expr, "gradient_accumulation_steps") and self.facts.accelerator_like(expr.value, expr)
 
     def _base_kind(self, expr: cst.BaseExpression, at: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
         """What a loss expression is: ("mean" | "sum" | "tokens" | "window", count it is already divided by)."""
@@ -885,7 +1352,9 @@ class TrainingLoop:
         nodes = list(facts.within(expr, *_CLOSURE_NODES))
         if depth >= 3:
             return nodes
-        for name in [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute))]:
+        # the `loss` of `outputs.loss` is an attribute, not the variable `loss`: it is not followed
+        attributes = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+        for name in [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in attributes]:
             for origin in facts.origins(name, at):
                 if origin.node is not name:
                     nodes.extend(self._closure(origin.node, origin.node, depth + 1))
@@ -917,13 +1386,37 @@ def _innermost(facts: PythonFacts, node: cst.CSTNode, blocks: dict[int, object])
     return None
 
 
+def is_accumulation_name(expr: cst.CSTNode) -> bool:
+    """A name of accumulation steps (by its last part): ``args.gradient_accumulation_steps``, ``accum_iter``,
+    ``grad_acc``, ``ga``."""
+    name = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
+    return "accum" in name or name.startswith(("grad_acc", "ga_", "n_acc")) or name in {"ga", "gas"}
+
+
 def _mentions_accumulation(facts: PythonFacts, expr: cst.BaseExpression) -> bool:
-    """An expression naming accumulation steps: ``args.gradient_accumulation_steps``, ``accum_iter``, ``grad_acc``."""
-    for node in (expr, *facts.within(expr, cst.Name, cst.Attribute)):
-        name = (get_full_name_for_node(node) or "").rsplit(".", 1)[-1].lower()
-        if "accum" in name or name.startswith(("grad_acc", "ga_", "n_acc")) or name in {"ga", "accum", "gas"}:
-            return True
-    return False
+    """An expression naming accumulation steps (``is_accumulation_name`` of it or of a name in it)."""
+    return any(is_accumulation_name(node) for node in (expr, *facts.within(expr, cst.Name, cst.Attribute)))
+
+
+def range_bound(facts: PythonFacts, loop: cst.For) -> cst.BaseExpression | None:
+    """``n`` of ``for i in range(n):`` (the builtin ``range``, one argument)."""
+    iterator = loop.iter
+    if (
+        isinstance(iterator, cst.Call)
+        and isinstance(iterator.func, cst.Name)
+        and iterator.func.value == "range"
+        and "builtins.range" in facts.qualified_names(iterator.func)
+        and len(iterator.args) == 1
+        and iterator.args[0].keyword is None
+        and not iterator.args[0].star
+    ):
+        return iterator.args[0].value
+    return None
+
+
+def _same_name(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
+    """Two expressions spell the same (dotted) name."""
+    return get_full_name_for_node(a) == get_full_name_for_node(b) and get_full_name_for_node(a) is not None
 
 
 def _first_positional(call: cst.Call) -> cst.BaseExpression | None:
@@ -997,3 +1490,22 @@ def integer_literal(expr: cst.BaseExpression, facts: PythonFacts, at: cst.CSTNod
         if len(values) == 1 and all(isinstance(o.node, cst.Integer) for o in origins):
             return int(values.pop())
     return None
+
+
+def string_literal(expr: cst.BaseExpression, facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """The string an expression is, directly or through a name bound to one literal."""
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value
+    if isinstance(expr, cst.Name):
+        values = {o.node.evaluated_value for o in facts.origins(expr, at) if isinstance(o.node, cst.SimpleString)}
+        return values.pop() if len(values) == 1 else None
+    return None
+
+
+def in_method(facts: PythonFacts, at: cst.CSTNode) -> bool:
+    """``at`` is in a method whose first parameter is ``self``."""
+    function = facts.enclosing_function(at)
+    if function is None or facts.enclosing_class(function) is None:
+        return False
+    params = function.params.params
+    return bool(params) and params[0].name.value == "self"

@@ -7,14 +7,11 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES
-from lintdist.loop import BackwardSite, Gate, NoSync, StepSite, integer_literal
+from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
+from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite, integer_literal, is_accumulation_name
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-DDP_WRAPPERS = frozenset(
-    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
-)
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
 FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "deepspeed")
@@ -39,7 +36,7 @@ class Pairing:
     step: StepSite
     gate: Gate | None  # the step's ``if``; None when an accumulation loop is the gate
     loop: cst.For | cst.While | None  # the loop around both, in the gate's function
-    inner: cst.For | None = None  # ``for micro_step in range(accum_steps):`` with the step after it
+    inner: AccumulationLoop | None = None  # ``for micro_step in range(accum_steps):`` with the step after it
 
 
 class DdpAccumulationWithoutNoSync(Rule):
@@ -431,7 +428,7 @@ for epoch in range(epochs):
             if isinstance(node, cst.BinaryOperation):
                 if isinstance(node.operator, cst.Modulo) and integer_literal(node.right, facts, node) == 1:
                     return True
-            elif accumulation_name(node) and integer_literal(node, facts, node) == 1:
+            elif is_accumulation_name(node) and integer_literal(node, facts, node) == 1:
                 return True
         return False
 
@@ -498,44 +495,18 @@ for epoch in range(epochs):
     def _inner_pairing(self, site: BackwardSite) -> Pairing | None:
         """The backward runs in ``for micro_step in range(accum_steps):`` and the optimizer steps after that loop,
         ungated, in the loop around it (nanoGPT's shape)."""
-        facts = self.facts
-        order, end = facts.index.order, facts.index.end
         for anchor, helpers in self._anchors(site.call):
-            inner = self._accumulation_loop(anchor)
-            if inner is None:
-                continue
-            outer = facts.enclosing_loop(inner)
-            function = facts.enclosing_function(inner)
-            for step in self.loop.steps:
-                if (
-                    step.kind == "optimizer"
-                    and step.gate is None
-                    and facts.enclosing_function(step.call) is function
-                    and order(step.call) >= end(inner)
-                    and (outer is None or facts.is_within(step.call, outer.body))
-                ):
-                    return Pairing(anchor, helpers, step, None, outer, inner)
+            window = self.loop.accumulation_loop(anchor)
+            if window is not None:
+                return Pairing(anchor, helpers, window.step, None, window.outer, window)
         return None
 
-    def _accumulation_loop(self, anchor: cst.CSTNode) -> cst.For | None:
-        """The innermost ``for i in range(<accumulation steps>)`` around ``anchor`` in its function (not of 1)."""
-        facts = self.facts
-        for ancestor in facts.ancestors(anchor):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                return None
-            if not isinstance(ancestor, cst.For) or not facts.is_within(anchor, ancestor.body):
-                continue
-            bound = _range_bound(facts, ancestor)
-            if bound is not None and any(accumulation_name(n) for n in facts.within(bound, cst.Name, cst.Attribute)):
-                return None if integer_literal(bound, facts, ancestor) == 1 else ancestor
-        return None
-
-    def _last_iteration(self, inner: cst.For) -> cst.BaseExpression | None:
+    def _last_iteration(self, window: AccumulationLoop) -> cst.BaseExpression | None:
         """``micro_step == accum_steps - 1`` for ``for micro_step in range(accum_steps):``, when the loop runs every
         iteration to the end (no break, continue or return) and rebinds neither name."""
         facts = self.facts
-        bound = _range_bound(facts, inner)
-        if bound is None or not isinstance(inner.target, cst.Name) or not _pure(facts, bound):
+        inner, bound = window.node, window.bound
+        if not isinstance(inner.target, cst.Name) or not _pure(facts, bound):
             return None
         if facts.within(inner.body, cst.Break, cst.Continue, cst.Return, cst.Raise, cst.Yield):
             return None
@@ -552,7 +523,7 @@ for epoch in range(epochs):
         helper), or any mention of no_sync / grad_sync / require_backward_grad_sync where the loop runs."""
         facts = self.facts
         nodes = [site.call, *pairing.helpers]
-        if any(no_sync_around(self, node) is not None for node in nodes):
+        if any(self.loop.no_sync_of(node) is not None for node in nodes):
             return True
         scopes = {id(s): s for s in (facts.enclosing_function(n) for n in nodes)}
         scopes[id(pairing.step.call)] = facts.enclosing_function(pairing.step.call)
@@ -568,7 +539,7 @@ for epoch in range(epochs):
         if pairing.gate is not None:
             where = f"under `if {_short(' '.join(code(pairing.gate.node.test).split()))}:`"
         else:
-            inner = pairing.inner
+            inner = pairing.inner.node
             where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
         fix, model = self._fix(site, pairing)
         model_text = model or "model"
@@ -777,7 +748,7 @@ for epoch in range(epochs):
         """A clip or a ``.grad`` read in the loop outside the gate: it would see partial, unsynced gradients."""
         facts = self.facts
         if pairing.gate is None:
-            gate, scope = None, pairing.inner
+            gate, scope = None, pairing.inner.node
         else:
             gate = pairing.gate.node
             scope = pairing.loop if pairing.loop is not None else facts.enclosing_function(gate)
@@ -794,63 +765,6 @@ for epoch in range(epochs):
                 if node.attr.value == "grad" and (gate is None or not facts.is_within(node, gate)):
                     return True
         return False
-
-
-# -- shared with LD110 --------------------------------------------------------------------------
-
-
-def accumulation_name(expr: cst.CSTNode) -> bool:
-    """``args.gradient_accumulation_steps``, ``accum_iter``, ``grad_acc``: a name of accumulation steps."""
-    name = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
-    return "accum" in name or name.startswith(("grad_acc", "ga_", "n_acc")) or name in {"ga", "gas"}
-
-
-def sync_blocks(rule: Rule) -> list[NoSync]:
-    """The loop facts' no_sync-like blocks, plus ``with context:`` where ``context`` holds
-    ``model.no_sync()`` / ``accelerator.no_sync(model)`` / ``grad_sync(...)`` (``loop.no_sync_blocks`` only sees
-    calls in the ``with`` itself)."""
-    facts = rule.facts
-    memo = facts._memo
-    if "ld103_sync_blocks" in memo:
-        return memo["ld103_sync_blocks"]
-    result = list(rule.loop.no_sync_blocks)
-    for block in facts.index.nodes(cst.With):
-        for item in block.items:
-            if not isinstance(item.item, (cst.Name, cst.Attribute)):
-                continue
-            for origin in facts.origins(item.item, block):
-                found = _no_sync_call(rule, origin.node)
-                if found is not None:
-                    result.append(NoSync(block, origin.node, *found))
-                    break
-    memo["ld103_sync_blocks"] = result
-    return result
-
-
-def _no_sync_call(rule: Rule, node: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
-    facts = rule.facts
-    if not isinstance(node, cst.Call):
-        return None
-    if facts.callee_is(node, frozenset({"lintdist.runtime.grad_sync", "lintdist.runtime.sync.grad_sync"})):
-        return "grad_sync", node.args[0].value if node.args else None
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "no_sync":
-        if facts.is_accelerator(node.func.value, node):
-            return "accelerator", node.args[0].value if node.args else None
-        return "model", node.func.value
-    return None
-
-
-def no_sync_around(rule: Rule, node: cst.CSTNode) -> NoSync | None:
-    """The innermost no_sync-like block (see ``sync_blocks``) whose body holds ``node``, in its function."""
-    facts = rule.facts
-    blocks = {id(b.node): b for b in sync_blocks(rule)}
-    for ancestor in facts.ancestors(node):
-        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            return None
-        found = blocks.get(id(ancestor))
-        if found is not None and facts.is_within(node, ancestor.body):
-            return found
-    return None
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -947,22 +861,6 @@ def _is_value(facts, node: cst.CSTNode) -> bool:
     """A name or attribute read as a whole (not the ``.attr`` part of an attribute, nor the base of one)."""
     parent = facts.parent(node)
     return not isinstance(parent, cst.Attribute)
-
-
-def _range_bound(facts, loop: cst.For) -> cst.BaseExpression | None:
-    """``n`` of ``for i in range(n):`` (the builtin ``range``, one argument)."""
-    iterator = loop.iter
-    if (
-        isinstance(iterator, cst.Call)
-        and isinstance(iterator.func, cst.Name)
-        and iterator.func.value == "range"
-        and "builtins.range" in facts.qualified_names(iterator.func)
-        and len(iterator.args) == 1
-        and iterator.args[0].keyword is None
-        and not iterator.args[0].star
-    ):
-        return iterator.args[0].value
-    return None
 
 
 def _iterated(loop: cst.For | cst.While | None) -> cst.BaseExpression | None:

@@ -15,23 +15,12 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS, argument_of
 from lintdist.launch import Setting
+from lintdist.loop import FSDP_PLUGINS, GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-
-def _class_names(name: str, *modules: str) -> frozenset[str]:
-    return frozenset(f"{module}.{name}" for module in modules)
-
-
-FSDP_PLUGINS = _class_names(
-    "FullyShardedDataParallelPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses"
-)
-DEEPSPEED_PLUGINS = _class_names("DeepSpeedPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses")
-GA_PLUGINS = _class_names(
-    "GradientAccumulationPlugin", "accelerate.utils", "accelerate.utils.dataclasses", "accelerate.accelerator"
-)
 RAW_FSDP1 = frozenset(
     {
         "torch.distributed.fsdp.FullyShardedDataParallel",
@@ -45,9 +34,6 @@ RAW_FSDP2 = frozenset(
         "torch.distributed.fsdp._fully_shard.fully_shard",
         "torch.distributed._composable.fsdp.fully_shard.fully_shard",
     }
-)
-RAW_DDP = frozenset(
-    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
 TRAINING_ARGUMENTS = frozenset(
     {
@@ -387,7 +373,7 @@ for step, batch in enumerate(loader):
 
     def _accelerate(self) -> None:
         loop = self.loop
-        calls = [] if loop.sync_each_batch else self._accumulate_calls()
+        calls = [] if loop.sync_each_batch else [block.call for block in loop.accumulate_blocks]
         by_accelerator: dict[int, tuple[cst.Call | None, list[cst.Call]]] = {}
         for call in calls:
             for accelerator in self._accelerator_calls(call.func.value, call):
@@ -411,26 +397,6 @@ for step, batch in enumerate(loader):
                     f"micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward outside `no_sync` "
                     "(`sync_each_batch=True` does not affect a hand-written `no_sync`)",
                 )
-
-    def _accumulate_calls(self) -> list[cst.Call]:
-        """The ``accelerator.accumulate(...)`` calls of ``with`` statements: the loop's blocks, and those whose
-        receiver the facts cannot follow but whose name says accelerator in a file that builds exactly one
-        ``Accelerator`` (a closure reading the enclosing function's ``accelerator``, as in accelerate's
-        ``automatic_gradient_accumulation.py``: ``facts.origins`` does not follow closures)."""
-        facts = self.facts
-        found = {id(block.call): block.call for block in self.loop.accumulate_blocks}
-        if len(self.loop.accelerators) == 1:
-            for call in facts.calls:
-                if (
-                    id(call) in found
-                    or facts.method_name(call) != "accumulate"
-                    or not isinstance(call.func, cst.Attribute)
-                ):
-                    continue
-                name = (get_full_name_for_node(call.func.value) or "").rsplit(".", 1)[-1]
-                if name.endswith("accelerator") and isinstance(facts.parent(call), cst.WithItem):
-                    found[id(call)] = call
-        return sorted(found.values(), key=self.facts.index.order)
 
     def _accelerator_calls(self, expr: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call | None]:
         """The ``Accelerator(...)`` calls an expression can hold; [the file's only one] or [None] when unknown."""
@@ -475,7 +441,7 @@ for step, batch in enumerate(loader):
         return Evidence(f"{_spelling(chosen)} at {chosen.path}:{chosen.line}".replace("{", "{{").replace("}", "}}"))
 
     def _report_accumulation(self, accelerator: cst.Call | None, blocks: list[cst.Call], evidence: Evidence) -> None:
-        launch = self._launch_accumulation()
+        launch = self.loop.launch_accumulation
         if accelerator is not None:
             steps = argument_of(accelerator, "gradient_accumulation_steps", None)
             plugin = argument_of(accelerator, "gradient_accumulation_plugin", None)
@@ -503,11 +469,8 @@ for step, batch in enumerate(loader):
         """``x.gradient_accumulation_steps = n`` (n not 1) where ``x`` holds this Accelerator."""
         facts = self.facts
         found = []
-        for assignment in facts.index.nodes(cst.Assign):
-            target = assignment.targets[0].target if len(assignment.targets) == 1 else None
-            if not (isinstance(target, cst.Attribute) and target.attr.value == "gradient_accumulation_steps"):
-                continue
-            if _literal_one(assignment.value, facts, assignment):
+        for assignment, target in self.loop.accumulation_setters:
+            if len(assignment.targets) != 1 or _literal_one(assignment.value, facts, assignment):
                 continue
             if accelerator in self._accelerator_calls(target.value, assignment):
                 found.append(assignment)
@@ -517,7 +480,7 @@ for step, batch in enumerate(loader):
         facts = self.facts
         for origin in facts.origins(plugin, accelerator):
             call = origin.node
-            if not (isinstance(call, cst.Call) and origin.index is None and facts.callee_is(call, GA_PLUGINS)):
+            if not (isinstance(call, cst.Call) and origin.index is None and facts.callee_is(call, GA_PLUGIN_CLASSES)):
                 continue
             if any(arg.star for arg in call.args) or argument_of(call, "sync_each_batch", 3) is not None:
                 continue
@@ -577,17 +540,11 @@ for step, batch in enumerate(loader):
                 imported = f"{module}.{get_full_name_for_node(alias.name)}"
                 bound = get_full_name_for_node(alias.asname.name if alias.asname else alias.name) or ""
                 bindings = names.module_bindings(bound)
-                if imported in GA_PLUGINS and bindings and all(b.node is statement for b in bindings):
+                if imported in GA_PLUGIN_CLASSES and bindings and all(b.node is statement for b in bindings):
                     return bound, ()
         if names.module_bindings(PLUGIN_IMPORT[1]):
             return None, ()
         return PLUGIN_IMPORT[1], (PLUGIN_IMPORT,)
-
-    def _launch_accumulation(self) -> Setting | None:
-        """``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` > 1 from the launch. The ``--gradient_accumulation_steps``
-        flag reaches the script only under DeepSpeed (``prepare_deepspeed_cmd_env``), so it does not count here."""
-        setting = self.loop.launch_accumulation
-        return setting if setting is not None and setting.spelling == "env" else None
 
     def _message(self, evidence: Evidence, what: str, launch_only: bool = False, setter: bool = False) -> str:
         if setter:  # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
@@ -745,7 +702,7 @@ for step, batch in enumerate(loader):
         facts = self.facts
         wrappers = facts.wrapped_models()
         fsdp_in_file = any(facts.callee_is(c, RAW_FSDP1) for c in wrappers)
-        ddp_in_file = any(facts.callee_is(c, RAW_DDP) for c in wrappers)
+        ddp_in_file = any(facts.callee_is(c, DDP_WRAPPERS) for c in wrappers)
         for block in self.loop.no_sync_blocks:
             if block.kind != "model" or block.model is None:
                 continue
@@ -754,7 +711,7 @@ for step, batch in enumerate(loader):
                 node = origin.node
                 if isinstance(node, cst.Call) and facts.callee_is(node, RAW_FSDP1):
                     kinds.add("none" if _no_shard(node, self.context.module) else "fsdp")
-                elif isinstance(node, cst.Call) and facts.callee_is(node, RAW_DDP):
+                elif isinstance(node, cst.Call) and facts.callee_is(node, DDP_WRAPPERS):
                     kinds.add("ddp")
                 else:
                     kinds.add("unknown")

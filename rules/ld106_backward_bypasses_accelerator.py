@@ -7,29 +7,18 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import remove_division
 from lintdist.facts import argument_of
-from lintdist.loop import BackwardSite
+from lintdist.loop import LIGHTNING_TRAINERS, Accumulation, BackwardSite, in_method
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld108_double_loss_scaling import (
-    Accumulation,
-    accumulation,
-    accumulation_division,
-    binding_before,
-    division_removal,
-)
 
-PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
-# Calls that hand back the model they are called on (or its parameters' owner): `model.to(device)`, `.train()`...
-SAME_MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double"})
-UNWRAP_METHODS = frozenset({"unwrap_model"})
 GRAD_SCALERS = frozenset(
     {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
 )
 LIGHTNING_MODULES = frozenset(
     {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
 )
-LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
 LIGHTNING_DEEPSPEED = frozenset(
     {
         "lightning.pytorch.strategies.DeepSpeedStrategy",
@@ -38,207 +27,6 @@ LIGHTNING_DEEPSPEED = frozenset(
     }
 )
 FP16_PRECISIONS = frozenset({"16", "16-mixed", "fp16"})
-MAX_DEPTH = 6
-DETACHING = frozenset({"detach", "item", "tolist", "numpy"})
-
-
-# -- which model a value comes from (shared with LD107) -------------------------------------------
-
-
-def is_accelerate_prepare(rule: Rule, call: cst.CSTNode) -> bool:
-    """``accelerator.prepare(...)`` / ``accelerator.prepare_model(...)`` of an Accelerator (or of a name that says
-    it is one, in a file that imports accelerate: an accelerator handed in by code lintdist cannot see)."""
-    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
-        return False
-    if call.func.attr.value not in PREPARE_MODEL_METHODS:
-        return False
-    receiver = call.func.value
-    if rule.facts.is_accelerator(receiver, call):
-        return True
-    name = (get_full_name_for_node(receiver) or "").rsplit(".", 1)[-1].lower()
-    return "accelerator" in name and imports_accelerate(rule)
-
-
-def imports_accelerate(rule: Rule) -> bool:
-    return any(m == "accelerate" or m.startswith("accelerate.") for m in rule.facts.imported_modules)
-
-
-def prepared_model(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> cst.Call | None:
-    """The ``accelerator.prepare(...)`` call a model expression holds the result of, or None.
-
-    In one function the last assignment before ``at`` decides (``model = Net()`` then ``model =
-    accelerator.prepare(model)``); a parameter is prepared when every call site passes a prepared model; a module
-    global or a ``self.`` attribute when one of its assignments prepares it.
-    """
-    if depth > MAX_DEPTH:
-        return None
-    facts = rule.facts
-    if isinstance(expr, cst.Call):
-        if is_accelerate_prepare(rule, expr):
-            return expr
-        method = facts.method_name(expr)
-        if isinstance(expr.func, cst.Attribute) and method in SAME_MODEL_METHODS:
-            return prepared_model(rule, expr.func.value, expr, depth + 1)
-        if method in UNWRAP_METHODS and expr.args:
-            return prepared_model(rule, expr.args[0].value, expr, depth + 1)
-        for function in facts.local_functions(expr):
-            for returned in facts.returns.get(function, ()):
-                found = prepared_model(rule, returned, returned, depth + 1)
-                if found is not None:
-                    return found
-        return None
-    if not isinstance(expr, (cst.Name, cst.Attribute)):
-        return None
-    key = get_full_name_for_node(expr)
-    if key is None:
-        return None
-    if isinstance(expr, cst.Attribute) and expr.attr.value == "module" and not facts.bindings(key, at):
-        return prepared_model(rule, expr.value, at, depth + 1)  # `model.module.parameters()`
-    if not key.startswith(("self.", "cls.")):
-        binding = binding_before(rule, expr, at)
-        if isinstance(binding, cst.AugAssign):
-            return None
-        if binding is not None:
-            statement, unpacked = binding
-            value = statement.value
-            if not unpacked:
-                return prepared_model(rule, value, statement, depth + 1)
-            if is_accelerate_prepare(rule, value):
-                return value
-            return _prepared_origin(rule, expr, at, depth)
-        parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) else None
-        if parameter is not None:
-            function, index, _ = parameter
-            sites = facts.call_sites(function)
-            found = []
-            for site in sites:
-                argument = facts.argument_for(site, function, expr.value, index)
-                prepared = prepared_model(rule, argument, site, depth + 1) if argument is not None else None
-                if prepared is None:
-                    return None
-                found.append(prepared)
-            return found[0] if found else None
-    return _prepared_origin(rule, expr, at, depth)
-
-
-def _prepared_origin(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> cst.Call | None:
-    for origin in rule.facts.origins(expr, at):
-        if is_accelerate_prepare(rule, origin.node):
-            return origin.node
-        if isinstance(origin.node, cst.Call) and origin.node is not expr and origin.index is None:
-            found = prepared_model(rule, origin.node, origin.node, depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-def called_model(rule: Rule, call: cst.Call) -> cst.Call | None:
-    """The prepare call behind ``model(...)`` / ``model.forward(...)``, when ``model`` is a prepared model."""
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
-        func = func.value
-    if not isinstance(func, (cst.Name, cst.Attribute)):
-        return None
-    return prepared_model(rule, func, call)
-
-
-def loss_model(rule: Rule, loss: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
-    """The prepare call of the model a loss is computed from: a call of a prepared model in the expression or in
-    what its names were last assigned (``outputs = model(**batch)``, ``loss = criterion(outputs, y)``)."""
-    memo: dict[int, cst.Call | None] = {}
-    return _loss_model(rule, loss, at, 0, memo)
-
-
-def _loss_model(rule, expr: cst.CSTNode, at: cst.CSTNode, depth: int, memo: dict) -> cst.Call | None:
-    if depth > MAX_DEPTH or id(expr) in memo:
-        return memo.get(id(expr))
-    memo[id(expr)] = None
-    facts = rule.facts
-    if facts.under_no_grad(at):
-        return None  # no gradient flows out of what runs under `torch.no_grad()`, nor out of `x.detach()`
-    attributes = {id(a.attr) for a in facts.within(expr, cst.Attribute)}
-    calls = facts.within(expr, cst.Call)
-    called = {id(c.func) for c in calls}
-    cut = [c for c in calls if facts.method_name(c) in DETACHING and isinstance(c.func, cst.Attribute)]
-    found = None
-    for node in facts.within(expr, cst.Call, cst.Name):
-        if any(node is c.func.value or facts.is_within(node, c.func.value) for c in cut):
-            continue
-        if isinstance(node, cst.Call):
-            found = called_model(rule, node)
-            if found is None and facts.local_functions(node):
-                returns = [r for f in facts.local_functions(node) for r in facts.returns.get(f, ())]
-                found = next((m for r in returns if (m := _loss_model(rule, r, r, depth + 1, memo))), None)
-        elif id(node) not in attributes and id(node) not in called and node.value not in {"self", "True", "False"}:
-            binding = binding_before(rule, node, at)
-            if isinstance(binding, cst.AugAssign):
-                found = _loss_model(rule, binding.value, binding, depth + 1, memo)
-                if found is None:
-                    found = _loss_model(rule, binding.target, binding, depth + 1, memo)
-            elif binding is not None:
-                statement = binding[0]
-                found = _loss_model(rule, statement.value, statement, depth + 1, memo)
-        if found is not None:
-            break
-    memo[id(expr)] = found
-    return found
-
-
-def accelerator_at(rule: Rule, prepare: cst.Call, at: cst.CSTNode) -> str | None:
-    """An expression naming the Accelerator that prepared the model, valid at ``at``: the receiver of the prepare
-    call, ``accelerator`` or ``self.accelerator``, if that name holds an Accelerator there (a parameter, a module
-    global, a local of the same function or an attribute of the same class)."""
-    facts = rule.facts
-    receiver = get_full_name_for_node(prepare.func.value) if isinstance(prepare.func, cst.Attribute) else None
-    candidates = [c for c in (receiver, "accelerator", "self.accelerator") if c]
-    for text in dict.fromkeys(candidates):
-        if text.startswith("self.") and (facts.enclosing_function(at) is None or not _in_method(rule, at)):
-            continue
-        expr = cst.parse_expression(text)
-        if facts.is_accelerator(expr, at):
-            return text
-        if text == receiver and _visible(rule, text, at, prepare):
-            return text
-    return None
-
-
-def _in_method(rule: Rule, at: cst.CSTNode) -> bool:
-    function = rule.facts.enclosing_function(at)
-    if function is None or rule.facts.enclosing_class(function) is None:
-        return False
-    params = function.params.params
-    return bool(params) and params[0].name.value == "self"
-
-
-def _visible(rule: Rule, text: str, at: cst.CSTNode, prepare: cst.Call) -> bool:
-    """The prepare call's receiver, which lintdist could not trace to ``Accelerator(...)``, is still the same name at
-    ``at``: a plain name used in the function that prepared the model, or a ``self.`` attribute read in a method
-    of the same class."""
-    facts = rule.facts
-    if text.startswith("self."):
-        return facts.enclosing_class(prepare) is facts.enclosing_class(at) and _in_method(rule, at)
-    same = facts.enclosing_function(prepare) is facts.enclosing_function(at)
-    return same and "." not in text
-
-
-def fp16(rule: Rule) -> bool:
-    """fp16 mixed precision: ``Accelerator(mixed_precision="fp16")`` (or a name bound to that literal), or the
-    launch's ``mixed_precision``."""
-    for call in rule.loop.accelerators:
-        value = argument_of(call, "mixed_precision", None)
-        if value is not None and _string(rule, value, call) == "fp16":
-            return True
-    setting = rule.context.settings.get("mixed_precision") if rule.context.settings else None
-    return setting is not None and str(setting.value).strip().lower() == "fp16"
-
-
-def _string(rule: Rule, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
-    if isinstance(expr, cst.SimpleString):
-        return expr.evaluated_value
-    if isinstance(expr, cst.Name):
-        values = {o.node.evaluated_value for o in rule.facts.origins(expr, at) if isinstance(o.node, cst.SimpleString)}
-        return values.pop() if len(values) == 1 else None
-    return None
 
 
 class BackwardBypassesAccelerator(Rule):
@@ -544,7 +332,7 @@ class Module(pl.LightningModule):
                 continue
             if site.kind == "scaler" and not self._own_scaler(site):
                 continue
-            prepare = loss_model(self, site.loss, statement)
+            prepare = self.loop.loss_model(site.loss, statement)
             if prepare is not None:
                 self._report(site, statement, prepare)
 
@@ -559,12 +347,12 @@ class Module(pl.LightningModule):
     def _report(self, site: BackwardSite, statement: cst.CSTNode, prepare: cst.Call) -> None:
         loop = self.loop
         receiver = prepare.func.value
-        acc = accumulation(self, receiver, site.call)
-        division = accumulation_division(self, site.loss, statement, acc) if acc.state != "none" else None
+        acc = loop.accumulation(receiver, site.call)
+        division = loop.accumulation_division(site.loss, statement, acc) if acc.state != "none" else None
         reasons = []
         if loop.backend == "DEEPSPEED":
             reasons.append("under DeepSpeed the engine never runs its backward and step, so the model does not train")
-        if fp16(self):
+        if loop.fp16:
             reasons.append("under fp16 the loss is not scaled while the prepared optimizer still unscales")
         if acc.state == "configured" and division is None:
             reasons.append(
@@ -577,7 +365,7 @@ class Module(pl.LightningModule):
                 "if the launch sets gradient accumulation, the loss is not divided by the steps and the gradient is "
                 "the window's sum, not its mean"
             )
-        accelerator = accelerator_at(self, prepare, site.call)
+        accelerator = loop.accelerator_at(prepare, site.call)
         shown = accelerator or get_full_name_for_node(receiver) or "accelerator"
         loss_text = cst.Module([]).code_for_node(_bare(site.loss))
         if site.kind == "scaler":
@@ -627,7 +415,7 @@ class Module(pl.LightningModule):
                 "not fixed automatically: the loss is divided by the accumulation steps and the Accelerator's steps "
                 "are unknown here"
             )
-        replacements, why_not = division_removal(self, division, site.call, new_call)
+        replacements, why_not = remove_division(self.facts, division, site.call, new_call)
         if replacements is None:
             return None, f"not fixed automatically, since the division must go with it: {why_not}"
         return Fix(
@@ -645,7 +433,7 @@ class Module(pl.LightningModule):
         cls = facts.enclosing_class(function) if function is not None else None
         if cls is None or not facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
             return False
-        if site.kind == "tensor" and self._manual_optimization(cls) and _in_method(self, site.call):
+        if site.kind == "tensor" and self._manual_optimization(cls) and in_method(self.facts, site.call):
             loss_text = cst.Module([]).code_for_node(_bare(site.loss))
             message = (
                 f"`{loss_text}.backward()` in a LightningModule that optimizes manually bypasses the precision "

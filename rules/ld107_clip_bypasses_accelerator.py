@@ -6,19 +6,10 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, FSDP_PLUGINS, TORCH_CLIPS, StepSite
+from lintdist.loop import DEEPSPEED_PLUGINS, TORCH_CLIPS, StepSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld106_backward_bypasses_accelerator import (
-    MAX_DEPTH,
-    accelerator_at,
-    fp16,
-    imports_accelerate,
-    prepared_model,
-)
-from lintdist.rules.ld108_double_loss_scaling import accumulation, binding_before
 
-PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 # The keywords `Accelerator.clip_grad_norm_(parameters, max_norm, norm_type=2)` and
 # `Accelerator.clip_grad_value_(parameters, clip_value)` accept, by the torch function they stand for.
 ACCEPTED = {
@@ -31,27 +22,6 @@ DEFAULT_DS_CLIPPING = 1.0  # accelerate fills DeepSpeed's "auto" `gradient_clipp
 def _method(rule: Rule, call: cst.Call) -> str:
     names = rule.facts.qualified_names(call.func) | {get_full_name_for_node(call.func) or ""}
     return "clip_grad_value_" if any(n.endswith("clip_grad_value_") for n in names) else "clip_grad_norm_"
-
-
-def parameters_model(rule: Rule, params: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> cst.Call | None:
-    """The prepare call of the model whose parameters ``params`` holds: ``model.parameters()``, a list or chain
-    built from them, or a name assigned one of those."""
-    if depth > MAX_DEPTH:
-        return None
-    facts = rule.facts
-    for node in facts.within(params, cst.Call, cst.Name):
-        if isinstance(node, cst.Call):
-            if isinstance(node.func, cst.Attribute) and facts.method_name(node) in PARAMETER_METHODS:
-                found = prepared_model(rule, node.func.value, node)
-                if found is not None:
-                    return found
-        elif not isinstance(facts.parent(node), cst.Attribute):
-            binding = binding_before(rule, node, at)
-            if isinstance(binding, tuple) and not binding[1]:
-                found = parameters_model(rule, binding[0].value, binding[0], depth + 1)
-                if found is not None:
-                    return found
-    return None
 
 
 class ClipBypassesAccelerator(Rule):
@@ -284,7 +254,7 @@ for batch in loader:
     )
 
     def finish(self) -> None:
-        if not imports_accelerate(self):
+        if not self.facts.imports("accelerate"):
             return
         for step in self.loop.steps:
             if step.kind != "clip":
@@ -292,26 +262,21 @@ for batch in loader:
             call = step.call
             if step.receiver is None and self.facts.callee_is(call, TORCH_CLIPS):
                 self._torch_clip(step)
-            elif step.receiver is not None and self._accelerator(step.receiver, call):
+            elif step.receiver is not None and self.facts.accelerator_like(step.receiver, call):
                 self._accelerate_clip(step)
-
-    def _accelerator(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        if self.facts.is_accelerator(expr, at):
-            return True
-        return "accelerator" in (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
 
     # -- torch.nn.utils.clip_grad_*_ ------------------------------------------------------------
 
     def _torch_clip(self, step: StepSite) -> None:
         call = step.call
         params = argument_of(call, "parameters", 0)
-        prepare = parameters_model(self, params, call) if params is not None else None
+        prepare = self.loop.parameters_model(params, call) if params is not None else None
         if prepare is None:
             return
         method = _method(self, call)
         backend = self.loop.backend
         torch_name = f"torch.nn.utils.{method}"
-        accelerator = accelerator_at(self, prepare, call)
+        accelerator = self.loop.accelerator_at(prepare, call)
         shown = accelerator or get_full_name_for_node(prepare.func.value) or "accelerator"
         if backend == "DEEPSPEED":
             message = (
@@ -321,11 +286,11 @@ for batch in loader:
             )
             self.report(call, message, severity=Severity.WARNING)
             return
-        version = self._fsdp_version() if backend == "FSDP" else None
+        version = self.loop.fsdp_version if backend == "FSDP" else None
         if backend == "FSDP" and method == "clip_grad_value_":
             return  # element-wise: exact on each shard, and accelerate's clip_grad_value_ raises under FSDP
         reasons = []
-        if fp16(self):
+        if self.loop.fp16:
             reasons.append("under fp16 it clips the scaled gradients, so the step is clipped to almost nothing")
         if version == 1:
             reasons.append("under FSDP1 each rank clips its shard by the shard's own norm")
@@ -365,20 +330,6 @@ for batch in loader:
             replacements=(wrapped,),
         )
 
-    def _fsdp_version(self) -> int | None:
-        """1 (accelerate's default), 2, or None when an expression lintdist cannot read says."""
-        facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, FSDP_PLUGINS):
-                value = argument_of(call, "fsdp_version", None)
-                if value is not None:
-                    return int(value.value) if isinstance(value, cst.Integer) else None
-        setting = self.context.settings.get("fsdp_version") if self.context.settings else None
-        if setting is not None:
-            text = str(setting.value).strip()
-            return int(text) if text.isdigit() else None
-        return 1
-
     # -- accelerator.clip_grad_*_ ----------------------------------------------------------------
 
     def _accelerate_clip(self, step: StepSite) -> None:
@@ -391,7 +342,7 @@ for batch in loader:
             return
         if not self._ungated(step, receiver):
             return
-        crash = fp16(self)
+        crash = self.loop.fp16
         message = (
             f"`{shown}.{method}` inside `{shown}.accumulate` runs on every micro-batch, on partial, unsynchronised "
             "gradients (accelerate does not skip it)"
@@ -416,7 +367,7 @@ for batch in loader:
         block = self.loop.accumulate_block_of(step.call)
         if block is None or step.gate is not None:
             return False
-        return accumulation(self, block.accelerator, step.call).state != "none"
+        return self.loop.accumulation(block.accelerator, step.call).state != "none"
 
     def _wrap(self, call: cst.Call, accelerator: str, new_call: cst.Call) -> tuple[cst.CSTNode, cst.CSTNode] | None:
         """``if <accelerator>.sync_gradients:`` around the clip's line, when the clip is that line's only statement

@@ -7,19 +7,12 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import without_argument
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.loop import DEEPSPEED_PLUGINS, GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld202_sampler_with_shuffle import without_argument
 
-PLUGIN_CLASSES = frozenset(
-    {
-        "accelerate.utils.GradientAccumulationPlugin",
-        "accelerate.utils.dataclasses.GradientAccumulationPlugin",
-        "accelerate.accelerator.GradientAccumulationPlugin",
-    }
-)
-DEEPSPEED_PLUGINS = frozenset({"accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"})
 # Names of a gradient-accumulation count (`gradient_accumulation_steps`, `grad_accum_steps`, `accum_iter`...):
 # a count, not a flag, so bare `gradient_accumulation` is left out.
 GA_NAME = re.compile(
@@ -237,7 +230,7 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
     def finish(self) -> None:
         facts = self.facts
         for call in facts.calls:
-            if not facts.callee_is(call, PLUGIN_CLASSES) or any(arg.star for arg in call.args):
+            if not facts.callee_is(call, GA_PLUGIN_CLASSES) or any(arg.star for arg in call.args):
                 continue
             given = argument_of(call, "num_steps", 0)
             if given is not None and not (isinstance(given, cst.Name) and given.value == "None"):
@@ -258,13 +251,10 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
                 key = get_full_name_for_node(target.target)
                 if key and facts.bindings(f"{key}.num_steps", plugin):
                     return True
-        for assign in facts.index.nodes(cst.Assign):
-            for target in assign.targets:
-                node = target.target
-                if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
-                    receiver = get_full_name_for_node(node.value) or ""
-                    if facts.is_accelerator(node.value, assign) or receiver.endswith("accelerator"):
-                        return True
+        for assign, target in self.loop.accumulation_setters:
+            receiver = get_full_name_for_node(target.value) or ""
+            if facts.is_accelerator(target.value, assign) or receiver.endswith("accelerator"):
+                return True
         return False
 
     # -- the count in sight -------------------------------------------------------------------

@@ -6,13 +6,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, FSDP_PLUGINS, NoSync, integer_literal
+from lintdist.facts import DDP_WRAPPERS, argument_of
+from lintdist.loop import DEEPSPEED_PLUGINS, NoSync, integer_literal
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld103_ddp_accumulation_without_no_sync import DDP_WRAPPERS, sync_blocks
 
-PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
 # Methods of a model that are not its forward pass.
 NOT_FORWARD = frozenset(
     {"no_sync", "parameters", "named_parameters", "zero_grad", "train", "eval", "state_dict", "buffers", "modules"}
@@ -232,17 +230,7 @@ for step, (x, y) in enumerate(loader):
 
     def _prepare_of(self, receiver: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
         """The ``accelerator.prepare(...)`` / ``prepare_model(...)`` call the receiver's value came from."""
-        facts = self.facts
-        for origin in facts.origins(receiver, at):
-            node = origin.node
-            if (
-                isinstance(node, cst.Call)
-                and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value in PREPARE_MODEL_METHODS
-                and facts.is_accelerator(node.func.value, node)
-            ):
-                return node
-        return None
+        return next((o.node for o in self.facts.origins(receiver, at) if self.loop.is_accelerate_prepare(o.node)), None)
 
     def _report_prepared(self, attribute: cst.Attribute, receiver: cst.BaseExpression, prepare: cst.Call) -> None:
         facts = self.facts
@@ -320,21 +308,13 @@ for step, (x, y) in enumerate(loader):
     def _fatal_backend(self) -> str | None:
         """ "FSDP2" or "DeepSpeed ZeRO 2/3" when the code or the launch says so; None otherwise."""
         backend = self.loop.backend
-        if backend == "FSDP" and self._fsdp_version() == 2:
+        if backend == "FSDP" and self.loop.fsdp_version == 2:
             return "FSDP2"
         if backend == "DEEPSPEED":
             stage = self._zero_stage()
             if stage is not None and stage >= 2:
                 return f"DeepSpeed ZeRO stage {stage}"
         return None
-
-    def _fsdp_version(self) -> int | None:
-        facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, FSDP_PLUGINS):
-                value = argument_of(call, "fsdp_version", None)
-                return integer_literal(value, facts, call) if value is not None else None
-        return _setting_int(self.context.settings, "fsdp_version")
 
     def _zero_stage(self) -> int | None:
         facts = self.facts
@@ -354,7 +334,7 @@ for step, (x, y) in enumerate(loader):
         facts = self.facts
         loop = self.loop
         reported: set[int] = set()
-        for block in sync_blocks(self):
+        for block in loop.no_sync_blocks:
             if block.kind not in {"model", "accelerator", "grad_sync"} or block.model is None:
                 continue
             if id(block.node) in reported or not self._decides_in_forward(block):
@@ -378,13 +358,7 @@ for step, (x, y) in enumerate(loader):
         origins = facts.origins(block.model, block.node)
         if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
             return True
-        prepared = any(
-            isinstance(o.node, cst.Call)
-            and isinstance(o.node.func, cst.Attribute)
-            and o.node.func.attr.value in PREPARE_MODEL_METHODS
-            and facts.is_accelerator(o.node.func.value, o.node)
-            for o in origins
-        )
+        prepared = any(self.loop.is_accelerate_prepare(o.node) for o in origins)
         return prepared and self.loop.backend is None
 
     def _forward_in(self, calls: list[cst.Call], model: cst.BaseExpression, at: cst.CSTNode) -> bool:

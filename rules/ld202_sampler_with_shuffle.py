@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
-import tokenize
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import has_comment, without_argument
 from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -403,7 +401,7 @@ loader = make_loader(dataset, sampler)
         self.report(shuffle, message, fix=fix, severity=severity)
 
     def _fix(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, kinds: set[str]) -> Fix | None:
-        if _has_comment(self.context.module.code_for_node(shuffle)):
+        if has_comment(self.context.module.code_for_node(shuffle)):
             return None
         if self._truth(shuffle.value, call, parameters=False) is not True:
             return None  # `shuffle` comes in through a parameter: callers out of sight may pass False
@@ -462,41 +460,3 @@ def _constant_truth(expr: cst.BaseExpression) -> bool | None:
     if isinstance(expr, (cst.Integer, cst.Float)):
         return bool(expr.evaluated_value)
     return None
-
-
-def without_argument(call: cst.Call, dropped: cst.Arg) -> cst.Call | None:
-    """``call`` without one argument, keeping the layout: the last argument hands its comma (and the
-    whitespace before the closing parenthesis) to the one before it."""
-    args = list(call.args)
-    index = args.index(dropped)
-    del args[index]
-    if index == len(args) and args:
-        previous = args[-1]
-        if isinstance(dropped.comma, cst.Comma):
-            comma = dropped.comma
-            before = previous.comma.whitespace_after if isinstance(previous.comma, cst.Comma) else None
-            after = comma.whitespace_after
-            if isinstance(before, cst.ParenthesizedWhitespace) and isinstance(after, cst.ParenthesizedWhitespace):
-                # keep the previous line's own comment, end the line as the dropped argument's did
-                comma = comma.with_changes(
-                    whitespace_after=before.with_changes(indent=after.indent, last_line=after.last_line)
-                )
-            args[-1] = previous.with_changes(comma=comma)
-        else:
-            if isinstance(previous.comma, cst.Comma) and _has_comment(cst.Module([]).code_for_node(previous.comma)):
-                return None
-            args[-1] = previous.with_changes(
-                comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=dropped.whitespace_after_arg
-            )
-    return call.with_changes(args=args)
-
-
-def _has_comment(code: str) -> bool:
-    """The source of a node holds a comment (a ``#`` inside a string literal is not one)."""
-    if "#" not in code:
-        return False
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return True
-    return any(token.type == tokenize.COMMENT for token in tokens)

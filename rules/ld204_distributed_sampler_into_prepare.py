@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import has_comment
 from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -392,7 +391,7 @@ model, loader = accelerator.prepare(model, loader)
         sampler, loader = found.sampler, found.loader
         if found.inline is None or shuffle is None or not facts.callee_is(sampler, SAMPLER_CLASSES):
             return None
-        if not _only_droppable_arguments(sampler) or _has_comment(self.context.module.code_for_node(sampler)):
+        if not _only_droppable_arguments(sampler) or has_comment(self.context.module.code_for_node(sampler)):
             return None  # (the fix would delete comments written inside the sampler call)
         if argument_of(loader, "shuffle", 2) is not None or argument_of(loader, "batch_sampler", 4) is not None:
             return None
@@ -462,17 +461,6 @@ def _only_droppable_arguments(sampler: cst.Call) -> bool:
         elif arg.keyword.value not in DROPPABLE:
             return False
     return True
-
-
-def _has_comment(code: str) -> bool:
-    """The source of a node holds a comment (a ``#`` inside a string literal is not one)."""
-    if "#" not in code:
-        return False
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return True  # cannot tell: as if it held one, so that no fix deletes it
-    return any(token.type == tokenize.COMMENT for token in tokens)
 
 
 def _target_names(target: cst.BaseExpression) -> set[str]:

@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings, Setting
-from lintdist.loop import TrainingLoop
+from lintdist.loop import Term, TrainingLoop
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -107,6 +107,9 @@ def test_accumulate_and_no_sync_blocks():
         ctx = ddp_model.no_sync if not last else nullcontext
         with ctx():
             pass
+        context = nullcontext() if last else ddp_model.no_sync()
+        with context:
+            inside_context = 1
         ddp_model.require_backward_grad_sync = last
         fsdp_model.set_requires_gradient_sync(False)
         """
@@ -121,7 +124,10 @@ def test_accumulate_and_no_sync_blocks():
         ("model", "ddp_model"),
         ("grad_sync", "ddp_model"),
         ("model", "ddp_model"),
+        ("model", "ddp_model"),
     ]
+    inside_context = loop.facts.index.nodes(cst.Assign)[-2]
+    assert loop.no_sync_of(inside_context) is loop.no_sync_blocks[-1]
     assert len(loop.sync_toggles) == 2
     assert loop.accumulates
 
@@ -215,3 +221,87 @@ def test_model_head_through_prepare_and_to():
     lm, clf = (e.value for e in loop.facts.index.nodes(cst.Expr))
     assert loop.head(lm, lm) == "causal"
     assert loop.head(clf, clf) == "sequence"
+
+
+def test_factor_does_not_follow_an_attribute_name_as_a_variable():
+    # `loss` in `model(**b).loss` is an attribute, not the variable `loss` divided by the steps further down
+    loop = _loop(
+        """
+        for b in loader:
+            loss = model(**b).loss
+            accelerator.backward(loss / args.gradient_accumulation_steps)
+            loss = loss / args.gradient_accumulation_steps
+        factor(model(**b).loss)
+        factor(loss)
+        """
+    )
+    attribute, variable = (c.args[0].value for c in loop.facts.calls if _code(loop, c.func) == "factor")
+    assert loop.factor(Term(attribute, attribute)).kind == "other"
+    assert loop.factor(Term(variable, variable)).kind == "accum"
+
+
+def test_accumulation_loop_is_the_inner_range_with_the_step_after_it():
+    loop = _loop(
+        """
+        for it in range(max_iters):
+            for micro_step in range(gradient_accumulation_steps):
+                loss = model(x, y) / gradient_accumulation_steps
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for i in range(1):
+            one.backward()
+        optimizer.step()
+        """
+    )
+    inner, single = loop.backward_sites
+    window = loop.accumulation_loop(inner.call)
+    assert _code(loop, window.bound) == "gradient_accumulation_steps"
+    assert _code(loop, window.step.call) == "optimizer.step()"
+    assert window.outer is loop.facts.loops[0]
+    assert loop.accumulation_loop(single.call) is None  # `range(1)` names no accumulation
+
+
+def test_accelerator_accumulation_division_and_branches():
+    loop = _loop(
+        """
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=4)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                if use_raw:
+                    loss = loss / 4
+                    loss.backward()
+                else:
+                    accelerator.backward(loss)
+                    accelerator.backward(loss / args.gradient_accumulation_steps)
+        """
+    )
+    raw, plain, divided = loop.backward_sites
+    acc = loop.accumulation(plain.receiver, plain.call)
+    assert (acc.state, acc.value) == ("configured", 4)
+    # the division in the `if` branch does not reach the `else` branch's backward
+    assert loop.accumulation_division(plain.loss, plain.call, acc) is None
+    assert _code(loop, loop.accumulation_division(raw.loss, raw.call, acc).term.expr) == "4"
+    division = loop.accumulation_division(divided.loss, divided.call, acc)
+    assert _code(loop, division.term.expr) == "args.gradient_accumulation_steps" and not division.exact
+
+
+def test_launch_accumulation_reaches_the_accelerator_only_from_env_or_under_deepspeed():
+    def settings(*values: Setting) -> LaunchSettings:
+        result = LaunchSettings()
+        for value in values:
+            result.set(value)
+        return result
+
+    flag = Setting("gradient_accumulation_steps", "4", "launch.sh", 1, 1, "flag")
+    env = Setting("gradient_accumulation_steps", "4", "launch.sh", 1, 1, "env")
+    deepspeed = Setting("distributed_type", "DEEPSPEED", "config.yaml", 1, 1, "yaml")
+    script = "from accelerate import Accelerator\nacc = Accelerator()\n"
+    assert _loop(script, settings(flag)).launch_accumulation is None  # `--multi_gpu`: the flag goes nowhere
+    assert _loop(script, settings(env)).launch_accumulation is env
+    assert _loop(script, settings(flag, deepspeed)).launch_accumulation is flag
+    accelerator = _loop(script, settings(flag)).accelerators[0]
+    assert _loop(script, settings(flag, deepspeed)).accumulation(None, accelerator).value == 4

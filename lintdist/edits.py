@@ -1,0 +1,179 @@
+"""Fix-building helpers that several rules share: source edits that keep the layout and comments of the code.
+
+Each helper returns new nodes (or replacements for a ``Fix``) and None where the edit cannot be made cleanly;
+the rule decides whether to offer a fix at all.
+"""
+
+from __future__ import annotations
+
+import io
+import tokenize
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import PythonFacts
+from lintdist.loop import Division
+
+Replacements = tuple[tuple[cst.CSTNode, cst.CSTNode], ...]
+_UNCLEAN = "the division cannot be deleted on its own"
+
+
+def has_comment(code: str) -> bool:
+    """The source of a node holds a comment (a ``#`` inside a string literal is not one)."""
+    if "#" not in code:
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return True  # cannot tell: as if it held one, so that no fix deletes it
+    return any(token.type == tokenize.COMMENT for token in tokens)
+
+
+def without_argument(call: cst.Call, dropped: cst.Arg) -> cst.Call | None:
+    """``call`` without one argument, keeping the layout: the last argument hands its comma (and the
+    whitespace before the closing parenthesis) to the one before it. None when a comment would be lost."""
+    args = list(call.args)
+    index = args.index(dropped)
+    del args[index]
+    if index == len(args) and args:
+        previous = args[-1]
+        if isinstance(dropped.comma, cst.Comma):
+            comma = dropped.comma
+            before = previous.comma.whitespace_after if isinstance(previous.comma, cst.Comma) else None
+            after = comma.whitespace_after
+            if isinstance(before, cst.ParenthesizedWhitespace) and isinstance(after, cst.ParenthesizedWhitespace):
+                # keep the previous line's own comment, end the line as the dropped argument's did
+                comma = comma.with_changes(
+                    whitespace_after=before.with_changes(indent=after.indent, last_line=after.last_line)
+                )
+            args[-1] = previous.with_changes(comma=comma)
+        else:
+            if isinstance(previous.comma, cst.Comma) and has_comment(cst.Module([]).code_for_node(previous.comma)):
+                return None
+            args[-1] = previous.with_changes(
+                comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=dropped.whitespace_after_arg
+            )
+    return call.with_changes(args=args)
+
+
+# -- deleting a division of the loss ----------------------------------------------------------------
+
+
+def remove_division(
+    facts: PythonFacts, division: Division, site: cst.Call, new_call: cst.Call | None = None
+) -> tuple[Replacements | None, str]:
+    """The replacements that delete the division (and, with ``new_call``, replace the backward call ``site`` in
+    the same edit), or None and why not: the division is not ``x / k`` or ``x /= k`` written in the backward's
+    function, or the divided value is read elsewhere (deleting it would change that read too)."""
+    term = division.term
+    node = facts.parent(term.expr)
+    statement = next((a for a in facts.ancestors(term.expr) if isinstance(a, cst.BaseSmallStatement)), None)
+    if statement is None or facts.enclosing_function(term.expr) is not facts.enclosing_function(site):
+        return None, "the division is written in another function"
+    removed: cst.BaseSmallStatement | None = None
+    target: cst.BaseExpression | None = None
+    if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign) and node.value is term.expr:
+        removed, target = node, node.target
+    elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and node.right is term.expr:
+        if isinstance(statement, cst.Assign):
+            if len(statement.targets) != 1:
+                return None, _UNCLEAN
+            target = statement.targets[0].target
+            if statement.value is node and _same(target, node.left):
+                removed = statement
+        elif not facts.is_within(site, statement):
+            return None, _UNCLEAN
+    else:
+        return None, _UNCLEAN
+    if target is not None and not _read_only_by(facts, target, statement, site):
+        return None, "the divided loss is also read elsewhere, whose value would change"
+    if removed is None:
+        return _combine(facts, ((node, _keep_parens(node.left, node)),), site, new_call), ""
+    replacements = _remove_statement(facts, removed, site, new_call)
+    return replacements, "" if replacements is not None else _UNCLEAN
+
+
+def _remove_statement(
+    facts: PythonFacts, removed: cst.BaseSmallStatement, site: cst.Call, new_call: cst.Call | None
+) -> Replacements | None:
+    """Delete a small statement; its line's comments move to the next statement of the block."""
+    line = facts.parent(removed)
+    if not isinstance(line, cst.SimpleStatementLine):
+        return None
+    if len(line.body) > 1:
+        kept = [s for s in line.body if s is not removed]
+        kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        return _combine(facts, ((line, line.with_changes(body=kept)),), site, new_call)
+    block = facts.parent(line)
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)) or len(block.body) == 1:
+        return None
+    body = list(block.body)
+    index = next(i for i, s in enumerate(body) if s is line)
+    carried = list(line.leading_lines)
+    if line.trailing_whitespace.comment is not None:
+        carried.append(cst.EmptyLine(comment=line.trailing_whitespace.comment))
+    del body[index]
+    if carried and index < len(body):
+        following = list(body[index].leading_lines)
+        if following and _blank(carried[-1]) and _blank(following[0]):
+            carried.pop()  # one blank line where the deleted statement stood between two
+        body[index] = body[index].with_changes(leading_lines=(*carried, *following))
+    return _combine(facts, ((block, block.with_changes(body=body)),), site, new_call)
+
+
+def _blank(line: cst.EmptyLine) -> bool:
+    return line.comment is None
+
+
+def _combine(facts: PythonFacts, replacements: Replacements, site: cst.Call, new_call: cst.Call | None) -> Replacements:
+    """Add the backward call's replacement to the division's, nested into it when one holds the other."""
+    if new_call is None:
+        return replacements
+    ((old, new),) = replacements
+    if old is site:
+        return ((site, new_call),)
+    if facts.is_within(site, old):
+        return ((old, new.deep_replace(site, new_call)),)
+    if facts.is_within(old, site):
+        return ((site, new_call.deep_replace(old, new)),)
+    return ((old, new), (site, new_call))
+
+
+def _keep_parens(expr: cst.BaseExpression, around: cst.BinaryOperation) -> cst.BaseExpression:
+    """The left operand in place of ``(left / k)``: the parentheses stay only where the operand needs them."""
+    if around.lpar and not expr.lpar and not isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return expr.with_changes(lpar=around.lpar, rpar=around.rpar)
+    return expr
+
+
+def _read_only_by(facts: PythonFacts, target: cst.BaseExpression, statement: cst.CSTNode, site: cst.Call) -> bool:
+    """Between the division and the next assignment of ``target``, the divided value is read by ``site`` alone
+    (a loss also logged, summed for a report or returned would change its value)."""
+    key = get_full_name_for_node(target)
+    if key is None:
+        return False
+    function = facts.enclosing_function(site)
+    scope = function if function is not None else facts.index.module
+    order, end_of = facts.index.order, facts.index.end
+    # reads up to the first assignment after the backward (one before it would pass the divided value on)
+    start, after = end_of(statement), end_of(site)
+    end = min((order(b.statement) for b in facts.bindings(key, site) if order(b.statement) >= after), default=None)
+    attributes = {id(a.attr) for a in facts.within(scope, cst.Attribute)}
+    for node in facts.within(scope, cst.Name, cst.Attribute):
+        position = order(node)
+        if position < start or (end is not None and position >= end) or id(node) in attributes:
+            continue
+        if get_full_name_for_node(node) != key or facts.is_within(node, site) or _assigned(facts, node):
+            continue
+        return False
+    return True
+
+
+def _assigned(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    parent = facts.parent(node)
+    return isinstance(parent, (cst.AssignTarget, cst.AugAssign)) and parent.target is node
+
+
+def _same(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
+    return get_full_name_for_node(a) == get_full_name_for_node(b) and get_full_name_for_node(a) is not None
