@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -123,6 +124,21 @@ class PythonFacts:
         self._local_functions: dict[int, list[cst.FunctionDef]] = {}
         self._enclosing_class: dict[int, cst.ClassDef | None] = {}
 
+    @property
+    def imported_names(self) -> frozenset[str]:
+        """The local names that imports bind anywhere in the file (``b`` of ``from a import b``, ``c`` of ``import a
+        as c``): a call of any other bare name cannot reach an imported function."""
+        if "imported_names" not in self._memo:
+            names = set()
+            for statement in self.index.nodes(cst.Import, cst.ImportFrom):
+                if isinstance(statement.names, cst.ImportStar):
+                    continue
+                for alias in statement.names:
+                    bound = alias.asname.name if alias.asname is not None else alias.name
+                    names.add(get_full_name_for_node(bound).split(".", 1)[0])
+            self._memo["imported_names"] = frozenset(names)
+        return self._memo["imported_names"]
+
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
         function = self.enclosing_function(statement)
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -197,7 +213,18 @@ class PythonFacts:
         return self.names.qualified_names(node)
 
     def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
-        return not names.isdisjoint(self.qualified_names(call.func))
+        func = call.func
+        # Resolving a callee is the costly part: `x.<attr>(...)` can only be one of `names` if the attribute is
+        # their last part, and a bare name only if it is that last part or an import's alias.
+        if isinstance(func, cst.Attribute) and func.attr.value not in _last_parts(names):
+            return False
+        if (
+            isinstance(func, cst.Name)
+            and func.value not in _last_parts(names)
+            and func.value not in self.imported_names
+        ):
+            return False
+        return not names.isdisjoint(self.qualified_names(func))
 
     def method_name(self, call: cst.Call) -> str | None:
         """``x.y.prepare(...)`` -> "prepare"; ``prepare(...)`` -> "prepare"."""
@@ -619,6 +646,11 @@ class PythonFacts:
             return bool(tests) and all(self.excludes_main(t, value, depth + 1) for t in tests)
         # a single rank test or main-process flag holds exactly on the main process
         return self.main_when(test, not value, depth)
+
+
+@lru_cache(maxsize=512)
+def _last_parts(names: frozenset[str]) -> frozenset[str]:
+    return frozenset(name.rsplit(".", 1)[-1] for name in names)
 
 
 def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseExpression | None:

@@ -270,7 +270,7 @@ class TrainingLoop:
     def _backward_site(self, call: cst.Call) -> BackwardSite | None:
         facts = self.facts
         func = call.func
-        if facts.callee_is(call, TORCH_BACKWARD):
+        if _may_be(facts, func, "backward") and facts.callee_is(call, TORCH_BACKWARD):
             return BackwardSite(call, "autograd", _first_positional(call), None)
         if not isinstance(func, cst.Attribute) or func.attr.value not in BACKWARD_METHODS:
             return None
@@ -308,7 +308,7 @@ class TrainingLoop:
 
     def _step_kind(self, call: cst.Call) -> tuple[str | None, cst.BaseExpression | None]:
         facts = self.facts
-        if facts.callee_is(call, TORCH_CLIPS):
+        if _may_be(facts, call.func, "clip_grad_norm_", "clip_grad_value_") and facts.callee_is(call, TORCH_CLIPS):
             return "clip", None
         func = call.func
         if not isinstance(func, cst.Attribute):
@@ -1417,6 +1417,14 @@ def range_bound(facts: PythonFacts, loop: cst.For) -> cst.BaseExpression | None:
 def _same_name(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
     """Two expressions spell the same (dotted) name."""
     return get_full_name_for_node(a) == get_full_name_for_node(b) and get_full_name_for_node(a) is not None
+
+
+def _may_be(facts: PythonFacts, func: cst.BaseExpression, *names: str) -> bool:
+    """A callee spelled ``x.<name>`` or ``<name>``, or a name an import binds (an alias): the only callees worth
+    resolving when looking for these functions. Resolving every call of a file costs more than the rules."""
+    if isinstance(func, cst.Attribute):
+        return func.attr.value in names
+    return isinstance(func, cst.Name) and (func.value in names or func.value in facts.imported_names)
 
 
 def _first_positional(call: cst.Call) -> cst.BaseExpression | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -112,7 +114,14 @@ class LabelsShiftedTwice(Rule):
     fix_kind = "unsafe"
     triggers = (Pattern(("1:]",)),)
     # the inputs' cut beside the shift, and a model this rule knows, named in the file (a PEFT model wraps one)
-    also_triggers = ((":-1]",), ("labels",), ("ForCausalLM", "LMHeadModel"))
+    # and an import of the libraries that build such models (a `>>> from transformers` docstring line is not one:
+    # transformers' own modeling files, full of shifts and causal-LM names, are not parsed for this rule)
+    also_triggers = (
+        (":-1]",),
+        ("labels",),
+        ("ForCausalLM", "LMHeadModel"),
+        (re.compile(r"(?m)^[ \t]*(?:from|import)[ \t]+(?:transformers|peft|trl)\b"),),
+    )
 
     VALID = (
         Valid(
