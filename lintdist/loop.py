@@ -16,7 +16,14 @@ from functools import cached_property
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, BACKWARD_METHODS, DDP_CLASSES, PythonFacts, argument_of
+from lintdist.facts import (
+    ACCELERATOR_CLASSES,
+    BACKWARD_METHODS,
+    DDP_CLASSES,
+    FABRIC_CLASSES,
+    PythonFacts,
+    argument_of,
+)
 
 GA_PLUGIN_CLASSES = frozenset(
     {
@@ -28,6 +35,7 @@ GA_PLUGIN_CLASSES = frozenset(
 DEEPSPEED_PLUGINS = frozenset(
     {"accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"}
 )
+DEEPSPEED_CALLS = DEEPSPEED_PLUGINS | frozenset({"deepspeed.initialize"})
 FSDP_PLUGINS = frozenset(
     {
         "accelerate.FullyShardedDataParallelPlugin",
@@ -35,7 +43,6 @@ FSDP_PLUGINS = frozenset(
         "accelerate.utils.dataclasses.FullyShardedDataParallelPlugin",
     }
 )
-FABRIC_CLASSES = frozenset({"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"})
 GRAD_SYNC = frozenset({"lintdist.runtime.grad_sync", "lintdist.runtime.sync.grad_sync"})
 TORCH_BACKWARD = frozenset({"torch.autograd.backward"})
 TORCH_CLIPS = frozenset(
@@ -674,7 +681,7 @@ class TrainingLoop:
         """ "DEEPSPEED" or "FSDP" when the code or the launch selects one; None otherwise (or unknown)."""
         facts = self.facts
         for call in facts.calls:
-            if facts.callee_is(call, DEEPSPEED_PLUGINS | frozenset({"deepspeed.initialize"})):
+            if facts.callee_is(call, DEEPSPEED_CALLS):
                 return "DEEPSPEED"
             if facts.callee_is(call, FSDP_PLUGINS):
                 return "FSDP"

@@ -14,11 +14,6 @@ from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.syntax import children
 
-DEEPSPEED_PLUGINS = frozenset(
-    {"accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin", "accelerate.utils.dataclasses.DeepSpeedPlugin"}
-)
-DEEPSPEED_INITIALIZE = frozenset({"deepspeed.initialize"})
-TORCH_BACKWARD = frozenset({"torch.autograd.backward"})
 # Calls that read or change gradients: moving a backward past one of them changes what it sees.
 GRADIENT_USERS = frozenset(
     {"step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "unscale_", "requires_grad_", *BACKWARD_METHODS}
