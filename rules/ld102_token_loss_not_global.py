@@ -25,8 +25,6 @@ from lintdist.rule import Invalid, Rule, Valid
 LIGHTNING_MODULES = frozenset(
     {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
 )
-OPTIMIZER_METHODS = frozenset({"step", "zero_grad"})
-CLIP_METHODS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
 # dict methods that change a batch in place
 DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
 
@@ -81,36 +79,58 @@ class TokenLossNotGlobal(Rule):
 
     ## Use instead
     ```python
-    from lintdist.runtime import TokenLossWindow, microbatch_groups
+    from lintdist.runtime import TokenWindows
 
     accelerator = Accelerator(gradient_accumulation_steps=4)
-    for micro_batches in microbatch_groups(train_dataloader, accelerator.gradient_accumulation_steps):
-        window = TokenLossWindow(micro_batches, accelerator=accelerator, model=model, shifted=True)
-        for i, batch in enumerate(micro_batches):
-            with window.sync(i):
-                loss = window.scale_mean(model(**batch).loss, batch)
-                accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
+    token_windows = TokenWindows(train_dataloader, accelerator=accelerator, shifted=True)
+    for batch in token_windows:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(token_windows.scale_mean(loss, batch))
+            optimizer.step()
+            optimizer.zero_grad()
     ```
+    `TokenWindows` reads one accumulation window of batches ahead, sums their
+    loss tokens over the ranks (one all-reduce per window), and yields the
+    batches in order; `scale_mean` turns the micro-batch's mean into its share
+    of the window's global token mean. Its windows are accelerate's own: it
+    follows `accelerator.step`, ends a window where the loader ends, and stands
+    in for the prepared loader in `GradientState`, so reading ahead never makes
+    accelerate sync or step in the middle of a window (`skip_first_batches`
+    on resume included). A raw DDP loop that steps on
+    `(step + 1) % accum == 0 or last` uses
+    `TokenWindows(loader, steps=accum, grad_divisor=accum)` (the divisor is its
+    `loss / accum`) with `model.no_sync()` as before; its batches must be dicts
+    holding `labels` (or the labels tensor passed to `scale_mean`). With
+    Lightning (`accumulate_grad_batches`), lintdist reports the
+    `training_step` and offers no fix: the Trainer iterates the loader
+    itself, reads a batch ahead and moves each batch to the device, so a
+    loader wrapper cannot tell which window a batch belongs to; use manual
+    optimization (`automatic_optimization = False`), count the step's tokens
+    first, and scale the sum-reduced losses with `TokenLossWindow.scale_sum`.
 
     ## Fix safety
-    Safe, for the canonical accelerate loop only: `for batch in loader:` whose
-    body is one `with accelerator.accumulate(model):` block with the model's
-    `.loss` (a `transformers` causal-LM, masked-LM, seq2seq-LM or
-    token-classification head, or a local class named like one), called with
-    `**batch` or `labels=batch[...]`, and `accelerator.backward`. The loop
-    becomes `microbatch_groups` + `TokenLossWindow` (`shifted=True` only for a
-    causal LM); optimizer, scheduler, `zero_grad` and clipping calls and
-    `if accelerator.sync_gradients:` blocks move after the window, every other
-    statement stays where it was. The gradient then equals the gradient of the
-    global token mean. `loss` then holds the scaled value that is passed to
-    `backward`: code that logs it sees, summed over a window's micro-batches and
-    averaged over ranks, G times the global token mean (G micro-batches per
-    step), where it used to see a sum of G per-micro-batch means.
-    Every other shape (custom losses, raw DDP, `enumerate`
-    loops, `break` in the loop, unknown heads) gets the diagnostic only: scale
-    a sum-reduced loss with `TokenLossWindow.scale_sum`.
+    Safe, for the accelerate loop as it is written in the wild (the
+    `*_no_trainer.py` examples and their kin): a `for` over the loader (plain,
+    `enumerate(...)` or `tqdm(...)`) whose body holds, once per batch, a
+    `with accelerator.accumulate(model):` block whose only backward is
+    `accelerator.backward(loss)`, `loss` being the model's `.loss` (a
+    `transformers` causal-LM, masked-LM, seq2seq-LM or token-classification
+    head, or a local class named like one) called with `**batch` or
+    `labels=batch[...]`. The fix adds one line before the loop,
+    `token_windows = TokenWindows(<loader>, accelerator=accelerator, shifted=True)`
+    (`shifted=True` only for a causal LM), iterates `token_windows` instead of
+    the loader, and passes `token_windows.scale_mean(loss, batch)` to
+    `backward`. Every other statement (logging, clipping, the scheduler,
+    `completed_steps`, checkpoints, trackers, a `break` at max steps, resume)
+    stays where it was and sees the same values: `loss` is still the
+    micro-batch's mean, so logged losses do not change; optimizer steps and
+    `if accelerator.sync_gradients:` fire on the same batches. The gradient of
+    each optimizer step is then the gradient of the global token mean (proven
+    on 2 gloo ranks with a tiny Llama, at every step, with a resume). Not
+    fixed: a loop that `continue`s before the block (a skipped batch would be
+    counted), that changes the batch's labels, runs two backward passes, or
+    scales the loss itself; custom losses, raw DDP and Lightning (see above).
 
     ## References
     - accelerate guide "Gradient accumulation", section on variable-size
@@ -133,19 +153,18 @@ class TokenLossNotGlobal(Rule):
             """\
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
-from lintdist.runtime import TokenLossWindow, microbatch_groups
+from lintdist.runtime import TokenWindows
 
 accelerator = Accelerator(gradient_accumulation_steps=4)
 model = AutoModelForCausalLM.from_pretrained("gpt2")
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-for micro_batches in microbatch_groups(loader, accelerator.gradient_accumulation_steps):
-    window = TokenLossWindow(micro_batches, accelerator=accelerator, model=model, shifted=True)
-    for i, batch in enumerate(micro_batches):
-        with window.sync(i):
-            loss = window.scale_mean(model(**batch).loss, batch)
-            accelerator.backward(loss)
-    optimizer.step()
-    optimizer.zero_grad()
+token_windows = TokenWindows(loader, accelerator=accelerator, shifted=True)
+for step, batch in enumerate(token_windows):
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(token_windows.scale_mean(loss, batch))
+        optimizer.step()
+        optimizer.zero_grad()
 """
         ),
         Valid(
@@ -246,19 +265,18 @@ for batch in train_dataloader:
             fixed="""\
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling
-from lintdist.runtime import TokenLossWindow, microbatch_groups
+from lintdist.runtime import TokenWindows
 
 accelerator = Accelerator(gradient_accumulation_steps=4)
 model = AutoModelForCausalLM.from_pretrained("gpt2")
 collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
 model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)
-for micro_batches in microbatch_groups(train_dataloader, accelerator.gradient_accumulation_steps):
-    window = TokenLossWindow(micro_batches, accelerator=accelerator, model=model, shifted=True)
-    for i, batch in enumerate(micro_batches):
-        with window.sync(i):
-            loss = window.scale_mean(model(**batch).loss, batch)
-            accelerator.backward(loss)
-    optimizer.step(); lr_scheduler.step(); optimizer.zero_grad()
+token_windows = TokenWindows(train_dataloader, accelerator=accelerator, shifted=True)
+for batch in token_windows:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(token_windows.scale_mean(loss, batch))
+        optimizer.step(); lr_scheduler.step(); optimizer.zero_grad()
 """,
         ),
         Invalid(
@@ -413,9 +431,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             if distributed
             else "accumulated over micro-batches"
         )
-        fix = self._canonical_fix(call, chain, head) if accelerated else None
+        fix = self._windows_fix(call, chain, head) if accelerated else None
         remedy = (
-            "iterate `microbatch_groups(...)` and scale each loss with `TokenLossWindow.scale_mean` (auto-fixable)"
+            "iterate the loader through `TokenWindows` and pass `token_windows.scale_mean(loss, batch)` to backward "
+            "(auto-fixable)"
             if fix
             else _REMEDY
         )
@@ -590,143 +609,123 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         self._findings.add(id(node))
         self.report(node, message, fix=fix, severity=self._severity)
 
-    # -- the fix of the canonical accelerate loop -----------------------------------------------
+    # -- the fix: wrap the loop's loader in TokenWindows and scale what goes to backward -----------
 
-    def _canonical_fix(self, call: cst.Call, chain: Chain, head: str | None) -> Fix | None:
+    def _windows_fix(self, call: cst.Call, chain: Chain, head: str | None) -> Fix | None:
+        """``for ... in enumerate(X):`` with one ``accelerator.accumulate`` block per batch becomes
+        ``token_windows = TokenWindows(X, ...)`` + ``for ... in enumerate(token_windows):``, and
+        ``accelerator.backward(loss)`` becomes ``accelerator.backward(token_windows.scale_mean(loss, batch))``."""
         facts, code = self.facts, self.context.module.code_for_node
         if head not in {"causal", "token"} or chain.num or chain.den or not is_loss_field(chain.base_expr):
             return None
-        line = facts.parent(self.loop.statement_of(call))
-        block = facts.parent(line) if line is not None else None
-        with_node = facts.parent(block) if block is not None else None
-        if not (
-            isinstance(line, cst.SimpleStatementLine)
-            and len(line.body) == 1
-            and isinstance(line.body[0], cst.Expr)
-            and line.body[0].value is call
-            and isinstance(with_node, cst.With)
-            and with_node.asynchronous is None
-            and len(with_node.items) == 1
-            and with_node.items[0].asname is None
-        ):
+        if not call.args or call.args[0].keyword is not None or call.args[0].star:
             return None
-        accumulate = with_node.items[0].item
-        if not (
-            isinstance(accumulate, cst.Call)
-            and facts.method_name(accumulate) == "accumulate"
-            and len(accumulate.args) == 1
-            and accumulate.args[0].keyword is None
-            and not accumulate.args[0].star
-            and code(accumulate.func.value) == code(call.func.value)
-        ):
+        block = self.loop.accumulate_block_of(call)
+        if block is None or code(block.accelerator) != code(call.func.value):
             return None
-        loop_block = facts.parent(with_node)
-        loop = facts.parent(loop_block) if loop_block is not None else None
+        loop = facts.parent(facts.parent(block.node))
         if not (
             isinstance(loop, cst.For)
-            and loop.body is loop_block
-            and isinstance(loop_block, cst.IndentedBlock)
-            and isinstance(loop.target, cst.Name)
-            and loop.orelse is None
+            and isinstance(loop.body, cst.IndentedBlock)
+            and block.node in loop.body.body
             and loop.asynchronous is None
-            and not (isinstance(loop.iter, cst.Call) and facts.method_name(loop.iter) == "enumerate")
-            and facts.is_within(chain.base_expr, with_node)
-            and not facts.within(loop.body, cst.Break, cst.Continue, cst.Return, cst.Yield)
+            and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
         ):
+            return None  # the accumulate block must run once for every batch the loop reads
+        batch, source = self._loop_batch(loop)
+        if batch is None:
             return None
-        batch = loop.target.value
         model_call = self.loop.model_call(chain.base_expr)
-        if model_call is None or not _passes_labels(model_call, batch):
-            return None
-        inner = list(with_node.body.body)
-        after_backward = inner[inner.index(line) + 1 :]
-        position = loop_block.body.index(with_node)
-        before, after = list(loop_block.body[:position]), list(loop_block.body[position + 1 :])
-        backwards = [c for c in facts.reachable_calls(loop_block) if facts.method_name(c) in BACKWARD_METHODS]
+        if model_call is None or not _passes_labels(model_call, batch) or _changes_batch(facts, loop.body, batch):
+            return None  # the window counts the labels the loader yields
+        backwards = [c for c in facts.reachable_calls(loop.body) if facts.method_name(c) in BACKWARD_METHODS]
         if len(backwards) != 1:
-            return None  # several backward passes per micro-batch (LD101's shape): the window would hide them
-        if _changes_batch(facts, loop_block, batch):
-            return None  # the window counts each batch's labels before the loop body would change them
-        moved = [s for s in after_backward + after if self._movable(s)]
-        if _reads_moved_state(facts, after_backward + after, moved, code(accumulate.args[0].value)):
-            return None  # a statement that stays would run before the step it reads (a checkpoint, a step counter)
-        names = self._free_names(loop)
-        if names is None:
+            return None  # several backward passes per micro-batch (LD101's shape)
+        position = loop.body.body.index(block.node)
+        if any(
+            self._skips(loop, node)
+            for statement in loop.body.body[:position]
+            for node in facts.within(statement, cst.Continue)
+        ):
+            return None  # a skipped batch is read into a window but never reaches accumulate
+        name = self._free_name(loop)
+        if name is None:
             return None
-        micro_batches, window, index = names
-        accelerator, model = code(call.func.value), code(accumulate.args[0].value)
+        shifted = ", shifted=True" if head == "causal" else ""
+        created = cst.parse_statement(
+            f"{name} = TokenWindows({code(source)}, accelerator={code(block.accelerator)}{shifted})\n"
+        )
+        created = created.with_changes(leading_lines=loop.leading_lines)
         scaled = cst.Call(
-            func=cst.Attribute(value=cst.Name(window), attr=cst.Name("scale_mean")),
-            args=[cst.Arg(chain.base_expr), cst.Arg(cst.Name(batch))],
+            func=cst.Attribute(value=cst.Name(name), attr=cst.Name("scale_mean")),
+            args=[cst.Arg(call.args[0].value), cst.Arg(cst.Name(batch))],
         )
-        new_with = with_node.with_changes(
-            items=[with_node.items[0].with_changes(item=cst.parse_expression(f"{window}.sync({index})"))],
-            body=with_node.body.with_changes(
-                body=[s.deep_replace(chain.base_expr, scaled) for s in inner if s not in moved]
-            ),
-        )
-        inner_loop = cst.For(
-            target=cst.parse_expression(f"{index}, {batch}"),
-            iter=cst.parse_expression(f"enumerate({micro_batches})"),
-            body=cst.IndentedBlock(body=[*before, new_with, *[s for s in after if s not in moved]]),
-        )
-        shifted = "True" if head == "causal" else "False"
-        window_line = cst.parse_statement(
-            f"{window} = TokenLossWindow({micro_batches}, accelerator={accelerator}, model={model}, shifted={shifted})\n"
-        )
-        new_loop = loop.with_changes(
-            target=cst.Name(micro_batches),
-            iter=cst.parse_expression(
-                f"microbatch_groups({code(loop.iter)}, {accelerator}.gradient_accumulation_steps)"
-            ),
-            body=loop_block.with_changes(body=[window_line, inner_loop, *moved]),
-        )
+        new_call = call.with_changes(args=[call.args[0].with_changes(value=scaled), *call.args[1:]])
+        new_loop = loop.deep_replace(source, cst.Name(name))
+        new_loop = new_loop.deep_replace(_find(new_loop, call), new_call).with_changes(leading_lines=())
         return Fix(
             Applicability.SAFE,
-            "Group the loader into optimizer steps with `microbatch_groups` and scale each micro-batch's loss with "
-            "`TokenLossWindow.scale_mean`",
-            replacements=((loop, new_loop),),
-            imports=(("lintdist.runtime", "TokenLossWindow"), ("lintdist.runtime", "microbatch_groups")),
+            "Iterate the loader through `TokenWindows` and scale the loss passed to `backward` with `scale_mean`",
+            replacements=((loop, cst.FlattenSentinel([created, new_loop])),),
+            imports=(("lintdist.runtime", "TokenWindows"),),
         )
 
-    def _movable(self, statement: cst.BaseStatement) -> bool:
-        """Optimizer, scheduler, zero_grad and clipping calls, and ``if accelerator.sync_gradients:`` blocks:
-        they belong after the window."""
-        if isinstance(statement, cst.If):
-            return statement.orelse is None and _is_attribute(statement.test, "sync_gradients")
-        if not isinstance(statement, cst.SimpleStatementLine):
-            return False
-        for small in statement.body:
-            if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
-                return False
-            method = self.facts.method_name(small.value)
-            receiver = small.value.func.value if isinstance(small.value.func, cst.Attribute) else None
-            receiver_name = (get_full_name_for_node(receiver) or "").lower() if receiver is not None else ""
-            if method == "step" and not ("optim" in receiver_name or "sched" in receiver_name):
-                return False
-            if method not in OPTIMIZER_METHODS | CLIP_METHODS:
-                return False
-        return True
+    def _loop_batch(self, loop: cst.For) -> tuple[str | None, cst.BaseExpression | None]:
+        """The batch variable and the loader expression of ``for batch in X``, ``for i, batch in enumerate(X)``,
+        or either with ``X`` inside ``tqdm(...)``."""
+        target, source = loop.target, loop.iter
+        if _is_call_of(self.facts, source, ENUMERATE):
+            if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+                return None, None
+            target, source = target.elements[1].value, _first_argument(source)
+        if _is_call_of(self.facts, source, TQDM):
+            source = _first_argument(source)
+        if not isinstance(target, cst.Name) or source is None:
+            return None, None
+        return target.value, source
 
-    def _free_names(self, loop: cst.For) -> tuple[str, str, str] | None:
-        """Names for the window's loop variables that the enclosing function (or module) does not use yet."""
+    def _skips(self, loop: cst.For, node: cst.Continue) -> bool:
+        """``continue`` of ``loop`` itself, not of a loop nested in it."""
+        return self.facts.enclosing_loop(node) is loop
+
+    def _free_name(self, loop: cst.For) -> str | None:
+        """A name for the wrapper that the enclosing function (or module) does not use yet."""
         scope = self.facts.enclosing_function(loop) or self.context.module
         used = {name.value for name in self.facts.within(scope, cst.Name)}
         module_names = {name.value for name in self.facts.index.nodes(cst.Name)}
-        if {"TokenLossWindow", "microbatch_groups"} & module_names and "lintdist" not in module_names:
-            return None
-        picks = []
-        for candidates in (("micro_batches", "window_batches"), ("window", "token_window"), ("i", "micro_step")):
-            free = next((c for c in candidates if c not in used), None)
-            if free is None:
-                return None
-            picks.append(free)
-        return tuple(picks)
+        if "TokenWindows" in module_names and "lintdist" not in module_names:
+            return None  # a TokenWindows of the script's own
+        return next((c for c in ("token_windows", "loss_windows") if c not in used), None)
+
+
+ENUMERATE = frozenset({"builtins.enumerate", "enumerate"})
+TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"})
+
+
+def _is_call_of(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
+    return isinstance(expr, cst.Call) and facts.callee_is(expr, names)
+
+
+def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
+    first = call.args[0] if call.args else None
+    return first.value if first is not None and first.keyword is None and not first.star else None
+
+
+def _find(tree: cst.CSTNode, original: cst.Call) -> cst.CSTNode:
+    """The node of ``tree`` (a copy made by ``deep_replace``) that is ``original`` (equal code, same position)."""
+    return next(node for node in _walk(tree) if node.deep_equals(original))
+
+
+def _walk(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk(child)
 
 
 _REMEDY = (
-    "sum-reduce the loss and scale it with `TokenLossWindow.scale_sum` from `lintdist.runtime` (or "
-    "`.scale_mean(loss, batch)`) over each optimizer step's `microbatch_groups(...)`"
+    "iterate the loader through `TokenWindows` from `lintdist.runtime` and pass `token_windows.scale_mean(loss, "
+    "batch)` (or `.scale_sum(loss_sum)` for a sum-reduced loss) to backward: each optimizer step then follows the "
+    "window's global token mean"
 )
 
 
@@ -801,28 +800,6 @@ def _changes_batch(facts, body: cst.CSTNode, batch: str) -> bool:
             continue
         method = call.func.attr.value
         if _root(call.func.value) in roots and (method in DICT_MUTATORS or method.endswith("_")):
-            return True
-    return False
-
-
-def _reads_moved_state(facts, statements: list[cst.BaseStatement], moved: list[cst.BaseStatement], model: str) -> bool:
-    """A statement that stays in the micro-batch loop but follows a moved one reads what the moved ones change:
-    ``sync_gradients``, a name they assign (``completed_steps``), the optimizer or scheduler, or the model."""
-    first = next((k for k, s in enumerate(statements) if s in moved), len(statements))
-    touched = {model.split(".", 1)[0]}
-    for statement in moved:
-        touched |= {_root(n.target) for n in facts.within(statement, cst.AssignTarget, cst.AugAssign)}
-        touched |= {
-            _root(call.func.value)
-            for call in facts.within(statement, cst.Call)
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value in OPTIMIZER_METHODS
-        }
-    for statement in statements[first + 1 :]:
-        if statement in moved:
-            continue
-        if any(_is_attribute(node, "sync_gradients") for node in facts.within(statement, cst.Attribute)) or any(
-            name.value in touched for name in facts.within(statement, cst.Name)
-        ):
             return True
     return False
 

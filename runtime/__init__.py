@@ -8,6 +8,7 @@ from lintdist.runtime.process import any_rank, main_process_first, sequence_para
 from lintdist.runtime.sync import grad_sync
 from lintdist.runtime.tokens import (
     TokenLossWindow,
+    TokenWindows,
     count_loss_tokens,
     global_token_count,
     microbatch_groups,
@@ -16,6 +17,7 @@ from lintdist.runtime.tokens import (
 
 __all__ = [
     "TokenLossWindow",
+    "TokenWindows",
     "any_rank",
     "count_loss_tokens",
     "global_token_count",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from itertools import islice
@@ -114,8 +116,8 @@ class TokenLossWindow:
     * `scale_mean(loss_mean, batch)`: `loss_mean * n_i * G_div * W / N`; a graph-connected zero
       (no NaN, no DDP hang) for a micro-batch without loss tokens.
 
-    G_div is `accelerator.gradient_accumulation_steps` (1 without an accelerator): a shorter
-    last window is still divided by it. W is `dp_world_size`, else the size of `group`, else
+    G_div is `grad_divisor`, by default `accelerator.gradient_accumulation_steps` (1 without an
+    accelerator): a shorter last window is still divided by it. W is `dp_world_size`, else the size of `group`, else
     `accelerator.num_processes`, else the world size; pass `dp_world_size` and the
     data-parallel `group` under tensor, context or sequence parallelism. N = 0 scales by 0.
 
@@ -142,6 +144,7 @@ class TokenLossWindow:
         shifted: bool = False,
         group: dist.ProcessGroup | None = None,
         dp_world_size: int | None = None,
+        grad_divisor: int | None = None,
     ) -> None:
         self.micro_batches = list(micro_batches)
         if not self.micro_batches:
@@ -153,7 +156,9 @@ class TokenLossWindow:
         self._shifted = shifted
         self.num_items = global_token_count(self._count(self.micro_batches), accelerator=accelerator, group=group)
         self.world_size = dp_world_size if dp_world_size is not None else data_parallel_world_size(accelerator, group)
-        self.grad_divisor = int(accelerator.gradient_accumulation_steps) if accelerator is not None else 1
+        if grad_divisor is None:
+            grad_divisor = int(accelerator.gradient_accumulation_steps) if accelerator is not None else 1
+        self.grad_divisor = grad_divisor
 
     def _count(self, batches: Any) -> torch.Tensor:
         return count_loss_tokens(
@@ -181,3 +186,174 @@ class TokenLossWindow:
         tokens = self._count(batch).to(loss_mean.device)
         scaled = loss_mean * (tokens.to(scale.dtype) * scale)
         return torch.where(tokens > 0, scaled, torch.nan_to_num(loss_mean) * 0)
+
+
+class TokenWindows:
+    """Iterate a data loader one gradient-accumulation window ahead, so each loss can be scaled to the global token mean.
+
+    Wrap the loader the training loop iterates, keep the loop as it is, and scale what is passed to
+    `backward`: the optimizer step then follows the gradient of (sum of token losses over every
+    rank and micro-batch of the window) / N, N the window's global token count.
+
+    * Reading ahead: before yielding a window's first batch, the window's batches are read and their
+      loss tokens counted and summed over the data-parallel ranks: one all-reduce per window, none
+      per micro-batch. Every rank must see the same number of batches (accelerate's `even_batches`,
+      `DistributedSampler`), as for the gradient all-reduce itself.
+    * Windows are the ones the loop steps on. With an `accelerator`, a window ends where accelerate
+      syncs: after `gradient_accumulation_steps` calls of `accelerator.accumulate` (read from
+      `accelerator.step`, so a resumed or `skip_first_batches` loader lines up too) or at the end of
+      the loader. Without one, windows are `steps` batches from the start of each pass, the last
+      one shorter: the `(step + 1) % steps == 0 or last` gate of a raw DDP loop.
+    * accelerate's bookkeeping: reading ahead would make the prepared loader report
+      `end_of_dataloader` a window early (accelerate would sync and step mid-window). The wrapper
+      therefore stands in for the loader in `accelerator.gradient_state` while it iterates, as the
+      prepared loader does itself, and says `end_of_dataloader` only at the last batch it yields.
+      After the last batch the loader is run to its end, so it counts the epoch as before.
+    * `scale_mean(loss, batch)`: `loss * n_i * G_div * W / N` for `batch`'s mean-reduced loss (n_i
+      its loss tokens; a graph-connected zero when n_i is 0); `scale_sum(loss_sum)`:
+      `loss_sum * G_div * W / N`. G_div is what the loop's `backward` divides by:
+      `accelerator.gradient_accumulation_steps` (`accelerator.backward` divides by it, a short
+      window included), else `grad_divisor` (a raw loop's `loss / steps`; default 1). W is the
+      data-parallel world size (see `TokenLossWindow`).
+
+    `len()` is the loader's. Batches are yielded unchanged; `scale_mean` finds a batch's window by
+    identity, so a consumer that reads one batch ahead but passes the yielded object still gets the
+    right window (otherwise the window of the last batch yielded is used).
+
+    Example::
+
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        token_windows = TokenWindows(loader, accelerator=accelerator, shifted=True)
+        for step, batch in enumerate(token_windows):
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(token_windows.scale_mean(loss, batch))
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        *,
+        accelerator: Any = None,
+        steps: int | None = None,
+        labels_key: str = "labels",
+        ignore_index: int = -100,
+        shifted: bool = False,
+        group: dist.ProcessGroup | None = None,
+        dp_world_size: int | None = None,
+        grad_divisor: int | None = None,
+    ) -> None:
+        if accelerator is None and steps is None:
+            raise ValueError("TokenWindows needs the accelerator, or the accumulation steps of a raw loop (steps=...)")
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        self.loader = loader
+        self._accelerator = accelerator
+        self._steps = steps
+        self._window_options = {
+            "accelerator": accelerator,
+            "labels_key": labels_key,
+            "ignore_index": ignore_index,
+            "shifted": shifted,
+            "group": group,
+            "dp_world_size": dp_world_size,
+            "grad_divisor": grad_divisor,
+        }
+        self.window: TokenLossWindow | None = None
+        self._recent: deque[TokenLossWindow] = deque(maxlen=2)
+        # what accelerate's GradientState reads from its active loader
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def _window_size(self) -> int:
+        if self._accelerator is None:
+            return int(self._steps)  # type: ignore[arg-type]
+        steps = int(self._accelerator.gradient_accumulation_steps)
+        return steps - int(getattr(self._accelerator, "step", 0)) % steps
+
+    def _read(self, source: Iterator[Any]) -> tuple[list[Any], bool]:
+        """The next window's batches, and whether the loader ended with them."""
+        batches: list[Any] = []
+        for _ in range(self._window_size()):
+            try:
+                batches.append(next(source))
+            except StopIteration:
+                return batches, True
+            # accelerate's loaders say so while yielding their last batch; asking for one more would end them
+            if getattr(self.loader, "end_of_dataloader", False) is True:
+                return batches, True
+        return batches, False
+
+    def __iter__(self) -> Iterator[Any]:
+        state = getattr(self._accelerator, "gradient_state", None)
+        stands_in = state is not None and hasattr(self.loader, "end_of_dataloader")
+        if stands_in and not state.sync_with_dataloader:
+            warnings.warn(
+                "TokenWindows: with sync_with_dataloader=False an accumulation window can run across epochs; "
+                "each epoch's part is normalised by its own token count",
+                stacklevel=2,
+            )
+        source = iter(self.loader)
+        pending: deque[Any] = deque()
+        ended = registered = False
+        self.end_of_dataloader = False
+        try:
+            while True:
+                if not pending:
+                    if ended:
+                        break
+                    batches, ended = self._read(source)
+                    if not batches:
+                        break
+                    if stands_in and not registered:
+                        # after the loader's own registration (its first batch), so this is the active one
+                        state._add_dataloader(self)
+                        registered = True
+                    self.window = TokenLossWindow(batches, **self._window_options)
+                    self._recent.append(self.window)
+                    pending.extend(batches)
+                batch = pending.popleft()
+                self.end_of_dataloader = ended and not pending
+                self.remainder = getattr(self.loader, "remainder", -1)
+                yield batch
+            # let the loader finish its pass: accelerate's loaders count the epoch and leave the gradient state here
+            for _ in source:
+                raise RuntimeError("TokenWindows: the loader yielded a batch after saying it had ended")
+        finally:
+            self.end_of_dataloader = False
+            if registered:
+                state._remove_dataloader(self)
+
+    def _window_of(self, batch: Any) -> TokenLossWindow:
+        for window in reversed(self._recent):
+            if any(item is batch for item in window.micro_batches):
+                return window
+        if self.window is None:
+            raise RuntimeError("TokenWindows: scale a loss inside the loop over the TokenWindows object")
+        return self.window
+
+    def scale_mean(self, loss_mean: torch.Tensor, batch: Any) -> torch.Tensor:
+        """Scale `batch`'s mean-reduced loss: `loss_mean * n_i * G_div * W / N`, or a connected 0 if n_i = 0.
+
+        `batch` is the batch (a dict with the labels) or its labels tensor.
+        """
+        return self._window_of(batch).scale_mean(loss_mean, batch)
+
+    def scale_sum(self, loss_sum: torch.Tensor, batch: Any = None) -> torch.Tensor:
+        """Scale a sum-reduced loss: `loss_sum * G_div * W / N`, N the global count of `batch`'s window."""
+        window = self.window if batch is None else self._window_of(batch)
+        if window is None:
+            raise RuntimeError("TokenWindows: scale a loss inside the loop over the TokenWindows object")
+        return window.scale_sum(loss_sum)
+
+    @property
+    def num_items(self) -> torch.Tensor:
+        """N, the global loss-token count of the window being trained on."""
+        if self.window is None:
+            raise RuntimeError("TokenWindows: num_items is known once the loop has started")
+        return self.window.num_items
