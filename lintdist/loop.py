@@ -84,6 +84,35 @@ TOKEN_COLLATORS = frozenset(
 )
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 TOKEN_SUFFIXES = ("ForMaskedLM", "ForSeq2SeqLM", "ForTokenClassification")
+# Encoder-decoder `*ForConditionalGeneration` classes whose loss is the token mean of the unshifted decoder labels
+# (transformers 5.23: the decoder input is the labels shifted right). Vision-language `*ForConditionalGeneration`
+# classes (LLaVA, PaliGemma, ...) shift like a causal LM and are not listed.
+SEQ2SEQ_GENERATION = frozenset(
+    f"{family}ForConditionalGeneration"
+    for family in (
+        "T5",
+        "MT5",
+        "UMT5",
+        "LongT5",
+        "Bart",
+        "MBart",
+        "Pegasus",
+        "PegasusX",
+        "BigBirdPegasus",
+        "M2M100",
+        "NllbMoe",
+        "Blenderbot",
+        "BlenderbotSmall",
+        "LED",
+        "ProphetNet",
+        "FSMT",
+        "Whisper",
+        "Speech2Text",
+        "SwitchTransformers",
+        "PLBart",
+        "Mvp",
+    )
+) | {"MarianMTModel"}
 # Heads with one target (or one answer span) per example: their batch mean is over examples, not over tokens,
 # however much `-100` the rest of the file uses (QA scripts pad gathered logits with it).
 SEQUENCE_SUFFIXES = (
@@ -1486,7 +1515,7 @@ def suffix_kind(name: str) -> str | None:
     """The head a transformers class name says: "causal", "token", "sequence", "other" or None."""
     if name.endswith(CAUSAL_SUFFIXES) and not name.endswith("WithLMHeadModel"):
         return "causal"
-    if name.endswith(TOKEN_SUFFIXES):
+    if name.endswith(TOKEN_SUFFIXES) or name in SEQ2SEQ_GENERATION:
         return "token"
     if name.endswith(SEQUENCE_SUFFIXES) and not name.startswith("Blip"):  # BLIP's VQA head is a text decoder
         return "sequence"

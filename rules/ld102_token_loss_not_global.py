@@ -8,6 +8,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import BACKWARD_METHODS, argument_of
+from lintdist.labels import LabelFacts
 from lintdist.loop import (
     LIGHTNING_TRAINERS,
     TOKEN_COLLATORS,
@@ -620,28 +621,39 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return None
         if not call.args or call.args[0].keyword is not None or call.args[0].star:
             return None
+        accelerator = call.func.value
         block = self.loop.accumulate_block_of(call)
-        if block is None or code(block.accelerator) != code(call.func.value):
+        if block is not None:
+            if code(block.accelerator) != code(accelerator):
+                return None
+            anchor = block.node
+        elif self.loop.accumulation(accelerator, call).state == "none":
+            anchor = facts.parent(self.loop.statement_of(call))  # no accumulation: windows of one batch
+        else:
             return None
-        loop = facts.parent(facts.parent(block.node))
+        loop = facts.parent(facts.parent(anchor))
         if not (
             isinstance(loop, cst.For)
             and isinstance(loop.body, cst.IndentedBlock)
-            and block.node in loop.body.body
+            and anchor in loop.body.body
             and loop.asynchronous is None
             and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
         ):
-            return None  # the accumulate block must run once for every batch the loop reads
+            return None  # the accumulate block (or the backward) must run once for every batch the loop reads
         batch, source = self._loop_batch(loop)
         if batch is None:
             return None
         model_call = self.loop.model_call(chain.base_expr)
         if model_call is None or not _passes_labels(model_call, batch) or _changes_batch(facts, loop.body, batch):
             return None  # the window counts the labels the loader yields
+        if head == "causal":
+            received = LabelFacts.of(facts).received(model_call)
+            if received.shifts or received.shift_labels:
+                return None  # labels shifted by hand (LD111) or `shift_labels`: which positions count is unclear
         backwards = [c for c in facts.reachable_calls(loop.body) if facts.method_name(c) in BACKWARD_METHODS]
         if len(backwards) != 1:
             return None  # several backward passes per micro-batch (LD101's shape)
-        position = loop.body.body.index(block.node)
+        position = loop.body.body.index(anchor)
         if any(
             self._skips(loop, node)
             for statement in loop.body.body[:position]
@@ -653,7 +665,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return None
         shifted = ", shifted=True" if head == "causal" else ""
         created = cst.parse_statement(
-            f"{name} = TokenWindows({code(source)}, accelerator={code(block.accelerator)}{shifted})\n"
+            f"{name} = TokenWindows({code(source)}, accelerator={code(accelerator)}{shifted})\n"
         )
         created = created.with_changes(leading_lines=loop.leading_lines)
         scaled = cst.Call(
