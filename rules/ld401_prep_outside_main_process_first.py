@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -107,6 +108,8 @@ UNWRAPPABLE = SYNCHRONIZING | {
     "DDP",
     "FSDP",
 }
+STATE_CLASSES = ACCELERATOR_CLASSES | {"accelerate.PartialState", "accelerate.state.PartialState"}
+RUNTIME_IMPORT = ("lintdist.runtime", "main_process_first")
 BARRIER_METHODS = frozenset({"barrier", "wait_for_everyone"})
 # Lightning runs `prepare_data` on one process per node and orders `setup` after it: not this rule's scope.
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning")
@@ -118,14 +121,22 @@ class PrepOutsideMainProcessFirst(Rule):
     ## What it does
     Reports dataset downloads and cache-writing preprocessing that every
     rank of an accelerate or `torch.distributed` script runs at the same
-    time: `datasets.load_dataset(...)` of a hub or remote dataset,
+    time: `datasets.load_dataset(...)` of a hub or remote dataset (also
+    called through a variable or parameter bound to it, `loader =
+    load_from_disk if cached else load_dataset`, and a local builder such as
+    `"parquet"` given remote `data_files`, `"hf://..."` or an f-string URL),
     `Dataset.map`/`.filter` on a dataset it loaded (unless
     `keep_in_memory=True`), `torchvision`/`torchaudio` datasets built with
     `download=True`, `torch.hub.load`/`list`/`download_url_to_file` and
     `urllib.request.urlretrieve`. Calls inside `main_process_first()`,
     `local_main_process_first()`, a main-process branch, or the rank-0-first
     `dist.barrier()` pair are not reported, nor are helpers called only from
-    there. The report points at the loading or mapping call.
+    there. The report points at the loading or mapping call, once per run of
+    consecutive statements (the message counts the others). A download in a
+    class's constructor (or a method only the constructor calls) with no
+    accelerator in reach there is reported at each unordered construction
+    of that class in the file (`train_set = CaptionDataset(...)`), and in
+    the constructor when the file constructs it nowhere.
 
     ## Why is this bad?
     Each rank downloads the same files and recomputes the same `map`, so the
@@ -156,19 +167,30 @@ class PrepOutsideMainProcessFirst(Rule):
 
     ## Fix safety
     Safe: the block still runs on every rank, the main process first, and a
-    `with` block keeps every name it binds visible after it. The fix wraps the
-    run of consecutive simple statements that holds the reported calls (and
-    the plain statements between them) in
-    `with <accelerator>.main_process_first():`, using the script's own
-    accelerator expression (`accelerator`, `self.accelerator`, a parameter).
-    In a raw `torch.distributed` script it uses
-    `lintdist.runtime.main_process_first()`, which is exception-safe, and
-    adds that import. No fix is offered when no accelerator exists yet at
-    that point, when the process group is initialised later, when the call
-    is part of a compound statement's header, or when the statements would
-    pull into the block a collective, a model load (`from_pretrained`
-    gathers parameters under DeepSpeed ZeRO-3), a DDP/FSDP wrapper or a
-    `yield`. An `accelerator=None` parameter is not used for the fix.
+    `with` block keeps every name it binds visible after it. One fix wraps
+    the run of consecutive simple statements that holds the reported calls
+    (and the plain statements between them) in one block:
+    `with <accelerator>.main_process_first():` with the script's own
+    accelerator or `PartialState` expression (`accelerator`, `self.accelerator`,
+    a parameter annotated `Accelerator`, a closure variable, one built in a
+    conditional expression). When that expression may be None
+    (`Accelerator() if n > 1 else None`, an `accelerator=None` parameter) it
+    uses `lintdist.runtime.main_process_first(accelerator=...)`, which orders
+    through the accelerator when there is one, through `torch.distributed`
+    otherwise, and just runs the block without a process group. In a raw
+    `torch.distributed` script, and in an accelerate helper with no
+    accelerator in reach but an `Accelerator`/`PartialState` created before
+    it runs (earlier in its function or before every call site), it uses
+    `lintdist.runtime.main_process_first()` (exception-safe) and adds that
+    import. That fix is unsafe when the helper has no call site in the file:
+    a caller elsewhere might run it on the main process only, where the
+    block's barrier would hang. No fix is offered when the accelerator or
+    process group is only created after the call (the block would order
+    nothing), when the function is also called from a main-process-only
+    branch, when the call is part of a compound statement's header, or when
+    the statements would pull into the block a collective, a model load
+    (`from_pretrained` gathers parameters under DeepSpeed ZeRO-3), a
+    DDP/FSDP wrapper or a `yield`.
 
     ## References
     - accelerate `PartialState.main_process_first` and `local_main_process_first`
@@ -232,6 +254,25 @@ if dist.get_rank() == 0:
     dist.barrier()
 """
         ),
+        Valid(
+            """\
+from accelerate import Accelerator
+from datasets import load_dataset, load_from_disk
+from torch.utils.data import Dataset
+
+
+class Captions(Dataset):
+    def __init__(self, name):
+        self.rows = list(load_dataset(name, split="train"))
+
+
+accelerator = Accelerator(log_with="wandb") if track else Accelerator()
+reader = load_from_disk if cached else load_dataset
+with accelerator.main_process_first():
+    captions = Captions("acme/captions")
+    corpus = reader("acme/corpus")
+"""
+        ),
     )
     INVALID = (
         Invalid(
@@ -246,7 +287,7 @@ columns = raw["train"].column_names  # kept beside the data
 tokenized = raw.map(tokenize, batched=True, remove_columns=columns)
 model = accelerator.prepare(model)
 """,
-            lines=(6, 8),
+            lines=(6,),
             fixed="""\
 from accelerate import Accelerator
 from datasets import load_dataset as ld
@@ -301,6 +342,75 @@ accelerator = Accelerator()
 """,
             lines=(4,),
         ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+from datasets import load_dataset, load_from_disk
+from torch.utils.data import Dataset
+
+
+class Captions(Dataset):
+    def __init__(self, name):
+        self.rows = self._rows(name)
+
+    def _rows(self, name):
+        return list(load_dataset(name, split="train"))
+
+
+def main(cached):
+    accelerator = Accelerator(log_with="wandb") if cached else Accelerator()
+    reader = load_from_disk if cached else load_dataset
+    captions = Captions("acme/captions")
+    corpus = reader("acme/corpus")
+    shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
+""",
+            lines=(17,),
+            fixed="""\
+from accelerate import Accelerator
+from datasets import load_dataset, load_from_disk
+from torch.utils.data import Dataset
+
+
+class Captions(Dataset):
+    def __init__(self, name):
+        self.rows = self._rows(name)
+
+    def _rows(self, name):
+        return list(load_dataset(name, split="train"))
+
+
+def main(cached):
+    accelerator = Accelerator(log_with="wandb") if cached else Accelerator()
+    reader = load_from_disk if cached else load_dataset
+    with accelerator.main_process_first():
+        captions = Captions("acme/captions")
+        corpus = reader("acme/corpus")
+        shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
+""",
+        ),
+        Invalid(
+            """\
+import os
+
+from accelerate import Accelerator
+from datasets import load_dataset
+
+accelerator = Accelerator() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+questions = load_dataset("acme/questions", split="test")
+""",
+            lines=(7,),
+            fixed="""\
+import os
+
+from accelerate import Accelerator
+from datasets import load_dataset
+from lintdist.runtime import main_process_first
+
+accelerator = Accelerator() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+with main_process_first(accelerator=accelerator):
+    questions = load_dataset("acme/questions", split="test")
+""",
+        ),
     )
 
     def finish(self) -> None:
@@ -319,9 +429,27 @@ accelerator = Accelerator()
                 and any(id(n) in inner for n in self.facts.within(call.func.value, cst.Call))
             )
         ]
-        statements = {id(s) for s in (self._statement(call) for call, _ in flagged) if s is not None}
+        # A download in a class's constructor is reported where the object is built (the constructor has no
+        # accelerator); several downloads in one constructor make one report per construction.
+        items: dict[int, _Item] = {}
         for call, what in flagged:
-            self._report(call, what, framework, statements)
+            sites = self._constructions(call)
+            for anchor in sites or (call,):
+                item = items.setdefault(id(anchor), _Item(anchor, what, [], call if sites else None))
+                item.inner.append(call)
+        statements = {id(s) for s in (self._statement(item.anchor) for item in items.values()) if s is not None}
+        # One report per run of consecutive statements, fixed by one block.
+        groups: dict[int, list[_Item]] = {}
+        runs: dict[int, list[cst.SimpleStatementLine] | None] = {}
+        order = self.facts.index.order
+        for item in sorted(items.values(), key=lambda i: order(i.anchor)):
+            statement = self._statement(item.anchor)
+            run = self._run(statement, statements) if statement is not None else None
+            key = id(run[0]) if run else id(item.anchor)
+            groups.setdefault(key, []).append(item)
+            runs[key] = run
+        for key, group in groups.items():
+            self._report(group, runs[key], framework)
 
     # -- scope --------------------------------------------------------------------------------
 
@@ -342,16 +470,16 @@ accelerator = Accelerator()
     def _preparation(self, call: cst.Call) -> str | None:
         """How a call downloads or preprocesses a dataset (for the message), or None."""
         facts = self.facts
-        names = facts.qualified_names(call.func)
-        if names & LOAD_DATASET:
+        if self._is_load_dataset(call):
             # no path: a local module that shadows `datasets` (the real function requires one)
             if argument_of(call, "path", 0) is None:
                 return None
-            if _is_true(argument_of(call, "streaming", None)) or _local_files(call):
+            if _is_true(argument_of(call, "streaming", None)) or self._local_files(call):
                 return None
             if _per_rank(facts, argument_of(call, "cache_dir", None)):
                 return None
             return "downloads and prepares the dataset"
+        names = facts.qualified_names(call.func)
         if names & DOWNLOADS:
             # `urlretrieve(url, f"shard{rank}.tar")`: each rank fetches its own file
             return None if any(_per_rank(facts, arg.value) for arg in call.args) else "downloads files"
@@ -371,6 +499,56 @@ accelerator = Accelerator()
             return "recomputes the preprocessing and writes the same cache files"
         return None
 
+    def _is_load_dataset(self, call: cst.Call) -> bool:
+        """``datasets.load_dataset`` called by its name, an import alias, or a variable or parameter bound to it
+        (``loading_method = load_dataset``, ``= load_from_disk if cached else load_dataset``)."""
+        facts = self.facts
+        if facts.callee_is(call, LOAD_DATASET):
+            return True
+        func = call.func
+        if not isinstance(func, cst.Name) or func.value in facts.imported_names:
+            return False
+        if not facts.bindings(func.value, call) and facts.parameter(func.value, call) is None:
+            return False
+        return any(
+            o.node is not func
+            and isinstance(o.node, (cst.Name, cst.Attribute))
+            and not LOAD_DATASET.isdisjoint(facts.qualified_names(o.node))
+            for o in facts.origins(func, call)
+        )
+
+    def _local_files(self, call: cst.Call) -> bool:
+        """``load_dataset("json", data_files=...)``/``data_dir=`` or a local path, with no remote URL in sight
+        (a literal, an f-string, or a name bound to one, alone or inside a list, tuple or dict)."""
+        if any(self._remote(arg.value, call, 0) for arg in call.args):
+            return False
+        if argument_of(call, "data_files", 3) is not None or argument_of(call, "data_dir", 2) is not None:
+            return True
+        path = argument_of(call, "path", 0)
+        return _literal_startswith(path, ("./", "../", "/", "~"))
+
+    def _remote(self, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int) -> bool:
+        """``expr`` is (or holds) a URL: ``"hf://..."``, ``f"https://.../{name}"``, or a name bound to one."""
+        if expr is None or depth > MAX_DEPTH:
+            return False
+        if isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+            return _string_prefix(expr).startswith(REMOTE_PREFIXES)
+        if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+            return any(self._remote(e.value, at, depth + 1) for e in expr.elements)
+        if isinstance(expr, cst.Dict):
+            return any(isinstance(e, cst.DictElement) and self._remote(e.value, at, depth + 1) for e in expr.elements)
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+            return self._remote(expr.left, at, depth + 1)
+        if isinstance(expr, cst.IfExp):
+            return self._remote(expr.body, at, depth + 1) or self._remote(expr.orelse, at, depth + 1)
+        if isinstance(expr, cst.Name):
+            return any(
+                o.node is not expr and self._remote(o.node, o.node, depth + 1)
+                for o in self.facts.origins(expr, at)
+                if isinstance(o.node, cst.BaseExpression)
+            )
+        return False
+
     def _loaded_dataset(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> bool:
         """``expr`` is a dataset read through ``load_dataset`` (not streamed), or derived from one."""
         if depth > MAX_DEPTH:
@@ -378,7 +556,7 @@ accelerator = Accelerator()
         if isinstance(expr, cst.Subscript):
             return self._loaded_dataset(expr.value, at, depth + 1)
         if isinstance(expr, cst.Call):
-            if self.facts.callee_is(expr, LOAD_DATASET):
+            if self._is_load_dataset(expr):
                 return not _is_true(argument_of(expr, "streaming", None))
             if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in DATASET_METHODS:
                 return self._loaded_dataset(expr.func.value, expr, depth + 1)
@@ -469,35 +647,127 @@ accelerator = Accelerator()
 
     # -- the report and its fix ---------------------------------------------------------------
 
-    def _report(self, call: cst.Call, what: str, framework: str, flagged: set[int]) -> None:
-        callee = get_full_name_for_node(call.func) or "this call"
-        statement = self._statement(call)
-        run = self._run(statement, flagged) if statement is not None else None
-        fix = None
-        if framework == "accelerate":
-            accelerator = self._accelerator_at(statement) if run else None
-            context = f"{accelerator or 'accelerator'}.main_process_first()"
-            if accelerator is None:
-                advice = f"create the accelerator first and wrap it in `with {context}:`"
-            else:
-                advice = f"wrap it in `with {context}:`"
-                fix = self._fix(run, context, None)
-        else:
-            context = "main_process_first()"
-            advice = (
-                "wrap it in `with lintdist.runtime.main_process_first():` (or the rank-0-first `dist.barrier()` pair)"
+    def _report(self, group: list[_Item], run: list[cst.SimpleStatementLine] | None, framework: str) -> None:
+        first = group[0]
+        plan = self._plan(first.anchor, run, framework)
+        lines = [self.context.span(item.anchor).line for item in group[1:]]
+        if first.constructed is not None:
+            cls = get_full_name_for_node(first.anchor.func) or "the class"
+            inner = first.inner[0]
+            what = (
+                f"`{cls}(...)` runs `{_callee(inner)}()` in its constructor (line "
+                f"{self.context.span(inner).line}), which {first.what}"
             )
-            if (
-                run
-                and self.context.runtime_name_free("main_process_first")
-                and not self._group_started_later(statement)
-            ):
-                fix = self._fix(run, context, ("lintdist.runtime", "main_process_first"))
+        else:
+            what = f"`{_callee(first.anchor)}()` {first.what}"
+        if lines:
+            more = ", ".join(str(line) for line in lines)
+            count = (
+                f"1 more call in the statements that follow (line {more})"
+                if len(lines) == 1
+                else f"{len(lines)} more calls in the statements that follow (lines {more})"
+            )
+            verb = "does" if len(lines) == 1 else "do"
+            what += f" on every rank at once, and so {verb} {count}"
+        else:
+            what += " on every rank at once"
+        if plan.context is None:
+            advice = plan.advice
+        elif lines and run:
+            advice = f"wrap these statements in one `with {plan.display}:` block"
+        else:
+            advice = f"wrap it in `with {plan.display}:`"
         message = (
-            f"`{callee}()` {what} on every rank at once (duplicate work, racing on the shared cache); "
+            f"{what} (duplicate work, racing on the shared cache); "
             f"{advice} so the main process fills the cache and the other ranks reuse it"
         )
-        self.report(call, message, fix=fix)
+        fix = None
+        if plan.context is not None and run:
+            fix = self._fix(run, plan)
+        self.report(first.anchor, message, fix=fix)
+
+    def _plan(self, anchor: cst.Call, run: list[cst.SimpleStatementLine] | None, framework: str) -> _Plan:
+        """Which block orders the run, how safe that is, or why there is no fix (in the advice)."""
+        statement = self._statement(anchor)
+        runtime = "lintdist.runtime.main_process_first()"
+        if statement is None:
+            statement = next(a for a in self.facts.ancestors(anchor) if isinstance(a, cst.BaseStatement))
+        elif run is not None and self._called_from_ordered_code(statement):
+            # an ordered block here would wait at a barrier the other ranks never reach from the guarded caller
+            return _Plan(
+                None,
+                "order it at its callers instead (a main-process-only caller reaches it too, where a barrier "
+                "inside would hang)",
+            )
+        free = self.context.runtime_name_free("main_process_first")
+        if framework == "torch":
+            if free and not self._group_started_later(statement):
+                return _Plan("main_process_first()", "", runtime, RUNTIME_IMPORT)
+            return _Plan(
+                None,
+                "wrap it in `with lintdist.runtime.main_process_first():` (or the rank-0-first `dist.barrier()` pair)",
+            )
+        found = self._accelerator_at(statement)
+        if found is not None:
+            key, maybe_none = found
+            if not maybe_none:
+                context = f"{key}.main_process_first()"
+                return _Plan(context, "", context)
+            # `accelerator = Accelerator() if ... else None`: the runtime helper orders through the accelerator
+            # when there is one, through torch.distributed otherwise, and just runs the block without a group
+            if free:
+                context = f"main_process_first(accelerator={key})"
+                return _Plan(context, "", f"lintdist.runtime.{context}", RUNTIME_IMPORT)
+            return _Plan(None, f"wrap it in `with lintdist.runtime.main_process_first(accelerator={key}):`")
+        before = self._group_before(statement, 0)
+        if before is False or (before is None and self._group_started_later(statement)):
+            return _Plan(None, "create the accelerator first and wrap it in `with accelerator.main_process_first():`")
+        if not free:
+            return _Plan(None, f"wrap it in `with {runtime}:`")
+        # no accelerator in reach, but the process group exists by then (True), or the callers are not in this
+        # file (None): they might call it from a main-process-only branch, where the block's barrier would hang
+        applicability = Applicability.SAFE if before else Applicability.UNSAFE
+        return _Plan("main_process_first()", "", runtime, RUNTIME_IMPORT, applicability)
+
+    def _called_from_ordered_code(self, statement: cst.SimpleStatementLine) -> bool:
+        """The statement's function is also called from a main-process branch or an ordered block."""
+        function = self.facts.enclosing_function(statement)
+        if function is None:
+            return False
+        return any(self._ordered(site, 1) for site in self.facts.call_sites(function))
+
+    def _constructions(self, call: cst.Call) -> list[cst.Call]:
+        """The unordered constructions ``Cls(...)`` of a class whose ``__init__`` (or a method only it calls)
+        holds ``call``, when no accelerator is in reach there; empty when none is found (report in place)."""
+        facts = self.facts
+        function = facts.enclosing_function(call)
+        cls = facts.enclosing_class(function) if function is not None else None
+        if cls is None:
+            return []
+        statement = self._statement(call)
+        if statement is not None and self._accelerator_at(statement) is not None:
+            return []
+        seen = {id(function)}
+        pending = [function]
+        found: list[cst.Call] = []
+        while pending:
+            current = pending.pop()
+            if facts.enclosing_class(current) is not cls or facts.enclosing_function(current) is not None:
+                return []
+            sites = facts.call_sites(current)
+            if current.name.value == "__init__":
+                found.extend(site for site in sites if isinstance(site.func, (cst.Name, cst.Attribute)))
+                continue
+            if not sites:
+                return []
+            for site in sites:
+                caller = facts.enclosing_function(site)
+                if caller is None:
+                    return []
+                if id(caller) not in seen and len(seen) <= MAX_DEPTH:
+                    seen.add(id(caller))
+                    pending.append(caller)
+        return [site for site in found if not self._ordered(site, 0)]
 
     def _statement(self, call: cst.Call) -> cst.SimpleStatementLine | None:
         """The simple statement line holding the call, if it sits directly in a block (not in a header)."""
@@ -546,8 +816,9 @@ accelerator = Accelerator()
         # a generator would suspend inside the block, holding the other ranks at its barrier
         return not facts.within(statement, cst.Yield, cst.Await)
 
-    def _accelerator_at(self, statement: cst.SimpleStatementLine) -> str | None:
-        """The script's own expression for its accelerator, bound before ``statement``."""
+    def _accelerator_at(self, statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
+        """The script's own expression for its accelerator (or accelerate state) bound before ``statement``, and
+        whether it may be None there (``accelerator=None``, ``Accelerator() if cond else None``)."""
         facts = self.facts
         line = self.context.span(statement).line
         function = facts.enclosing_function(statement)
@@ -556,24 +827,59 @@ accelerator = Accelerator()
             params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
             candidates.extend(p.name.value for p in params)
         for call in facts.calls:
-            if facts.callee_is(call, ACCELERATOR_CLASSES):
+            if facts.callee_is(call, STATE_CLASSES):
                 assign = facts.parent(call)
+                while isinstance(assign, cst.IfExp):  # `Accelerator(...) if cond else Accelerator()`
+                    assign = facts.parent(assign)
                 if isinstance(assign, cst.Assign):
                     candidates.extend(get_full_name_for_node(t.target) or "" for t in assign.targets)
                 elif isinstance(assign, cst.AnnAssign):
                     candidates.append(get_full_name_for_node(assign.target) or "")
         for key in dict.fromkeys(c for c in candidates if c):
-            expr = cst.parse_expression(key)
-            if not facts.is_accelerator(expr, statement):
+            kinds = self._state_origins(key, statement)
+            if "state" not in kinds:
                 continue
+            maybe_none = "none" in kinds
             bindings = facts.bindings(key, statement)
             parameter = facts.parameter(key, statement) if function is not None else None
-            # `accelerator=None`: a caller may leave it out, and `None.main_process_first()` raises
-            if not bindings and parameter is not None and parameter[2].default is None:
-                return key
+            if not bindings and parameter is not None:
+                return key, maybe_none or _none(parameter[2].default)
             if any(self._bound_before(b.statement, b.function, function, line) for b in bindings):
-                return key
+                return key, maybe_none
         return None
+
+    def _state_origins(self, key: str, at: cst.CSTNode) -> set[str]:
+        """What an accelerator expression can hold: "state" (an Accelerator or PartialState), "none", "other".
+        A parameter annotated ``Accelerator`` counts as one; a name a nested function reads from its enclosing
+        function is followed there."""
+        facts = self.facts
+        kinds: set[str] = set()
+        parameter = facts.parameter(key, at) if "." not in key else None
+        annotation = parameter[2].annotation if parameter is not None else None
+        if annotation is not None and not STATE_CLASSES.isdisjoint(facts.qualified_names(annotation.annotation)):
+            kinds.add("state")
+        pending = [(o, 0) for o in facts.origins(cst.parse_expression(key), at)]
+        while pending:
+            origin, depth = pending.pop()
+            node = origin.node
+            if isinstance(node, cst.Call) and facts.callee_is(node, STATE_CLASSES):
+                kinds.add("state")
+            elif _none(node):
+                kinds.add("none")
+            elif isinstance(node, cst.Name) and depth < MAX_CALLER_DEPTH:
+                # a free variable of a nested function: its binding in the enclosing function
+                inner = facts.enclosing_function(node)
+                outer = facts.enclosing_function(inner) if inner is not None else None
+                found = facts.bindings(node.value, inner) if outer is not None else []
+                if not found:
+                    kinds.add("other")
+                for binding in found:
+                    pending.extend((o, depth + 1) for o in facts.origins(binding.value, binding.statement))
+            elif isinstance(node, cst.Param):
+                kinds.add("none" if _none(node.default) else "other")
+            else:
+                kinds.add("other")
+        return kinds
 
     def _bound_before(self, bound_at: cst.CSTNode, bound_in, function, line: int) -> bool:
         """A binding is visible at ``line``: earlier in the same function, or in another function or module level
@@ -590,30 +896,92 @@ accelerator = Accelerator()
         )
 
     def _group_started_later(self, statement: cst.SimpleStatementLine) -> bool:
-        """``init_process_group`` runs after ``statement`` in the same function: ordering would be a no-op."""
+        """The process group is started (``init_process_group``, an ``Accelerator``/``PartialState``) after
+        ``statement`` in the same function: ordering would be a no-op."""
         facts = self.facts
         function = facts.enclosing_function(statement)
         line = self.context.span(statement).line
         return any(
-            facts.callee_is(call, INIT_PROCESS_GROUP)
+            facts.callee_is(call, INIT_PROCESS_GROUP | STATE_CLASSES)
             and facts.enclosing_function(call) is function
             and self.context.span(call).line > line
             for call in facts.calls
         )
 
-    def _fix(self, run: list[cst.SimpleStatementLine], context: str, runtime_import: tuple[str, str] | None) -> Fix:
+    def _group_before(self, node: cst.CSTNode, depth: int) -> bool | None:
+        """An ``Accelerator``/``PartialState`` or ``init_process_group`` runs before ``node``: earlier in its
+        function (directly or in a local helper it calls), or before every call site of that function. None when
+        the function has no call site in this file (its callers are unknown)."""
+        facts = self.facts
+        function = facts.enclosing_function(node)
+        order = facts.index.order(node)
+        scope = function if function is not None else facts.index.module
+        for call in facts.within(scope, cst.Call):
+            if facts.index.order(call) >= order or facts.enclosing_function(call) is not function:
+                continue
+            if facts.callee_is(call, INIT_PROCESS_GROUP | STATE_CLASSES) or any(
+                facts.callee_is(c, INIT_PROCESS_GROUP | STATE_CLASSES)
+                for helper in facts.local_functions(call)
+                for c in facts.reachable_calls(helper)
+            ):
+                return True
+        if function is None:
+            return False
+        sites = facts.call_sites(function)
+        if not sites or depth >= MAX_CALLER_DEPTH:
+            return None
+        answers = [self._group_before(site, depth + 1) for site in sites]
+        if all(answers):
+            return True
+        return False if False in answers else None
+
+    def _fix(self, run: list[cst.SimpleStatementLine], plan: _Plan) -> Fix:
         first = run[0]
         block = cst.With(
-            items=[cst.WithItem(cst.parse_expression(context))],
+            items=[cst.WithItem(cst.parse_expression(plan.context))],
             body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *run[1:]]),
             leading_lines=first.leading_lines,
         )
         return Fix(
-            Applicability.SAFE,
-            f"Wrap the dataset preparation in `with {context}:`",
+            plan.applicability,
+            f"Wrap the dataset preparation in `with {plan.display}:`",
             replacements=((first, block), *((s, cst.RemovalSentinel.REMOVE) for s in run[1:])),
-            imports=(runtime_import,) if runtime_import else (),
+            imports=(plan.runtime_import,) if plan.runtime_import else (),
         )
+
+
+@dataclass
+class _Item:
+    """A report's anchor: the call, or the construction of a class whose constructor downloads."""
+
+    anchor: cst.Call
+    what: str
+    inner: list[cst.Call]
+    constructed: cst.Call | None  # the call inside the constructor, when ``anchor`` is a construction
+
+
+@dataclass(frozen=True)
+class _Plan:
+    context: str | None  # the `with` item the fix writes, None for no fix
+    advice: str  # the message's advice when there is no fix
+    display: str = ""  # the `with` item as the message names it
+    runtime_import: tuple[str, str] | None = None
+    applicability: Applicability = Applicability.SAFE
+
+
+def _callee(call: cst.Call) -> str:
+    """``load_dataset``, ``raw.map``; ``.map`` when the receiver is not a dotted name (``ds["train"].map``)."""
+    func = call.func
+    part = func
+    while isinstance(part, cst.Attribute):
+        part = part.value
+    if isinstance(part, cst.Name):
+        return get_full_name_for_node(func) or "this call"
+    return f".{func.attr.value}" if isinstance(func, cst.Attribute) else "this call"
+
+
+def _none(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
 
 
 def _is_true(value: cst.BaseExpression | None) -> bool:
@@ -630,17 +998,6 @@ def _per_rank(facts, expr: cst.BaseExpression | None) -> bool:
     )
 
 
-def _local_files(call: cst.Call) -> bool:
-    """``load_dataset("json", data_files=...)``/``data_dir=`` or a local path, with no remote URL in sight."""
-    texts = [arg.value for arg in call.args]
-    if any(_literal_startswith(value, REMOTE_PREFIXES) for value in texts):
-        return False
-    if argument_of(call, "data_files", 3) is not None or argument_of(call, "data_dir", 2) is not None:
-        return True
-    path = argument_of(call, "path", 0)
-    return _literal_startswith(path, ("./", "../", "/", "~"))
-
-
 def _literal_startswith(expr: cst.BaseExpression | None, prefixes: tuple[str, ...]) -> bool:
     """A string literal (or one inside a list, tuple or dict) that starts with one of ``prefixes``."""
     if isinstance(expr, cst.SimpleString):
@@ -651,3 +1008,16 @@ def _literal_startswith(expr: cst.BaseExpression | None, prefixes: tuple[str, ..
     if isinstance(expr, cst.Dict):
         return any(isinstance(e, cst.DictElement) and _literal_startswith(e.value, prefixes) for e in expr.elements)
     return False
+
+
+def _string_prefix(expr: cst.BaseExpression) -> str:
+    """The literal text a string starts with: all of a plain string, the text before an f-string's first
+    ``{...}``, the first part of implicitly concatenated strings."""
+    if isinstance(expr, cst.ConcatenatedString):
+        return _string_prefix(expr.left)
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return value if isinstance(value, str) else ""
+    if isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
+        return expr.parts[0].value
+    return ""

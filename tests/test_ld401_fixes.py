@@ -1,0 +1,71 @@
+"""LD401 fixes where the accelerator is out of reach: callers unseen (unsafe) or main-process-only (no fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lintdist.engine import check_text, fix_text
+from lintdist.model import Applicability
+from lintdist.registry import all_rules
+
+RULE = next(rule for rule in all_rules() if rule.code == "LD401")
+
+UNSEEN_CALLERS = """\
+from accelerate import Accelerator
+from datasets import load_dataset
+
+
+def build_corpus(name):
+    corpus = load_dataset(name)
+    return corpus.map(len)
+
+
+def report():
+    Accelerator().print("imported by the training entry point")
+"""
+
+MAIN_ONLY_CALLER = """\
+from accelerate import Accelerator
+from datasets import load_dataset
+
+
+def build_corpus(name):
+    return load_dataset(name)
+
+
+def main():
+    accelerator = Accelerator()
+    corpus = build_corpus("acme/corpus")
+    if accelerator.is_main_process:
+        preview = build_corpus("acme/preview")
+"""
+
+
+def _findings(code: str):
+    findings, _ = check_text(code, path=Path("train.py"), display="train.py", kind="python", rules=[RULE])
+    return findings
+
+
+def test_helper_with_unseen_callers_gets_an_unsafe_runtime_fix():
+    (finding,) = _findings(UNSEEN_CALLERS)
+    assert finding.span.line == 6
+    assert finding.fix is not None and finding.fix.applicability is Applicability.UNSAFE
+    safe = fix_text(
+        UNSEEN_CALLERS, path=Path("train.py"), display="train.py", kind="python", rules=[RULE], unsafe=False
+    )
+    assert safe.text == UNSEEN_CALLERS
+    fixed = fix_text(
+        UNSEEN_CALLERS, path=Path("train.py"), display="train.py", kind="python", rules=[RULE], unsafe=True
+    )
+    assert "from lintdist.runtime import main_process_first" in fixed.text
+    assert "    with main_process_first():\n        corpus = load_dataset(name)\n        return corpus.map(len)\n" in (
+        fixed.text
+    )
+    assert fixed.findings == []
+
+
+def test_helper_also_called_on_the_main_process_only_gets_no_fix():
+    (finding,) = _findings(MAIN_ONLY_CALLER)
+    assert finding.span.line == 6
+    assert finding.fix is None
+    assert "main-process-only caller" in finding.message
