@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import gc
 import importlib.util
 import math
@@ -36,6 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from lintdist.runtime import (
     TokenLossWindow,
+    TokenWindows,
     any_rank,
     count_loss_tokens,
     grad_sync,
@@ -764,6 +766,319 @@ def check_scheduler_total_steps(ctx: Context, optimizer_steps: int = 4, accumula
     )
 
 
+TOKEN_WINDOWS_BATCH_SIZE = 2
+
+
+def token_windows_examples(world_size: int, batches_per_rank: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Per-example dicts of 1 to 6 tokens, a -100 prompt of 0 to 2 tokens, every label of global batch 1 masked."""
+    generator = torch.Generator().manual_seed(seed)
+    examples = []
+    for index in range(world_size * batches_per_rank * TOKEN_WINDOWS_BATCH_SIZE):
+        input_ids = torch.randint(1, VOCAB, (1 + (7 * index + 3) % 6,), generator=generator)
+        labels = input_ids.clone()
+        labels[: index % 3] = IGNORE_INDEX
+        if index // TOKEN_WINDOWS_BATCH_SIZE == 1:
+            labels[:] = IGNORE_INDEX
+        examples.append({"input_ids": input_ids, "labels": labels})
+    return examples
+
+
+def pad_collate(examples: Sequence[dict[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad to `width`, by default the longest example plus one column: input 0, label -100."""
+    width = width or max(len(example["input_ids"]) for example in examples) + 1
+
+    def pad(key: str, value: int) -> torch.Tensor:
+        return torch.stack([F.pad(example[key], (0, width - len(example[key])), value=value) for example in examples])
+
+    return {"input_ids": pad("input_ids", 0), "labels": pad("labels", IGNORE_INDEX)}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """The examples as an iterable dataset: accelerate dispatches its batches from rank 0 (DataLoaderDispatcher)."""
+
+    def __init__(self, examples: Sequence[dict[str, torch.Tensor]]) -> None:
+        self.examples = examples
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return iter(self.examples)
+
+
+@dataclass
+class _WindowsRun:
+    """What one training loop over TokenWindows (or over the bare loader) did."""
+
+    steps: int = 0
+    # Per micro-batch: the values a loop and accelerate read (sync, end of loader, remainder); per epoch: its end state.
+    trace: list[tuple[Any, ...]] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    count_mismatches: int = 0
+    references: int = 0
+    # Epochs after which accelerate's GradientState still had a loader (or the wrapper) registered.
+    left_in_dataloader: int = 0
+
+
+def _window_gradient_error(
+    ctx: Context,
+    run: _WindowsRun,
+    model: torch.nn.Module,
+    window: Sequence[dict[str, torch.Tensor]],
+    num_items: torch.Tensor | None,
+    shifted: bool,
+) -> None:
+    """Compare `model`'s gradient with the global token mean's over every rank's `window`, at the same weights."""
+    local = [{key: value.detach().cpu() for key, value in batch.items()} for batch in window]
+    everyone = [
+        {key: value.to(ctx.device) for key, value in batch.items()}
+        for rank_batches in _all_gather_object(ctx, local)
+        for batch in rank_batches
+    ]
+    reference = copy.deepcopy(model)
+    _, expected = reference_step(reference, everyone, shifted)
+    grads = [parameter.grad for parameter in model.parameters()]
+    error = 0.0
+    for got, want in zip(grads, expected, strict=True):
+        got = torch.full_like(want, math.nan) if got is None else got
+        error = max(error, float((got.double() - want.double()).abs().max().nan_to_num(nan=math.inf)))
+    run.errors.append(error)
+    run.references += 1
+    if num_items is not None and int(num_items) != int(count_loss_tokens(everyone, shifted=shifted)):
+        run.count_mismatches += 1
+
+
+def _windows_loss(
+    token_windows: TokenWindows | None,
+    logits: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    reduction: str,
+    shifted: bool,
+) -> torch.Tensor:
+    if token_windows is None:
+        # The bare loop: what is passed to backward only matters for the sync pattern here.
+        return token_loss(logits, batch["labels"], shifted=shifted, reduction="sum")
+    loss = token_loss(logits, batch["labels"], shifted=shifted, reduction=reduction)
+    return token_windows.scale_mean(loss, batch) if reduction == "mean" else token_windows.scale_sum(loss, batch)
+
+
+def _token_windows_accelerate_run(
+    ctx: Context,
+    *,
+    wrap: bool,
+    skip: int,
+    restored_step: int,
+    epochs: int,
+    batches_per_rank: int,
+    accumulation: int,
+    iterable: bool = False,
+    **loss: Any,
+) -> tuple[_WindowsRun, str]:
+    """A no_trainer-style loop: `accumulate`, `accelerator.backward`, step and zero_grad on every micro-batch.
+
+    The first epoch skips `skip` batches with `skip_first_batches`, starting from `accelerator.step =
+    restored_step` (what `load_state` restores from a checkpoint saved in the middle of a window). With
+    `iterable`, the loader reads an IterableDataset (batches padded to one width, as dispatching needs).
+    """
+    from torch.utils.data import DataLoader
+
+    accelerator = _accelerator(ctx, accumulation)
+    run = _WindowsRun()
+    model = TinyCausalLM(seed=4).to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    optimizer.register_step_post_hook(lambda *_: setattr(run, "steps", run.steps + 1))
+    examples = token_windows_examples(ctx.world_size, batches_per_rank)
+    if iterable:
+        collate = functools.partial(pad_collate, width=max(len(example["input_ids"]) for example in examples) + 1)
+        loader = DataLoader(_Stream(examples), batch_size=TOKEN_WINDOWS_BATCH_SIZE, collate_fn=collate)
+    else:
+        loader = DataLoader(examples, batch_size=TOKEN_WINDOWS_BATCH_SIZE, collate_fn=pad_collate)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    state = accelerator.gradient_state
+    accelerator.step = restored_step
+    # One wrapper for every epoch, as a loop built before the epoch loop has it; another for the resumed epoch.
+    every_epoch = TokenWindows(loader, accelerator=accelerator, shifted=loss["shifted"]) if wrap else None
+    for epoch in range(epochs):
+        source, token_windows = loader, every_epoch
+        if epoch == 0 and skip:
+            source = accelerator.skip_first_batches(loader, skip)
+            token_windows = TokenWindows(source, accelerator=accelerator, shifted=loss["shifted"]) if wrap else None
+        window: list[dict[str, torch.Tensor]] = []
+        for batch in token_windows if token_windows is not None else source:
+            with accelerator.accumulate(model):
+                accelerator.backward(_windows_loss(token_windows, model(batch["input_ids"]), batch, **loss))
+                window.append(batch)
+                run.trace.append((accelerator.sync_gradients, state.end_of_dataloader, state.remainder))
+                if accelerator.sync_gradients:
+                    if token_windows is not None:
+                        num_items = token_windows.num_items
+                        _window_gradient_error(
+                            ctx, run, accelerator.unwrap_model(model), window, num_items, loss["shifted"]
+                        )
+                    window = []
+                optimizer.step()
+                optimizer.zero_grad()
+        registered = token_windows is not None and token_windows in state.dataloader_references
+        run.left_in_dataloader += state.in_dataloader or registered
+        run.trace.append(("epoch end", state.in_dataloader, registered, loader.iteration, accelerator.step))
+    label = f"accelerate {accelerator.distributed_type.value}, W={ctx.world_size}, G={accumulation}"
+    return run, label + (f", {type(loader).__name__}" if iterable else "")
+
+
+def _token_windows_ddp_run(
+    ctx: Context,
+    *,
+    wrap: bool,
+    skip: int,
+    restored_step: int,
+    epochs: int,
+    batches_per_rank: int,
+    accumulation: int,
+    grad_divisor: int | None = None,
+    **loss: Any,
+) -> tuple[_WindowsRun, str]:
+    """A raw DDP loop: DistributedSampler, `no_sync()` unless `(i + 1) % G == 0 or last`, plain backward.
+
+    With `grad_divisor`, the loop divides what goes to backward by it and tells TokenWindows so.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    if skip or restored_step:
+        raise ValueError("the raw loop has no resume case")
+    run = _WindowsRun()
+    model = TinyCausalLM(seed=4).to(ctx.device)
+    wrapped, optimizer, _, label = _wrap(ctx, "ddp" if ctx.distributed else "plain", model, accumulation)
+    optimizer.register_step_post_hook(lambda *_: setattr(run, "steps", run.steps + 1))
+    examples = token_windows_examples(ctx.world_size, batches_per_rank)
+    sampler = DistributedSampler(examples, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=5)
+    loader = DataLoader(examples, batch_size=TOKEN_WINDOWS_BATCH_SIZE, sampler=sampler, collate_fn=pad_collate)
+    token_windows = None
+    if wrap:
+        token_windows = TokenWindows(loader, steps=accumulation, shifted=loss["shifted"], grad_divisor=grad_divisor)
+    for epoch in range(epochs):
+        set_epoch(loader, epoch)
+        window: list[dict[str, torch.Tensor]] = []
+        for i, batch in enumerate(token_windows if token_windows is not None else loader):
+            batch = {key: value.to(ctx.device) for key, value in batch.items()}
+            sync = (i + 1) % accumulation == 0 or i == len(loader) - 1
+            with nullcontext() if sync or not hasattr(wrapped, "no_sync") else wrapped.no_sync():
+                # With grad_divisor=G, the loop's own `loss / G` (what TokenWindows multiplies back).
+                (
+                    _windows_loss(token_windows, wrapped(batch["input_ids"]), batch, **loss) / (grad_divisor or 1)
+                ).backward()
+            window.append(batch)
+            run.trace.append((sync,))
+            if sync:
+                if token_windows is not None:
+                    _window_gradient_error(ctx, run, model, window, token_windows.num_items, loss["shifted"])
+                window = []
+                optimizer.step()
+                optimizer.zero_grad()
+        run.trace.append(("epoch end", sampler.epoch))
+    return run, label.replace("plain module", "raw loop, no process group")
+
+
+def _accelerate_optimizer_steps(epoch_lengths: Sequence[int], accumulation: int, step: int = 0) -> int:
+    """How many times `accumulate` syncs over these epochs: every G calls and at each loader's end."""
+    syncs = 0
+    for length in epoch_lengths:
+        for index in range(length):
+            step = 0 if index == length - 1 else step + 1
+            syncs += step % accumulation == 0
+    return syncs
+
+
+def check_token_windows(
+    ctx: Context,
+    setup: str = "accelerate",
+    *,
+    reduction: str = "mean",
+    shifted: bool = True,
+    accumulation: int = 3,
+    batches_per_rank: int = 7,
+    epochs: int = 2,
+    skip: int = 2,
+    grad_divisor: int | None = None,
+    iterable: bool = False,
+) -> Verdict:
+    """A real loop over `TokenWindows`: every optimizer step follows the global token mean of its window.
+
+    `setup` "accelerate": `accumulate` + `accelerator.backward(token_windows.scale_mean(loss, batch))` over a
+    prepared DataLoader whose epochs end on a short window, for `epochs` epochs; then again with the first epoch
+    resumed by `skip_first_batches(loader, skip)`, from `accelerator.step` 0 and from `skip % G` (a checkpoint
+    saved mid-window). "ddp": a raw DDP loop with `no_sync()` and the `(i + 1) % G == 0 or last` gate (with
+    `grad_divisor`, backward of `scale_mean(...) / grad_divisor` and `TokenWindows(..., grad_divisor=...)`).
+    `iterable`: the accelerate loop over an IterableDataset (accelerate's DataLoaderDispatcher). At every
+    synced step the gradient is compared with the float64 reference over all ranks' micro-batches of that window,
+    at the same weights; the optimizer steps, the sync pattern, accelerate's `end_of_dataloader` and `remainder`,
+    the loader's epoch counter and `in_dataloader` after each epoch must be those of the loop without the wrapper.
+    """
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    loop = {"accelerate": _token_windows_accelerate_run, "ddp": _token_windows_ddp_run}[setup]
+    if grad_divisor is not None and setup != "ddp":
+        raise ValueError("grad_divisor is for the raw loop; accelerate's backward divides by G itself")
+    options: dict[str, Any] = {"epochs": epochs, "batches_per_rank": batches_per_rank, "accumulation": accumulation}
+    if grad_divisor is not None:
+        options["grad_divisor"] = grad_divisor
+    if iterable:
+        if setup != "accelerate":
+            raise ValueError("iterable is for the accelerate loop")
+        options["iterable"] = True
+    loss = {"reduction": reduction, "shifted": shifted}
+    cases = {"": (0, 0)}
+    if setup == "accelerate" and skip:
+        cases |= {"resume_": (skip, 0), "resume_mid_window_": (skip, skip % accumulation)}
+    problems = []
+    metrics: dict[str, float] = {}
+    label = ""
+    for prefix, (resume, restored_step) in cases.items():
+        wrapped, label = loop(ctx, wrap=True, skip=resume, restored_step=restored_step, **options, **loss)
+        bare, _ = loop(ctx, wrap=False, skip=resume, restored_step=restored_step, **options, **loss)
+        lengths = [batches_per_rank - resume] + [batches_per_rank] * (epochs - 1)
+        if setup == "accelerate":
+            expected_steps = _accelerate_optimizer_steps(lengths, accumulation, restored_step)
+        else:
+            expected_steps = sum(math.ceil(length / accumulation) for length in lengths)
+        error = max(wrapped.errors, default=math.inf)
+        metrics |= {
+            f"{prefix}max_error": error,
+            f"{prefix}steps": float(wrapped.steps),
+            f"{prefix}steps_without_wrapper": float(bare.steps),
+            f"{prefix}expected_steps": float(expected_steps),
+            f"{prefix}compared_steps": float(wrapped.references),
+            f"{prefix}pattern_matches": float(wrapped.trace == bare.trace),
+        }
+        name = prefix.rstrip("_").replace("_", " ") or "fresh"
+        if not error <= FLOAT64_TOLERANCE:
+            problems.append(f"{name}: max |grad - ref| = {error:.1e}")
+        if not wrapped.steps == bare.steps == wrapped.references == expected_steps:
+            problems.append(
+                f"{name}: {wrapped.steps} optimizer steps ({wrapped.references} compared), "
+                f"{bare.steps} without the wrapper, {expected_steps} expected"
+            )
+        if wrapped.trace != bare.trace:
+            problems.append(f"{name}: per batch and epoch {wrapped.trace} != without the wrapper {bare.trace}")
+        if wrapped.left_in_dataloader:
+            problems.append(f"{name}: in_dataloader still True after {wrapped.left_in_dataloader} epoch(s)")
+        if wrapped.count_mismatches:
+            problems.append(f"{name}: num_items missed the window's token count {wrapped.count_mismatches}x")
+    metrics["max_error"] = max(value for key, value in metrics.items() if key.endswith("max_error"))
+    detail = (
+        f"max |grad - ref| = {metrics['max_error']:.1e} at all {metrics['steps']:.0f} optimizer steps of {epochs} "
+        f"epochs of {batches_per_rank} micro-batches"
+    )
+    if len(cases) > 1:
+        detail += (
+            f" and of the runs resumed after {skip} (at accelerator.step 0 and {skip % accumulation}: "
+            f"{metrics['resume_steps']:.0f} and {metrics['resume_mid_window_steps']:.0f} steps)"
+        )
+    detail += "; steps, syncs and loader state as without the wrapper"
+    variant = f"scale_{reduction}, {'shifted' if shifted else 'unshifted'}"
+    if grad_divisor is not None:
+        variant += f", loss / {grad_divisor}"
+    return Verdict(
+        "token-windows", label, "FAIL" if problems else "PASS", "; ".join(problems) or detail, metrics, variant
+    )
+
+
 def check_shift_labels(ctx: Context, seed: int = 3) -> Verdict:
     """Loss and token count with `shift_labels` equal the causal-LM shift of `logits[:, :-1]` against `labels[:, 1:]`."""
     generator = torch.Generator().manual_seed(seed)
@@ -852,6 +1167,9 @@ def selftest_verdicts(ctx: Context) -> Iterator[Verdict]:
         yield check_any_rank(ctx, accelerate=True)
         yield check_main_process_first(ctx, accelerate=True)
         yield check_scheduler_total_steps(ctx)
+        yield check_token_windows(ctx, "accelerate")
+        yield check_token_windows(ctx, "accelerate", iterable=True)
+    yield check_token_windows(ctx, "ddp")
     yield check_shift_labels(ctx)
 
 

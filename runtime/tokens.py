@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from itertools import islice
 from typing import Any
 
@@ -207,7 +207,8 @@ class TokenWindows:
     * accelerate's bookkeeping: reading ahead would make the prepared loader report
       `end_of_dataloader` a window early (accelerate would sync and step mid-window). The wrapper
       therefore stands in for the loader in `accelerator.gradient_state` while it iterates, as the
-      prepared loader does itself, and says `end_of_dataloader` only at the last batch it yields.
+      prepared loader does itself, and says `end_of_dataloader` only at the last batch it yields
+      (and each batch's `remainder` as the loader said it with that batch).
       After the last batch the loader is run to its end, so it counts the epoch as before.
     * `scale_mean(loss, batch)`: `loss * n_i * G_div * W / N` for `batch`'s mean-reduced loss (n_i
       its loss tokens; a graph-connected zero when n_i is 0); `scale_sum(loss_sum)`:
@@ -276,18 +277,21 @@ class TokenWindows:
         steps = int(self._accelerator.gradient_accumulation_steps)
         return steps - int(getattr(self._accelerator, "step", 0)) % steps
 
-    def _read(self, source: Iterator[Any]) -> tuple[list[Any], bool]:
-        """The next window's batches, and whether the loader ended with them."""
+    def _read(self, source: Iterator[Any]) -> tuple[list[Any], list[int], bool]:
+        """The next window's batches, the loader's `remainder` as each was yielded, and whether the loader ended."""
         batches: list[Any] = []
+        remainders: list[int] = []
         for _ in range(self._window_size()):
             try:
                 batches.append(next(source))
             except StopIteration:
-                return batches, True
+                return batches, remainders, True
+            # DataLoaderDispatcher sets it while yielding its last batch: report it then, not a window early
+            remainders.append(getattr(self.loader, "remainder", -1))
             # accelerate's loaders say so while yielding their last batch; asking for one more would end them
             if getattr(self.loader, "end_of_dataloader", False) is True:
-                return batches, True
-        return batches, False
+                return batches, remainders, True
+        return batches, remainders, False
 
     def __iter__(self) -> Iterator[Any]:
         state = getattr(self._accelerator, "gradient_state", None)
@@ -299,15 +303,15 @@ class TokenWindows:
                 stacklevel=2,
             )
         source = iter(self.loader)
-        pending: deque[Any] = deque()
-        ended = registered = False
+        pending: deque[tuple[Any, int]] = deque()
+        ended = registered = yielded = finished = False
         self.end_of_dataloader = False
         try:
             while True:
                 if not pending:
                     if ended:
                         break
-                    batches, ended = self._read(source)
+                    batches, remainders, ended = self._read(source)
                     if not batches:
                         break
                     if stands_in and not registered:
@@ -316,15 +320,23 @@ class TokenWindows:
                         registered = True
                     self.window = TokenLossWindow(batches, **self._window_options)
                     self._recent.append(self.window)
-                    pending.extend(batches)
-                batch = pending.popleft()
+                    pending.extend(zip(batches, remainders))
+                batch, self.remainder = pending.popleft()
                 self.end_of_dataloader = ended and not pending
-                self.remainder = getattr(self.loader, "remainder", -1)
+                yielded = True
                 yield batch
             # let the loader finish its pass: accelerate's loaders count the epoch and leave the gradient state here
             for _ in source:
                 raise RuntimeError("TokenWindows: the loader yielded a batch after saying it had ended")
+            finished = True
         finally:
+            if registered and yielded and not finished:
+                # Left early (`break`, an exception): accelerate's loader stays registered, as without the wrapper,
+                # but it was read ahead; give it the state it had at the last batch the loop saw, or a
+                # `gather_for_metrics` or `accumulate` after the loop would see the end of the loader.
+                with suppress(AttributeError):
+                    self.loader.end_of_dataloader = self.end_of_dataloader  # type: ignore[attr-defined]
+                    self.loader.remainder = self.remainder  # type: ignore[attr-defined]
             self.end_of_dataloader = False
             if registered:
                 state._remove_dataloader(self)

@@ -16,6 +16,13 @@ pytestmark = pytest.mark.slow
 SETUPS = ("ddp", "accelerate", "fsdp1", "fsdp2")
 DRAWN_CASES = 10
 TOLERANCE = 1e-9
+TOKEN_WINDOWS = {
+    "accelerate": {"setup": "accelerate"},
+    "accelerate-sum-unshifted": {"setup": "accelerate", "reduction": "sum", "shifted": False},
+    "accelerate-iterable": {"setup": "accelerate", "iterable": True},
+    "ddp": {"setup": "ddp"},
+    "ddp-loss-over-steps": {"setup": "ddp", "grad_divisor": 3},
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,9 @@ def _plan(world_size: int) -> tuple[dict[str, selftest.TokenLossCase], dict[str,
     jobs["any-rank-raw"] = (selftest.check_any_rank, {})
     jobs["any-rank-accelerate"] = (selftest.check_any_rank, {"accelerate": True})
     jobs["scheduler"] = (selftest.check_scheduler_total_steps, {})
+    jobs |= {
+        f"token-windows-{name}": (selftest.check_token_windows, options) for name, options in TOKEN_WINDOWS.items()
+    }
     return cases, jobs
 
 
@@ -165,3 +175,24 @@ def test_scheduler_total_steps_ends_the_schedule_at_the_last_optimizer_step(worl
         assert verdict.metrics["end"] == 4
         # What the helper fixes: a schedule built for K optimizer steps ends after K / W of them.
         assert verdict.metrics["naive_end"] == math.ceil(4 / world.world_size)
+
+
+@pytest.mark.parametrize("name", list(TOKEN_WINDOWS))
+def test_token_windows_steps_follow_the_global_token_mean_where_the_loop_steps(world: WorldRun, name: str) -> None:
+    # 2 epochs of 7 micro-batches per rank, G=3: windows 3, 3, 1 per epoch. Resumed after 2 batches: 3, 2 in the
+    # first epoch from accelerator.step 0; 1, 3, 1 from accelerator.step 2 (a checkpoint saved mid-window).
+    for verdict in world.verdicts[f"token-windows-{name}"]:
+        assert verdict.status == "PASS", verdict.line()
+        metrics = verdict.metrics
+        assert metrics["max_error"] <= TOLERANCE, verdict.line()
+        assert metrics["steps"] == metrics["steps_without_wrapper"] == metrics["compared_steps"] == 6
+        assert metrics["pattern_matches"] == 1
+        if name.startswith("accelerate"):
+            loader = ", DataLoaderDispatcher" if name.endswith("iterable") else ""
+            assert verdict.setup == f"accelerate MULTI_CPU, W={world.world_size}, G=3{loader}"
+            for prefix, steps in (("resume_", 5), ("resume_mid_window_", 6)):
+                assert metrics[f"{prefix}max_error"] <= TOLERANCE, verdict.line()
+                assert metrics[f"{prefix}steps"] == metrics[f"{prefix}steps_without_wrapper"] == steps
+                assert metrics[f"{prefix}compared_steps"] == steps and metrics[f"{prefix}pattern_matches"] == 1
+        else:
+            assert verdict.setup == f"raw DDP, W={world.world_size}, G=3"

@@ -24,6 +24,8 @@ HELPERS = (
     "main-process-first",
     "scheduler-total-steps",
     "shift-labels",
+    "token-windows (accelerate MULTI_CPU",
+    "token-windows (raw DDP",
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import functools
 import subprocess
 import sys
 import types
@@ -21,6 +22,7 @@ import lintdist.runtime.process
 import lintdist.runtime.tokens
 from lintdist.runtime import (
     TokenLossWindow,
+    TokenWindows,
     any_rank,
     count_loss_tokens,
     global_token_count,
@@ -407,3 +409,263 @@ def test_report_exits_non_zero_on_any_failure(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "FAIL token-loss (raw DDP, W=2, G=3): max |grad - ref| = 1.0e-01" in out
     assert out.strip().endswith("FAIL: 1/2 checks passed")
+
+
+def _labelled(counts: list[int], width: int = 4) -> list[dict[str, torch.Tensor]]:
+    """One batch per count: a row with that many loss tokens, padded with -100."""
+    return [{"labels": torch.tensor([[1] * n + [IGNORE] * (width - n)])} for n in counts]
+
+
+def _prepared(batches: int, accumulation: int = 3) -> tuple[Any, Any]:
+    """A one-process CPU Accelerator and a prepared loader of `batches` padded batches."""
+    pytest.importorskip("accelerate")
+    from torch.utils.data import DataLoader
+
+    accelerator = selftest._accelerator(selftest.local_context(), accumulation)
+    examples = selftest.token_windows_examples(1, batches)
+    loader = DataLoader(examples, batch_size=selftest.TOKEN_WINDOWS_BATCH_SIZE, collate_fn=selftest.pad_collate)
+    return accelerator, accelerator.prepare(loader)
+
+
+def test_token_windows_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="steps="):
+        TokenWindows([])
+    with pytest.raises(ValueError, match="at least 1"):
+        TokenWindows([], steps=0)
+    token_windows = TokenWindows(_labelled([1]), steps=2)
+    one = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="inside the loop"):
+        token_windows.scale_mean(one, _labelled([1])[0])
+    with pytest.raises(RuntimeError, match="inside the loop"):
+        token_windows.scale_sum(one)
+    with pytest.raises(RuntimeError, match="once the loop has started"):
+        token_windows.num_items  # noqa: B018
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 6, 7])
+def test_token_windows_without_an_accelerator_cut_steps_from_the_start_of_each_pass(count: int) -> None:
+    counts = [(3 * i) % 5 for i in range(count)]
+    batches = _labelled(counts)
+    token_windows = TokenWindows(batches, steps=3)
+    assert len(token_windows) == count
+    for _ in range(2):  # a second pass starts its windows afresh
+        seen, sizes, totals = [], [], []
+        for i, batch in enumerate(token_windows):
+            seen.append(batch)
+            if i % 3 == 0:
+                sizes.append(len(token_windows.window.micro_batches))
+                totals.append(int(token_windows.num_items))
+            assert token_windows.window.micro_batches[i % 3] is batch
+        assert len(seen) == count and all(a is b for a, b in zip(seen, batches))
+        assert sizes == [len(counts[start : start + 3]) for start in range(0, count, 3)]
+        assert totals == [sum(counts[start : start + 3]) for start in range(0, count, 3)]
+        assert token_windows.end_of_dataloader is False
+
+
+def test_token_windows_reads_one_window_ahead_of_the_consumer() -> None:
+    read: list[int] = []
+
+    def loader() -> Any:
+        for i, batch in enumerate(_labelled([1, 2, 3, 4, 5])):
+            read.append(i)
+            yield batch
+
+    token_windows = TokenWindows(loader(), steps=2)
+    iterator = iter(token_windows)
+    next(iterator)
+    assert read == [0, 1]
+    next(iterator)
+    assert read == [0, 1]
+    next(iterator)
+    assert read == [0, 1, 2, 3]
+
+
+def test_token_windows_scale_a_batch_of_the_previous_window_by_its_own_window() -> None:
+    # A consumer that reads one batch ahead (Lightning's fetcher) scales batch i after fetching batch i + 1.
+    counts = [1, 3, 4, 1, 6]
+    window_of = [0, 0, 1, 1, 2]
+    tokens = [4, 5, 6]
+    token_windows = TokenWindows(_labelled(counts), steps=2, grad_divisor=2)
+    one = torch.tensor(1.0, dtype=torch.float64)
+    iterator = iter(token_windows)
+    previous, index = next(iterator), 0
+    while previous is not None:
+        current = next(iterator, None)
+        if current is not None and index % 2 == 1:
+            # The wrapper has read the next window; `previous` is the last batch of the one before.
+            assert int(token_windows.num_items) == tokens[window_of[index] + 1]
+        n = tokens[window_of[index]]
+        assert token_windows.scale_mean(one, previous).item() == pytest.approx(counts[index] * 2 / n)
+        assert token_windows.scale_sum(one, previous).item() == pytest.approx(2 / n)
+        previous, index = current, index + 1
+    assert index == len(counts)
+    # Without the batch, scale_sum uses the window read last.
+    assert token_windows.scale_sum(one).item() == pytest.approx(2 / 6)
+
+
+def test_token_windows_with_a_prepared_loader_follow_accelerate_syncs() -> None:
+    accelerator, loader = _prepared(7)
+    model = torch.nn.Linear(1, 1)
+    token_windows = TokenWindows(loader, accelerator=accelerator, shifted=True)
+    assert len(token_windows) == len(loader) == 7
+    state = accelerator.gradient_state
+    rows = []
+    for batch in token_windows:
+        assert state.active_dataloader is token_windows
+        with accelerator.accumulate(model):
+            window = token_windows.window
+            rows.append((len(window.micro_batches), state.end_of_dataloader, accelerator.sync_gradients))
+            assert any(item is batch for item in window.micro_batches)
+            assert int(token_windows.num_items) == int(count_loss_tokens(window.micro_batches, shifted=True))
+    assert rows == [
+        (3, False, False),
+        (3, False, False),
+        (3, False, True),
+        (3, False, False),
+        (3, False, False),
+        (3, False, True),
+        (1, True, True),
+    ]
+    assert not state.in_dataloader and token_windows not in state.dataloader_references
+    assert token_windows.end_of_dataloader is False
+
+
+@pytest.mark.parametrize("batches", [6, 7])
+def test_token_windows_say_end_of_dataloader_only_at_the_last_batch(batches: int) -> None:
+    accelerator, loader = _prepared(batches)
+    token_windows = TokenWindows(loader, accelerator=accelerator)
+    state = accelerator.gradient_state
+    model = torch.nn.Linear(1, 1)
+    for epoch in range(3):
+        ends = []
+        for _ in token_windows:
+            ends.append(state.end_of_dataloader)
+            with accelerator.accumulate(model):
+                pass
+        assert ends == [False] * (batches - 1) + [True]
+        # The loader ran to its end: it counted the epoch and left the gradient state.
+        assert loader.iteration == epoch + 1
+        assert not state.in_dataloader and state.end_of_dataloader is False
+        assert accelerator.step == 0
+
+
+def test_token_windows_follow_accelerator_step_after_skip_first_batches() -> None:
+    accelerator, loader = _prepared(7)
+    model = torch.nn.Linear(1, 1)
+    # What load_state restores from a checkpoint saved after 2 micro-batches of a window.
+    accelerator.step = 2
+    token_windows = TokenWindows(accelerator.skip_first_batches(loader, 2), accelerator=accelerator)
+    sizes, syncs = [], []
+    for _ in token_windows:
+        with accelerator.accumulate(model):
+            sizes.append(len(token_windows.window.micro_batches))
+            syncs.append(accelerator.sync_gradients)
+    assert sizes == [1, 3, 3, 3, 1]
+    assert syncs == [True, False, False, True, True]
+
+
+def test_a_break_mid_epoch_leaves_the_wrapper_unregistered() -> None:
+    accelerator, loader = _prepared(7)
+    state = accelerator.gradient_state
+    token_windows = TokenWindows(loader, accelerator=accelerator)
+    for i, _ in enumerate(token_windows):
+        assert state.active_dataloader is token_windows
+        if i == 4:
+            break
+    assert token_windows not in state.dataloader_references
+    # As after a break out of the bare loader: accelerate's loader itself stays registered until its next pass.
+    assert state.active_dataloader is loader and state.end_of_dataloader is False
+    assert token_windows.end_of_dataloader is False
+    assert len(list(token_windows)) == 7
+    assert not state.in_dataloader and loader.iteration == 1
+
+
+@pytest.mark.parametrize("stop", [3, 5, 6, 7])
+def test_after_a_break_accelerate_sees_what_it_sees_without_the_wrapper(stop: int) -> None:
+    # 15 examples in batches of 2: 8 batches (windows 3, 3, 2), the last one short (remainder 1).
+    pytest.importorskip("accelerate")
+    from torch.utils.data import DataLoader
+
+    seen = []
+    for wrap in (False, True):
+        accelerator = selftest._accelerator(selftest.local_context(), 3)
+        examples = selftest.token_windows_examples(1, 8)[:15]
+        loader = accelerator.prepare(DataLoader(examples, batch_size=2, collate_fn=selftest.pad_collate))
+        model = torch.nn.Linear(1, 1)
+        source = TokenWindows(loader, accelerator=accelerator) if wrap else loader
+        for i, _ in enumerate(source):
+            with accelerator.accumulate(model):
+                pass
+            if i == stop:
+                break
+        state = accelerator.gradient_state
+        # What statements after the loop read: gather_for_metrics truncates to `remainder` at a loader's end.
+        after = [state.in_dataloader, state.end_of_dataloader, state.remainder, accelerator.step]
+        after.append(accelerator.gather_for_metrics(torch.arange(4)).tolist())
+        with accelerator.accumulate(model):
+            after.append(accelerator.sync_gradients)
+        after += [len(list(source)), state.in_dataloader, loader.iteration]
+        seen.append(after)
+    assert seen[1] == seen[0]
+    assert seen[0][1] is (stop == 7)
+
+
+def test_token_windows_warn_when_accelerate_does_not_sync_with_the_dataloader() -> None:
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    plugin = GradientAccumulationPlugin(num_steps=3, sync_with_dataloader=False)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
+    try:
+        loader = accelerator.prepare(torch.utils.data.DataLoader(_labelled([1, 2]), batch_size=None))
+        with pytest.warns(UserWarning, match="sync_with_dataloader=False"):
+            assert len(list(TokenWindows(loader, accelerator=accelerator))) == 2
+    finally:
+        selftest._accelerator(selftest.local_context(), 1)  # restore accelerate's default plugin
+
+
+@pytest.mark.parametrize(
+    ("setup", "options"),
+    [
+        ("accelerate", {}),
+        ("accelerate", {"reduction": "sum", "shifted": False}),
+        ("accelerate", {"iterable": True}),
+        ("ddp", {}),
+        ("ddp", {"grad_divisor": 3}),
+    ],
+)
+def test_token_windows_check_in_one_process(setup: str, options: dict[str, Any]) -> None:
+    if setup == "accelerate":
+        pytest.importorskip("accelerate")
+    verdict = selftest.check_token_windows(selftest.local_context(), setup, **options)
+    assert verdict.status == "PASS", verdict.line()
+    assert verdict.metrics["max_error"] <= 1e-9
+    assert verdict.metrics["steps"] == verdict.metrics["steps_without_wrapper"] == 6
+    if setup == "accelerate":
+        assert verdict.metrics["resume_steps"] == verdict.metrics["resume_steps_without_wrapper"] == 5
+        assert verdict.metrics["resume_mid_window_steps"] == 6
+
+
+def test_token_windows_report_each_batch_s_remainder_as_the_dispatching_loader_did() -> None:
+    # DataLoaderDispatcher (an IterableDataset) sets `remainder` while yielding its last batch: read a window
+    # ahead, the wrapper must still report it at that batch only.
+    pytest.importorskip("accelerate")
+    from torch.utils.data import DataLoader
+
+    accelerator = selftest._accelerator(selftest.local_context(), 3)
+    examples = selftest.token_windows_examples(1, 6)
+    collate = functools.partial(selftest.pad_collate, width=7)
+    loader = accelerator.prepare(DataLoader(selftest._Stream(examples), batch_size=2, collate_fn=collate))
+    assert type(loader).__name__ == "DataLoaderDispatcher"
+    model = torch.nn.Linear(1, 1)
+    state = accelerator.gradient_state
+    traces = []
+    for source in (loader, TokenWindows(loader, accelerator=accelerator)):
+        trace = []
+        for _ in source:
+            with accelerator.accumulate(model):
+                trace.append((state.remainder, state.end_of_dataloader, accelerator.sync_gradients))
+        traces.append(trace)
+    assert traces[0] == traces[1]
+    assert [remainder for remainder, _, _ in traces[1]] == [-1] * 5 + [2]
