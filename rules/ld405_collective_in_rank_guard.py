@@ -14,7 +14,7 @@ from lintdist.facts import (
     RANK_NAMES,
     argument_of,
 )
-from lintdist.model import Severity
+from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid, words
 
 ACCELERATE_OBJECTS = ACCELERATOR_CLASSES | {"accelerate.PartialState", "accelerate.state.PartialState"}
@@ -83,11 +83,15 @@ SHARDED_PLUGINS = frozenset(
         "accelerate.utils.dataclasses.DeepSpeedPlugin",
     }
 )
+FSDP_PLUGINS = frozenset(p for p in SHARDED_PLUGINS if "FullyShardedDataParallel" in p)
+# A model export (weights only): not a training checkpoint, which `save_state` on every rank writes.
 ALL_RANKS_PATTERN = (
-    "call it on every rank, e.g. `sd = accelerator.get_state_dict(model)`, then save with "
-    "`accelerator.unwrap_model(model).save_pretrained(d, is_main_process=accelerator.is_main_process, "
-    "save_function=accelerator.save, state_dict=sd)`"
+    "call it on every rank (`sd = accelerator.get_state_dict(model)`) and keep only the write under the guard "
+    "(`accelerator.save(sd, path)`, or `accelerator.unwrap_model(model).save_pretrained(d, "
+    "is_main_process=accelerator.is_main_process, state_dict=sd)`); this exports the model's weights only, while a "
+    "training checkpoint (optimizer, scheduler, RNG and dataloader state) is `accelerator.save_state(d)` on every rank"
 )
+SAVE_MODEL_REMEDY = "call it on every rank: it writes the files on the main process only"
 
 
 class CollectiveInRankGuard(Rule):
@@ -100,53 +104,93 @@ class CollectiveInRankGuard(Rule):
     decorated with `@accelerator.on_main_process`, or in a local helper
     called from such a place. The collectives are accelerate's `gather`,
     `gather_for_metrics`, `reduce`, `pad_across_processes`,
-    `wait_for_everyone`, `check_trigger` (and `save_state`, `save_model`,
-    `get_state_dict`, which gather shards under FSDP and DeepSpeed ZeRO-3),
-    the `torch.distributed` collectives, `torch.distributed.checkpoint`
-    `save`/`load` and its state-dict getters, FSDP `state_dict()` under a
-    full or sharded `state_dict_type`, and a DeepSpeed engine's
-    `save_checkpoint`. The report points at the collective call.
+    `wait_for_everyone`, `check_trigger`, `save_state` (collective under FSDP,
+    under DeepSpeed at every ZeRO stage, where it calls the engine's
+    `save_checkpoint`, and under any backend with
+    `automatic_checkpoint_naming`, where it calls `wait_for_everyone()`),
+    `save_model` and `get_state_dict` (they gather the shards under FSDP and
+    DeepSpeed ZeRO-3), the `torch.distributed` collectives,
+    `torch.distributed.checkpoint` `save`/`load` and its state-dict getters,
+    FSDP `state_dict()` under a full or sharded `state_dict_type`, and a
+    DeepSpeed engine's `save_checkpoint`. One finding per guarded block, at
+    the first collective it reaches. A guard such as
+    `if accelerator.distributed_type == DistributedType.DEEPSPEED or
+    accelerator.is_main_process:` lets every rank in under DeepSpeed only: it
+    is reported (a warning, an error when FSDP is selected) unless the launch
+    configuration selects DeepSpeed.
 
     ## Why is this bad?
     A collective completes only when every process of the group joins it.
     The other ranks skip the guarded block, so the main process waits
     forever (or until the backend's timeout), and the others hang at their
-    next collective. The classic cases are saving an FSDP or ZeRO-3 model
-    under `is_main_process` and a `gather` for logging on rank 0 only.
-    `accelerator.save`, `torch.save`, `unwrap_model(model).state_dict()` and
-    point-to-point `send`/`recv` are not collectives and are not reported;
-    nor are collectives on an explicit sub-group (`group=`), collectives
-    under `if world_size > 1:` or `if dist.is_initialized():`, or the
-    `dist.barrier()` in `if rank == 0:` that closes the rank-0-first idiom
-    (paired with a barrier under `if rank != 0:`), nor a root collective
-    such as `dist.gather(t, out, dst=0)` whose `else:` branch (or the
-    branch that excludes the main process) makes the same call.
+    next collective. The classic cases are `save_state` or `get_state_dict`
+    under `is_main_process` with FSDP or DeepSpeed, and a `gather` for
+    logging on rank 0 only. `save_state` also writes each rank's RNG state
+    (`random_states_<i>.pkl`): under a main-process guard, even under DDP,
+    only rank 0's is saved. `accelerator.save`, `torch.save`,
+    `unwrap_model(model).state_dict()` and point-to-point `send`/`recv` are
+    not collectives and are not reported; nor are collectives on an explicit
+    sub-group (`group=`), collectives under `if world_size > 1:` or
+    `if dist.is_initialized():`, or the `dist.barrier()` in `if rank == 0:`
+    that closes the rank-0-first idiom (paired with a barrier under
+    `if rank != 0:`), nor a root collective such as
+    `dist.gather(t, out, dst=0)` whose `else:` branch (or the branch that
+    excludes the main process) makes the same call.
 
     ## Example
     ```python
     if accelerator.is_main_process:
-        state_dict = accelerator.get_state_dict(model)
-        accelerator.save(state_dict, "model.pt")
+        if global_step % args.checkpointing_steps == 0:
+            remove_old_checkpoints(args.output_dir)
+            save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+            accelerator.save_state(save_path)
+            logger.info(f"Saved state to {save_path}")
     ```
 
     ## Use instead
     ```python
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        accelerator.save(state_dict, "model.pt")
+    if global_step % args.checkpointing_steps == 0:
+        if accelerator.is_main_process:
+            remove_old_checkpoints(args.output_dir)
+        save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+        accelerator.save_state(save_path)  # writes the model files on the main process only
+        if accelerator.is_main_process:
+            logger.info(f"Saved state to {save_path}")
     ```
+    For a model export, `sd = accelerator.get_state_dict(model)` on every
+    rank, then `save_pretrained(d, state_dict=sd)` under the guard: that is
+    weights only, not a training checkpoint (no optimizer, scheduler, RNG or
+    dataloader state), which `save_state` on every rank writes.
 
     ## Fix safety
-    There is no automatic fix: which part of the guarded block must move out
-    of the guard depends on the script. `save_state`, `save_model` and
-    `get_state_dict` are errors when the script or its launch configuration
-    selects FSDP or DeepSpeed, warnings otherwise (they are local under DDP,
-    but the script hangs once it is launched with a sharded backend).
+    The fix is unsafe: statements move. It takes the collective out of the
+    guard, with the `if` conditions around it and the assignments that set
+    up its arguments (`save_path = ...`); a value-returning collective nested
+    in a larger statement (`save_pretrained(d,
+    state_dict=accelerator.get_state_dict(m))`) is first bound to a new name
+    on every rank. Every other statement (checkpoint rotation, logging,
+    uploads) stays under a copy of the guard's test, in its place, so the
+    main process runs what it ran before, in the same order. It is safe when
+    the hoisted conditions and set-up values are the same on every rank
+    (step counters, `args.*`) and the moved assignments have no side
+    effects: lintdist checks that they read no rank, no per-rank value
+    (`.item()`, a rank-derived name) and call only pure helpers
+    (`os.path.join`, `unwrap_model`, ...), but cannot prove that the values
+    agree, and the other ranks now also evaluate them. No fix is offered when
+    the collective sits in a helper, under an early `return` or a decorator
+    guard, in a `for`/`with`/`try` block or an `else` of the guard, when a
+    condition or set-up reads the rank, when the rank-0 code can leave the
+    block early, or when a name the moved code binds is read elsewhere.
+    `save_state`, `save_model` and `get_state_dict` are errors when the
+    script or its launch configuration selects FSDP or DeepSpeed, warnings
+    otherwise.
 
     ## References
-    - accelerate `Accelerator.get_state_dict`, `save_model` and `save_state`
-      (FSDP and DeepSpeed paths gather the shards on every process)
+    - accelerate `Accelerator.save_state` (FSDP: `save_fsdp_model`; DeepSpeed:
+      `model.save_checkpoint` at every stage; per-rank
+      `random_states_<i>.pkl`), `get_state_dict` and `save_model`
     - accelerate issue #2000: `save_state` under `is_main_process` hangs with FSDP
+    - diffusers issue #2606: `save_state` hangs with DeepSpeed
     - `torch.distributed` collective communication documentation: "all
       processes in the group must call this function"
     """
@@ -154,7 +198,7 @@ class CollectiveInRankGuard(Rule):
     code = "LD405"
     name = "collective-in-rank-guard"
     severity = Severity.ERROR
-    fix_kind = "none"
+    fix_kind = "unsafe"
     triggers = ("distributed", "accelerat", "deepspeed")
     # a main-process guard, and a collective
     also_triggers = (
@@ -221,6 +265,50 @@ for batch in loader:
         print(losses.mean())
 """,
             lines=(7,),
+            unsafe_fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for batch in loader:
+    loss = model(batch)
+    losses = accelerator.gather(loss)
+    if accelerator.is_main_process:
+        print(losses.mean())
+""",
+        ),
+        Invalid(
+            """\
+import os
+
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for step, batch in enumerate(loader):
+    global_step += 1
+    if accelerator.is_main_process:
+        if global_step % args.checkpointing_steps == 0:
+            prune_checkpoints(args.output_dir)  # keep the last three
+            save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+            accelerator.save_state(save_path)
+            print(f"saved {save_path}")
+""",
+            lines=(12,),
+            unsafe_fixed="""\
+import os
+
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+for step, batch in enumerate(loader):
+    global_step += 1
+    if global_step % args.checkpointing_steps == 0:
+        if accelerator.is_main_process:
+            prune_checkpoints(args.output_dir)  # keep the last three
+        save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+        accelerator.save_state(save_path)
+        if accelerator.is_main_process:
+            print(f"saved {save_path}")
+""",
         ),
         Invalid(
             """\
@@ -248,23 +336,41 @@ def save(output_dir):
     accelerator.wait_for_everyone()
     accelerator.save_model(model, output_dir)
 """,
-            lines=(8, 9),
+            lines=(8,),
         ),
     )
 
     def finish(self) -> None:
         facts = self.facts
+        found: dict[int, list[tuple[cst.Call, str, cst.CSTNode, cst.Call | None, bool]]] = {}
         for call in facts.calls:
             what = self._collective(call)
             if what is None:
                 continue
-            found = self._main_only(call, 0)
-            if found is None:
-                continue
-            guard, via = found
+            hit = self._main_only(call, 0)
+            either = False
+            if hit is None:
+                guard = self._deepspeed_or_main(call)
+                if guard is None:
+                    continue
+                hit, either = (guard, None), True
+            guard, via = hit
             if self._joined_by_others(via or call):
                 continue
-            self._report(call, what, guard, via)
+            found.setdefault(id(guard), []).append((call, what, guard, via, either))
+        order = facts.index.order
+        for group in found.values():
+            # one finding per guarded block, at the first collective it reaches
+            group.sort(key=lambda item: (order(item[3] or item[0]), order(item[0])))
+            call, what, guard, via, either = group[0]
+            if either and not self._either_applies(what):
+                continue
+            anchors: list[cst.CSTNode] = []
+            for item in group:
+                anchor = item[3] or item[0]
+                if all(anchor is not a for a in anchors):
+                    anchors.append(anchor)
+            self._report(call, what, guard, via, either, anchors)
 
     # -- what is a collective ---------------------------------------------------------------
 
@@ -395,29 +501,114 @@ def save(output_dir):
             return True
         return isinstance(call.func, cst.Attribute) and call.func.attr.value == "wait_for_everyone"
 
+    def _deepspeed_or_main(self, call: cst.Call) -> cst.If | None:
+        """``if accelerator.distributed_type == DistributedType.DEEPSPEED or accelerator.is_main_process:`` (either
+        order) around ``call`` in its function: every rank enters it under DeepSpeed, only the main process under
+        FSDP, DDP or any other backend."""
+        facts = self.facts
+        child = call
+        for ancestor in facts.ancestors(call):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.If) and child is ancestor.body:
+                operands = _or_operands(ancestor.test)
+                mains = [o for o in operands if facts.main_when(o, True)]
+                if len(operands) > 1 and mains and all(o in mains or _is_deepspeed_test(o) for o in operands):
+                    return ancestor
+            child = ancestor
+        return None
+
+    def _either_applies(self, what: str) -> bool:
+        """Under a DeepSpeed-or-main guard: silent when the launch selects DeepSpeed (every rank enters), or, for
+        `save_state`/`save_model`/`get_state_dict`, a backend other than FSDP (no gather to hang in)."""
+        backend = self._backend()
+        if backend == "DEEPSPEED":
+            return False
+        return not (what == "sharded" and backend is not None and backend != "FSDP")
+
     # -- the report -------------------------------------------------------------------------
 
-    def _report(self, call: cst.Call, what: str, guard: cst.CSTNode, via: cst.Call | None) -> None:
+    def _report(
+        self,
+        call: cst.Call,
+        what: str,
+        guard: cst.CSTNode,
+        via: cst.Call | None,
+        either: bool,
+        anchors: list[cst.CSTNode],
+    ) -> None:
         callee = get_full_name_for_node(call.func) or "this call"
+        method = self.facts.method_name(call)
         where = f"the main-process guard at line {self.context.span(guard).line}"
         if via is not None:
             helper = get_full_name_for_node(via.func) or "a helper"
             where = f"`{helper}()` called under {where}, line {self.context.span(via).line}"
         severity = None
-        if what == "sharded":
+        tail = ""
+        if what == "sharded" and method == "save_state":
+            does = (
+                "is a collective under FSDP and under DeepSpeed at every ZeRO stage (the engine's `save_checkpoint`), "
+                "and under any backend with `automatic_checkpoint_naming` (it calls `wait_for_everyone()`)"
+            )
+            tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
+            sharded = self._sharded_backend()
+            remedy = (
+                "call it on every rank (it writes the model and optimizer files on the main process only) and keep "
+                "only the rank-0 file work (checkpoint rotation, logging, uploads) under the guard"
+            )
+        elif what == "sharded":
             does = "gathers the model's shards under FSDP and DeepSpeed ZeRO-3"
-            if not self._sharded_backend():
-                severity = Severity.WARNING
-                does += " (it hangs once the script is launched with one of them)"
-            remedy = ALL_RANKS_PATTERN
+            sharded = self._sharded_backend()
+            remedy = SAVE_MODEL_REMEDY if method == "save_model" else ALL_RANKS_PATTERN
         else:
-            does = "is a collective"
+            does, sharded = "is a collective", True
             remedy = "call it on every rank and keep only the file writes and logging under the guard"
+        if not sharded:
+            severity = Severity.WARNING
+            does += " (it hangs once the script is launched with FSDP or DeepSpeed)"
+        does += tail
+        if either:
+            where = (
+                f"the guard at line {self.context.span(guard).line} lets every rank in under DeepSpeed only: under "
+                "FSDP (or any other backend) only the main process reaches it"
+            )
+            severity = Severity.ERROR if self._backend() == "FSDP" or self._fsdp_in_code() else Severity.WARNING
+        fix, why_not = None, ""
+        if via is not None:
+            why_not = "the collective sits in a helper that also writes files"
+        elif not isinstance(guard, cst.If):
+            why_not = "the guard is an early `return` or a decorator"
+        else:
+            try:
+                statements, _ = _Hoist(self.facts, guard, anchors).fix()
+            except _NoFix as reason:
+                why_not = str(reason)
+            else:
+                fix = Fix(
+                    Applicability.UNSAFE,
+                    "Call the collective on every rank; keep the rank-0 work under the guard",
+                    replacements=((guard, cst.FlattenSentinel(statements)),),
+                )
         message = (
             f"`{callee}()` {does}, but only the main process reaches it ({where}): the other ranks never join "
             f"and the job hangs; {remedy}"
         )
-        self.report(call, message, severity=severity)
+        if why_not:
+            message += f" (no automatic fix: {why_not})"
+        self.report(call, message, severity=severity, fix=fix)
+
+    def _backend(self) -> str | None:
+        settings = self.context.settings
+        backend = settings.distributed_type if settings is not None else None
+        return str(backend.value).upper() if backend is not None else None
+
+    def _fsdp_in_code(self) -> bool:
+        facts = self.facts
+        return any(
+            facts.callee_is(call, FSDP_PLUGINS)
+            or (facts.callee_is(call, ACCELERATOR_CLASSES) and argument_of(call, "fsdp_plugin", None) is not None)
+            for call in facts.calls
+        )
 
     def _sharded_backend(self) -> bool:
         settings = self.context.settings
@@ -433,6 +624,24 @@ def save(output_dir):
             )
             for call in facts.calls
         )
+
+
+def _or_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        return [*_or_operands(test.left), *_or_operands(test.right)]
+    return [test]
+
+
+def _is_deepspeed_test(test: cst.BaseExpression) -> bool:
+    """``<x>.distributed_type == DistributedType.DEEPSPEED`` (or ``is``)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    if not isinstance(target.operator, (cst.Equal, cst.Is)):
+        return False
+    left = (get_full_name_for_node(test.left) or "").rsplit(".", 1)[-1]
+    right = (get_full_name_for_node(target.comparator) or "").rsplit(".", 1)[-1]
+    return {left, right} == {"distributed_type", "DEEPSPEED"}
 
 
 def _single_process(test: cst.BaseExpression) -> bool:
@@ -467,3 +676,474 @@ def _is_true(value: cst.BaseExpression | None) -> bool:
 
 def _mentions(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
     return any(node.value in names for node in facts.within(expr, cst.Name))
+
+
+# -- the fix: call the collective on every rank, keep the rank-0 work guarded ---------------------------------
+
+# Calls that read nothing per rank and write nothing: they may run on every rank (argument set-up, conditions).
+PURE_FUNCTIONS = frozenset(
+    {f"os.path.{name}" for name in ("join", "basename", "dirname", "splitext", "abspath", "expanduser")}
+    | {"pathlib.Path", "pathlib.PurePath"}
+)
+PURE_BUILTINS = frozenset(
+    {"str", "int", "float", "bool", "len", "isinstance", "min", "max", "abs", "round", "tuple", "list", "repr"}
+)
+PURE_METHODS = frozenset({"unwrap_model", "format", "join"})
+# Names whose value differs between ranks, or that make per-rank data: a condition or set-up that reads one is not
+# hoisted.
+PER_RANK_NAMES = (
+    RANK_NAMES
+    | RANK_GETTERS
+    | MAIN_FLAGS
+    | frozenset({"RANK", "LOCAL_RANK", "is_last_process", "local_main_process_first", "main_process_first", "device"})
+)
+PER_RANK_METHODS = frozenset({"item", "tolist", "cpu", "detach", "numpy", "mean", "sum", "compute", "backward"})
+# Collectives that return a value, so that a call nested in a larger statement can be bound to a name first.
+VALUE_COLLECTIVES = frozenset({"get_state_dict", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+_ESCAPES = (cst.Return, cst.Break, cst.Continue)
+
+
+class _NoFix(Exception):
+    """Why the guarded block cannot be split (the message names it)."""
+
+
+class _Hoist:
+    """Rewrites ``if <main>: ...`` so that the collectives in it run on every rank.
+
+    A statement of the guarded block that holds a collective either is the call itself (``accelerator.save_state(p)``
+    or ``sd = accelerator.get_state_dict(m)``): it leaves the guard; or holds it as an argument
+    (``m.save_pretrained(d, state_dict=accelerator.get_state_dict(m))``): the call is bound to a new name on every rank
+    and the statement stays guarded; or is an ``if`` whose condition reads no rank: the ``if`` leaves the guard and its
+    blocks are split the same way. The statements that set up the call's arguments (``save_path = ...``) leave with
+    it; every other statement stays under a copy of the guard's test, in its place, so the main process runs the
+    same statements in the same order as before."""
+
+    def __init__(self, facts, guard: cst.If, anchors: list[cst.CSTNode]) -> None:
+        self.facts = facts
+        self.guard = guard
+        self.anchors = anchors
+        self.function = facts.enclosing_function(guard)
+        self.scope = self.function if self.function is not None else facts.index.module
+        self.bound: set[str] = set()  # names the statements leaving the guard bind
+        self.taken: set[str] = set()
+        self.header_used = False
+
+    def fix(self) -> tuple[list[cst.BaseStatement], set[str]]:
+        guard, facts = self.guard, self.facts
+        if guard.orelse is not None:
+            raise _NoFix("the guard has an `else` branch")
+        if not isinstance(guard.body, cst.IndentedBlock) or not isinstance(
+            facts.parent(guard), (cst.IndentedBlock, cst.Module)
+        ):
+            raise _NoFix("the guard is not a plain `if` block")
+        if any(line.comment is not None for line in guard.body.footer):
+            raise _NoFix("a comment closes the guarded block")
+        if facts.rank_guard(guard) is not None or self._outer_guard(guard):
+            raise _NoFix("the guard sits inside another main-process guard")
+        mains, rest = _split_conjuncts(facts, guard.test)
+        if not mains:
+            self.test = guard.test
+        else:
+            # `if accelerator.is_main_process and step % k == 0:`: the step test wraps the split block
+            for part in rest:
+                self._check_uniform(part, "condition")
+            self.test = _conjunction(mains)
+        statements, needed = self._split(list(guard.body.body), set())
+        if rest:
+            needed |= set().union(*(self._reads(part) for part in rest))
+            header = cst.TrailingWhitespace() if self.header_used else guard.body.header
+            self.header_used = True
+            statements = [
+                cst.If(
+                    test=_conjunction(rest),
+                    body=cst.IndentedBlock(body=statements, header=header),
+                )
+            ]
+        if not self.header_used and guard.body.header.comment is not None:
+            raise _NoFix("the guard's comment would have no place")
+        self._check_available(needed)
+        self._check_bound_names()
+        first = statements[0]
+        statements[0] = first.with_changes(leading_lines=(*guard.leading_lines, *first.leading_lines))
+        return statements, needed
+
+    def _outer_guard(self, guard: cst.If) -> bool:
+        """Another main-only ``if`` (or the DeepSpeed-or-main form) encloses ``guard`` in its function."""
+        facts = self.facts
+        child: cst.CSTNode = guard
+        for ancestor in facts.ancestors(guard):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            if (
+                isinstance(ancestor, cst.If)
+                and child is ancestor.body
+                and any(facts.main_when(o, True) for o in [*_or_operands(ancestor.test), ancestor.test])
+            ):
+                return True
+            child = ancestor
+        return False
+
+    # -- splitting blocks ---------------------------------------------------------------------
+
+    def _holds_anchor(self, node: cst.CSTNode) -> bool:
+        return any(a is node or self.facts.is_within(a, node) for a in self.anchors)
+
+    def _split(self, statements: list[cst.BaseStatement], needed: set[str]) -> tuple[list[cst.BaseStatement], set]:
+        """The statements of one block, with the collectives out of the guard; ``needed``: the names the statements
+        after this block read on every rank (in), and those this block's statements read on every rank (out)."""
+        items: list[tuple[bool, cst.BaseStatement]] = []  # (on every rank, statement), in reverse
+        for statement in reversed(statements):
+            if self._holds_anchor(statement):
+                if isinstance(statement, cst.SimpleStatementLine):
+                    shared, kept, needed = self._split_line(statement, needed)
+                    if kept is not None:
+                        items.append((False, kept))
+                    items.extend((True, s) for s in reversed(shared))
+                elif isinstance(statement, cst.If):
+                    new, needed = self._split_if(statement, needed)
+                    items.append((True, new))
+                else:
+                    raise _NoFix(f"the call sits in a `{_keyword(statement)}` block under the guard")
+                continue
+            bound = self._bound(statement)
+            if bound & needed:
+                needed = self._setup(statement, bound, needed)
+                items.append((True, statement))
+                continue
+            if items and items[-1][0] and bound and self._movable(statement, bound):
+                # a pure assignment just before the shared code leaves with it rather than split the guard
+                needed = self._setup(statement, bound, needed)
+                items.append((True, statement))
+                continue
+            self._check_stays(statement)
+            items.append((False, statement))
+        items.reverse()
+        out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []
+        for shared, statement in items:
+            if shared:
+                if run:
+                    out.append(self._guarded(run))
+                    run = []
+                out.append(statement)
+            else:
+                run.append(statement)
+        if run:
+            out.append(self._guarded(run))
+        return out, needed
+
+    def _split_if(self, statement: cst.If, needed: set[str]) -> tuple[cst.If, set[str]]:
+        self._check_uniform(statement.test, "condition")
+        body, inner = self._split(list(_block(statement.body)), set(needed))
+        orelse = statement.orelse
+        other = set(needed)
+        if isinstance(orelse, cst.If):
+            orelse, other = self._split_if(orelse, set(needed))
+        elif isinstance(orelse, cst.Else):
+            else_body, other = self._split(list(_block(orelse.body)), set(needed))
+            orelse = orelse.with_changes(body=orelse.body.with_changes(body=else_body))
+        new = statement.with_changes(body=statement.body.with_changes(body=body), orelse=orelse)
+        return new, inner | other | self._reads(statement.test)
+
+    def _split_line(
+        self, line: cst.SimpleStatementLine, needed: set[str]
+    ) -> tuple[list[cst.SimpleStatementLine], cst.SimpleStatementLine | None, set[str]]:
+        """A line with a collective: it leaves the guard, or its collectives are bound to names on every rank first."""
+        if len(line.body) != 1:
+            raise _NoFix("the call shares its line with other statements")
+        small = line.body[0]
+        anchors = [a for a in self.anchors if a is small or self.facts.is_within(a, small)]
+        whole = (isinstance(small, cst.Expr) and small.value in anchors) or (
+            isinstance(small, cst.Assign)
+            and small.value in anchors
+            and all(isinstance(t.target, cst.Name) for t in small.targets)
+        )
+        if whole:
+            self._check_call(small.value if isinstance(small, (cst.Expr, cst.Assign)) else small)
+            bound = self._bound(line)
+            self.bound |= bound
+            return [line], None, (needed - bound) | self._reads(line)
+        shared: list[cst.SimpleStatementLine] = []
+        kept = line
+        reads: set[str] = set()
+        for anchor in anchors:
+            if not isinstance(anchor, cst.Call) or self.facts.method_name(anchor) not in VALUE_COLLECTIVES:
+                raise _NoFix("the call is part of a larger statement")
+            self._check_extractable(anchor, small)
+            self._check_call(anchor)
+            name = self._new_name(anchor)
+            self.bound.add(name)
+            shared.append(
+                cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=anchor)])
+            )
+            kept = kept.deep_replace(anchor, cst.Name(name))
+            reads |= self._reads(anchor)
+        if shared:
+            shared[0] = shared[0].with_changes(leading_lines=line.leading_lines)
+            kept = kept.with_changes(leading_lines=())
+        return shared, kept, needed | reads
+
+    def _guarded(self, run: list[cst.BaseStatement]) -> cst.If:
+        """The statements of ``run`` under a copy of the guard (its comments stay in place)."""
+        first = run[0]
+        header = self.guard.body.header
+        if self.header_used:
+            header = cst.TrailingWhitespace()
+        self.header_used = True
+        return self.guard.with_changes(
+            test=self.test.deep_clone(),
+            body=self.guard.body.with_changes(
+                header=header, body=[first.with_changes(leading_lines=()), *run[1:]], footer=()
+            ),
+            leading_lines=first.leading_lines,
+        )
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _setup(self, statement: cst.BaseStatement, bound: set[str], needed: set[str], dry: bool = False) -> set[str]:
+        """A statement that sets up what the call reads: it must run on every rank, so it must be a plain
+        assignment of a value every rank computes alike, with no side effect."""
+        names = ", ".join(f"`{n}`" for n in sorted(bound & needed))
+        if not (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and isinstance(statement.body[0], (cst.Assign, cst.AnnAssign))
+            and statement.body[0].value is not None
+            and all(isinstance(t.target, cst.Name) for t in getattr(statement.body[0], "targets", ()))
+        ):
+            raise _NoFix(f"{names}, which the call reads, is set by rank-0 code that cannot leave the guard")
+        self._check_uniform(statement.body[0].value, f"set-up of {names}")
+        if dry:
+            return needed
+        self.bound |= bound
+        return (needed - bound) | self._reads(statement)
+
+    def _movable(self, statement: cst.BaseStatement, bound: set[str]) -> bool:
+        try:
+            self._setup(statement, bound, set(), dry=True)
+        except _NoFix:
+            return False
+        if self._read_outside(bound):
+            return False
+        return not self.facts.within(statement, cst.Call) or all(
+            self._pure(c) for c in self.facts.within(statement, cst.Call)
+        )
+
+    def _check_stays(self, statement: cst.BaseStatement) -> None:
+        """A statement that stays guarded must not leave the block early on the main process only."""
+        for node in self.facts.within(statement, *_ESCAPES):
+            if isinstance(node, cst.Return) or not any(
+                isinstance(a, (cst.For, cst.While)) and self.facts.is_within(a, statement)
+                for a in self.facts.ancestors(node)
+            ):
+                raise _NoFix("the rank-0 code under the guard can leave the block early (`return`/`break`)")
+
+    def _check_call(self, call: cst.CSTNode) -> None:
+        args = call.args if isinstance(call, cst.Call) else ()
+        for arg in args:
+            self._check_uniform(arg.value, "argument of the call")
+
+    def _check_uniform(self, expr: cst.BaseExpression, what: str, depth: int = 0) -> None:
+        """``expr`` has the same value on every rank as far as lintdist can tell: it reads no rank and no per-rank
+        value, and calls nothing but pure helpers."""
+        facts = self.facts
+        for string in facts.within(expr, cst.SimpleString):
+            if "RANK" in string.value:
+                raise _NoFix(f"the {what} reads the rank")
+        for call in facts.within(expr, cst.Call):
+            if not self._pure(call):
+                callee = get_full_name_for_node(call.func) or "a call"
+                raise _NoFix(f"the {what} calls `{callee}()`, which may differ between ranks")
+        for name in facts.within(expr, cst.Name):
+            if name.value in PER_RANK_NAMES:
+                raise _NoFix(f"the {what} reads the rank (`{name.value}`)")
+        for name in self._read_names(expr):
+            if depth >= 2:
+                continue
+            for binding in facts.bindings(name.value, expr):
+                if self.facts.is_within(binding.statement, self.guard):
+                    continue  # checked where it stands
+                if any(facts.method_name(c) in PER_RANK_METHODS for c in facts.within(binding.value, cst.Call)):
+                    raise _NoFix(f"the {what} reads `{name.value}`, a per-rank value")
+                for inner in facts.within(binding.value, cst.Name):
+                    if inner.value in PER_RANK_NAMES:
+                        raise _NoFix(f"the {what} reads `{name.value}`, which derives from the rank")
+
+    def _pure(self, call: cst.Call) -> bool:
+        facts = self.facts
+        if (
+            isinstance(call.func, cst.Name)
+            and call.func.value in PURE_BUILTINS
+            and not facts.bindings(call.func.value, call)
+        ):
+            return True
+        if facts.qualified_names(call.func) & PURE_FUNCTIONS:
+            return True
+        method = facts.method_name(call)
+        if method == "unwrap_model":
+            return True
+        if method in PURE_METHODS and isinstance(call.func, cst.Attribute):
+            return isinstance(call.func.value, (cst.SimpleString, cst.ConcatenatedString))
+        return False
+
+    def _check_extractable(self, call: cst.Call, small: cst.BaseSmallStatement) -> None:
+        """``call`` can be evaluated before the rest of its statement: it is not inside a lambda, a comprehension or
+        a conditional expression, and whatever the statement evaluates before it is pure."""
+        facts = self.facts
+        for ancestor in facts.ancestors(call):
+            if ancestor is small:
+                break
+            if isinstance(
+                ancestor,
+                (
+                    cst.Lambda,
+                    cst.IfExp,
+                    cst.BooleanOperation,
+                    cst.ListComp,
+                    cst.SetComp,
+                    cst.DictComp,
+                    cst.GeneratorExp,
+                ),
+            ):
+                raise _NoFix("the call is evaluated conditionally inside its statement")
+        order = facts.index.order(call)
+        for other in facts.within(small, cst.Call):
+            if facts.index.order(other) < order and not facts.is_within(call, other) and not self._pure(other):
+                raise _NoFix("the statement calls other code before the collective")
+
+    def _check_available(self, needed: set[str]) -> None:
+        """What the moved statements read is set on every rank before the guard."""
+        facts = self.facts
+        for name in sorted(needed):
+            for binding in facts.bindings(name, self.guard):
+                if facts.is_within(binding.statement, self.guard):
+                    continue
+                if facts.rank_guard(binding.statement) is not None:
+                    raise _NoFix(f"`{name}`, which the call reads, is set only on the main process")
+
+    def _check_bound_names(self) -> None:
+        """The names the moved statements bind are read nowhere else: on the other ranks they would now hold a
+        value where they held none (or an older one)."""
+        for name in self._read_outside(self.bound):
+            raise _NoFix(f"`{name.value}`, set under the guard, is also read outside it")
+
+    def _read_outside(self, names: set[str]) -> list[cst.Name]:
+        facts = self.facts
+        return [
+            name
+            for name in self._read_names(self.scope)
+            if name.value in names and not facts.is_within(name, self.guard) and not self._set_before(name)
+        ]
+
+    def _set_before(self, name: cst.Name) -> bool:
+        """An assignment of ``name`` runs before this read on every path: an earlier statement of a block that
+        holds the read (``save_path = ...; save_progress(save_path)``), outside the guard."""
+        facts = self.facts
+        child: cst.CSTNode = name
+        for ancestor in facts.ancestors(name):
+            if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
+                for statement in ancestor.body:
+                    if statement is child:
+                        break
+                    if (
+                        isinstance(statement, cst.SimpleStatementLine)
+                        and statement is not self.guard
+                        and any(
+                            isinstance(small, cst.Assign) and any(_is_name(t.target, name.value) for t in small.targets)
+                            for small in statement.body
+                        )
+                    ):
+                        return True
+            if ancestor is self.scope:
+                return False
+            child = ancestor
+        return False
+
+    def _new_name(self, call: cst.Call) -> str:
+        first = call.args[0].value if call.args else None
+        while isinstance(first, cst.Call):  # `get_state_dict(accelerator.unwrap_model(model))`: name it after `model`
+            first = first.args[0].value if first.args else None
+        stem = get_full_name_for_node(first) if first is not None else None
+        stem = stem.rsplit(".", 1)[-1] if stem else ""
+        suffix = "state_dict" if self.facts.method_name(call) == "get_state_dict" else "gathered"
+        used = {n.value for n in self.facts.within(self.scope, cst.Name)} | self.taken
+        for candidate in (f"{stem}_{suffix}" if stem else suffix, f"{stem}_{suffix}_all" if stem else f"{suffix}_all"):
+            if candidate.isidentifier() and candidate not in used:
+                self.taken.add(candidate)
+                return candidate
+        raise _NoFix("no free name for the collective's result")
+
+    # -- names ------------------------------------------------------------------------------
+
+    def _read_names(self, node: cst.CSTNode) -> list[cst.Name]:
+        """The names ``node`` reads: not attribute names, keywords or assignment targets."""
+        facts = self.facts
+        skip: set[int] = set()
+        for attribute in facts.within(node, cst.Attribute):
+            skip.add(id(attribute.attr))
+        for arg in facts.within(node, cst.Arg):
+            if arg.keyword is not None:
+                skip.add(id(arg.keyword))
+        for target in facts.within(node, cst.AssignTarget):
+            if isinstance(target.target, cst.Name):
+                skip.add(id(target.target))
+        return [n for n in facts.within(node, cst.Name) if id(n) not in skip]
+
+    def _reads(self, node: cst.CSTNode) -> set[str]:
+        return {n.value for n in self._read_names(node)}
+
+    def _bound(self, statement: cst.CSTNode) -> set[str]:
+        """The names a statement binds (assignments, loop and ``with`` targets, walrus), at any depth."""
+        facts = self.facts
+        names: set[str] = set()
+        targets: list[cst.CSTNode] = []
+        for node in facts.within(statement, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName):
+            if isinstance(node, cst.AsName):
+                targets.append(node.name)
+            elif isinstance(node, cst.AssignTarget):
+                targets.append(node.target)
+            else:
+                targets.append(node.target)
+        for node in facts.within(statement, cst.NamedExpr):
+            targets.append(node.target)
+        for target in targets:
+            names |= {n.value for n in facts.within(target, cst.Name)}
+        return names
+
+
+def _block(body: cst.BaseSuite) -> tuple[cst.BaseStatement, ...]:
+    if not isinstance(body, cst.IndentedBlock):
+        raise _NoFix("a one-line `if` holds the call")
+    return tuple(body.body)
+
+
+def _keyword(statement: cst.CSTNode) -> str:
+    return {cst.For: "for", cst.While: "while", cst.With: "with", cst.Try: "try"}.get(type(statement), "compound")
+
+
+def _split_conjuncts(facts, test: cst.BaseExpression) -> tuple[list, list]:
+    """The conjuncts of ``test`` that imply the main process, and the others (none split off for a single test)."""
+    if not (isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And)):
+        return [], []
+    parts: list[cst.BaseExpression] = []
+    pending = [test]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And) and not node.lpar:
+            pending.extend((node.right, node.left))
+        else:
+            parts.append(node)
+    mains = [p for p in parts if facts.main_when(p, True)]
+    return mains, [p for p in parts if all(p is not m for m in mains)]
+
+
+def _conjunction(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
+    code = cst.Module([]).code_for_node
+    try:
+        return cst.parse_expression(" and ".join(code(p) for p in parts))
+    except cst.ParserSyntaxError as error:
+        raise _NoFix("the guard's condition cannot be split") from error
+
+
+def _is_name(node: cst.CSTNode, value: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == value
