@@ -177,3 +177,20 @@ def _assigned(facts: PythonFacts, node: cst.CSTNode) -> bool:
 
 def _same(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
     return get_full_name_for_node(a) == get_full_name_for_node(b) and get_full_name_for_node(a) is not None
+
+
+class _ReplaceNodes(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def replace_nodes(tree: cst.CSTNode, replacements) -> cst.CSTNode:
+    """``tree`` with each ``(old, new)`` pair applied in one pass, ``old`` found by identity (a node of ``tree``).
+
+    How the engine applies a fix's replacements; a rule uses it to make several edits inside one node it
+    replaces (``deep_replace`` copies the tree, so a second original node would no longer be found)."""
+    return tree.visit(_ReplaceNodes({id(old): new for old, new in replacements}))

@@ -184,18 +184,10 @@ def _finish(rule: Rule, context: FileContext) -> None:
 # -- fixes ----------------------------------------------------------------------------------
 
 
-class _ReplaceNodes(cst.CSTTransformer):
-    def __init__(self, replacements: dict[int, cst.CSTNode]) -> None:
-        super().__init__()
-        self.replacements = replacements
-
-    def on_leave(self, original_node, updated_node):
-        return self.replacements.get(id(original_node), updated_node)
-
-
 def apply_python_fixes(module: cst.Module, fixes: list[Fix]) -> str:
-    replacements = {id(old): new for fix in fixes for old, new in fix.replacements}
-    updated = module.visit(_ReplaceNodes(replacements))
+    from lintdist.edits import replace_nodes
+
+    updated = replace_nodes(module, [pair for fix in fixes for pair in fix.replacements])
     imports = sorted({item for fix in fixes for item in fix.imports})
     if imports:
         # libcst's codemod machinery is heavy to import: loaded only when a fix adds an import.

@@ -7,6 +7,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import replace_nodes
 from lintdist.facts import BACKWARD_METHODS, argument_of
 from lintdist.labels import LabelFacts
 from lintdist.loop import (
@@ -114,7 +115,8 @@ class TokenLossNotGlobal(Rule):
     Safe, for the accelerate loop as it is written in the wild (the
     `*_no_trainer.py` examples and their kin): a `for` over the loader (plain,
     `enumerate(...)` or `tqdm(...)`) whose body holds, once per batch, a
-    `with accelerator.accumulate(model):` block whose only backward is
+    `with accelerator.accumulate(model):` block (or, where the accelerator
+    does not accumulate, the backward call itself) whose only backward is
     `accelerator.backward(loss)`, `loss` being the model's `.loss` (a
     `transformers` causal-LM, masked-LM, seq2seq-LM or token-classification
     head, or a local class named like one) called with `**batch` or
@@ -673,8 +675,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             args=[cst.Arg(call.args[0].value), cst.Arg(cst.Name(batch))],
         )
         new_call = call.with_changes(args=[call.args[0].with_changes(value=scaled), *call.args[1:]])
-        new_loop = loop.deep_replace(source, cst.Name(name))
-        new_loop = new_loop.deep_replace(_find(new_loop, call), new_call).with_changes(leading_lines=())
+        new_loop = replace_nodes(loop, ((source, cst.Name(name)), (call, new_call))).with_changes(leading_lines=())
         return Fix(
             Applicability.SAFE,
             "Iterate the loader through `TokenWindows` and scale the loss passed to `backward` with `scale_mean`",
@@ -721,17 +722,6 @@ def _is_call_of(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
 def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
     first = call.args[0] if call.args else None
     return first.value if first is not None and first.keyword is None and not first.star else None
-
-
-def _find(tree: cst.CSTNode, original: cst.Call) -> cst.CSTNode:
-    """The node of ``tree`` (a copy made by ``deep_replace``) that is ``original`` (equal code, same position)."""
-    return next(node for node in _walk(tree) if node.deep_equals(original))
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 _REMEDY = (

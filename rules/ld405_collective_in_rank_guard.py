@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import replace_nodes
 from lintdist.facts import (
     ACCELERATOR_CLASSES,
     MAIN_FLAGS,
@@ -864,7 +865,7 @@ class _Hoist:
             self.bound |= bound
             return [line], None, (needed - bound) | self._reads(line)
         shared: list[cst.SimpleStatementLine] = []
-        kept = line
+        swaps: list[tuple[cst.CSTNode, cst.Name]] = []
         reads: set[str] = set()
         for anchor in anchors:
             if not isinstance(anchor, cst.Call) or self.facts.method_name(anchor) not in VALUE_COLLECTIVES:
@@ -876,8 +877,10 @@ class _Hoist:
             shared.append(
                 cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=anchor)])
             )
-            kept = kept.deep_replace(anchor, cst.Name(name))
+            swaps.append((anchor, cst.Name(name)))
             reads |= self._reads(anchor)
+        # in one pass: `deep_replace` copies the line, so a second anchor would no longer be found in it
+        kept = replace_nodes(line, swaps)
         if shared:
             shared[0] = shared[0].with_changes(leading_lines=line.leading_lines)
             kept = kept.with_changes(leading_lines=())
