@@ -604,24 +604,21 @@ def save(output_dir):
         return str(backend.value).upper() if backend is not None else None
 
     def _fsdp_in_code(self) -> bool:
-        facts = self.facts
-        return any(
-            facts.callee_is(call, FSDP_PLUGINS)
-            or (facts.callee_is(call, ACCELERATOR_CLASSES) and argument_of(call, "fsdp_plugin", None) is not None)
-            for call in facts.calls
-        )
+        return self._plugin_in_code(FSDP_PLUGINS, ("fsdp_plugin",))
 
     def _sharded_backend(self) -> bool:
-        settings = self.context.settings
-        backend = settings.distributed_type if settings is not None else None
-        if backend is not None and str(backend.value).upper() in SHARDED_BACKENDS:
-            return True
+        return self._backend() in SHARDED_BACKENDS or self._plugin_in_code(
+            SHARDED_PLUGINS, ("fsdp_plugin", "deepspeed_plugin")
+        )
+
+    def _plugin_in_code(self, plugins: frozenset[str], keywords: tuple[str, ...]) -> bool:
+        """The script builds one of ``plugins``, or passes one of ``keywords`` to an ``Accelerator``."""
         facts = self.facts
         return any(
-            facts.callee_is(call, SHARDED_PLUGINS)
+            facts.callee_is(call, plugins)
             or (
                 facts.callee_is(call, ACCELERATOR_CLASSES)
-                and any(argument_of(call, k, None) is not None for k in ("fsdp_plugin", "deepspeed_plugin"))
+                and any(argument_of(call, k, None) is not None for k in keywords)
             )
             for call in facts.calls
         )
