@@ -1382,6 +1382,25 @@ class TrainingLoop:
             return Factor("accum")
         return Factor("other")
 
+    def count_sites(self, term: Term) -> list[cst.BaseExpression] | None:
+        """What a token count compares with the ignore index (``labels`` of ``labels.ne(-100)`` or
+        ``labels != -100``), following the names it is computed from; None when it counts some other way
+        (``count_nonzero``, a helper) or the comparison is chained."""
+        sites: dict[int, cst.BaseExpression] = {}
+        for node in self._closure(term.expr, term.at, 0):
+            if isinstance(node, cst.Call):
+                method = self.facts.method_name(node)
+                if method in {"count_nonzero", "count_loss_tokens", "global_token_count"}:
+                    return None
+                if method == "ne" and isinstance(node.func, cst.Attribute):
+                    sites[id(node.func.value)] = node.func.value
+            elif isinstance(node, cst.ComparisonTarget) and isinstance(node.operator, cst.NotEqual):
+                comparison = self.facts.parent(node)
+                if not isinstance(comparison, cst.Comparison) or len(comparison.comparisons) != 1:
+                    return None
+                sites[id(comparison.left)] = comparison.left
+        return list(sites.values())
+
     def _closure(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> list[cst.CSTNode]:
         """The nodes of ``expr`` that ``_classify`` reads, of what its names can hold, and so on (bounded)."""
         facts = self.facts

@@ -135,6 +135,14 @@ class TokenLossNotGlobal(Rule):
     counted), that changes the batch's labels, runs two backward passes, or
     scales the loss itself; custom losses, raw DDP and Lightning (see above).
 
+    A loop that already counts the step's tokens but counts every label of a
+    causal LM (`batch["labels"].ne(-100)`, `labels != -100`) gets a safe fix of
+    that count alone: `batch["labels"][..., 1:].ne(-100)`, the positions
+    the model predicts (transformers' `ForCausalLMLoss` pads and shifts the
+    labels). Not where the labels were shifted by hand before the model shifts
+    them again: that is LD111's finding, whose fix (`shift_labels=`) makes the
+    count of the pre-shifted labels the right one, so LD102 says nothing there.
+
     ## References
     - accelerate guide "Gradient accumulation", section on variable-size
       training samples (sum reduction, gathered `num_items_in_batch`)
@@ -480,6 +488,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 "ranks (`accelerator.gather(n).sum()` or `dist.all_reduce`) and multiply by the number of processes"
             )
         elif head == "causal" and not factor.shifted:
+            model_call = self.loop.model_call(chain.base_expr)
+            if model_call is not None and LabelFacts.of(self.facts).received(model_call).shifts:
+                # labels shifted by hand and shifted again by the model: LD111's finding, whose fix (`shift_labels=`)
+                # makes this count of the pre-shifted labels the right one; a count fix here would undo it
+                return
             problem = (
                 "counts every label, but a causal LM shifts its labels and never predicts the first position; count "
                 "`labels[..., 1:] != -100` (or use `TokenLossWindow(..., shifted=True)`)"
@@ -515,7 +528,41 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 count.at,
                 count.expr,
                 f"this token-normalised loss {problem}; or use `TokenLossWindow.scale_sum` from `lintdist.runtime`",
+                self._shift_count_fix(count) if problem.startswith("counts every label") else None,
             )
+
+    def _shift_count_fix(self, count: Term) -> Fix | None:
+        """``batch["labels"].ne(-100)`` (or ``labels != -100``) in a causal LM's count becomes
+        ``batch["labels"][..., 1:].ne(-100)``: the positions the model predicts. Only where the count compares
+        one labels expression, read by name or by a ``"labels"`` key, with the ignore index."""
+        sites = self.loop.count_sites(count)
+        if not sites or len(sites) != 1:
+            return None
+        labels = sites[0]
+        if isinstance(labels, cst.Subscript):
+            key = labels.slice[0].slice if len(labels.slice) == 1 else None
+            named = (
+                isinstance(key, cst.Index)
+                and isinstance(key.value, cst.SimpleString)
+                and "labels" in (key.value.evaluated_value or "")
+            )
+        else:
+            name = get_full_name_for_node(labels) if isinstance(labels, (cst.Name, cst.Attribute)) else None
+            named = name is not None and "labels" in name.rsplit(".", 1)[-1]
+        if not named or labels.lpar:
+            return None
+        shifted = cst.Subscript(
+            value=labels,
+            slice=[
+                cst.SubscriptElement(cst.Index(cst.Ellipsis())),
+                cst.SubscriptElement(cst.Slice(lower=cst.Integer("1"), upper=None)),
+            ],
+        )
+        return Fix(
+            Applicability.SAFE,
+            "Count only the labels a causal LM predicts (`[..., 1:]`)",
+            replacements=((labels, shifted),),
+        )
 
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
