@@ -110,6 +110,25 @@ UNWRAPPABLE = SYNCHRONIZING | {
 }
 STATE_CLASSES = ACCELERATOR_CLASSES | {"accelerate.PartialState", "accelerate.state.PartialState"}
 RUNTIME_IMPORT = ("lintdist.runtime", "main_process_first")
+STATE_IMPORT = ("accelerate", "PartialState")
+# `Accelerator(...)` keywords that do not reach `PartialState` (accelerate 1.15: `AcceleratorState` passes `cpu` and
+# the process-group kwargs handlers to it, and a DeepSpeed plugin selects the backend through the environment).
+STATE_NEUTRAL_KEYWORDS = frozenset(
+    {
+        "gradient_accumulation_steps",
+        "gradient_accumulation_plugin",
+        "mixed_precision",
+        "log_with",
+        "project_dir",
+        "project_config",
+        "step_scheduler_with_optimizer",
+        "split_batches",
+        "dispatch_batches",
+        "even_batches",
+        "rng_types",
+        "device_placement",
+    }
+)
 BARRIER_METHODS = frozenset({"barrier", "wait_for_everyone"})
 # Lightning runs `prepare_data` on one process per node and orders `setup` after it: not this rule's scope.
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning")
@@ -184,9 +203,20 @@ class PrepOutsideMainProcessFirst(Rule):
     `lintdist.runtime.main_process_first()` (exception-safe) and adds that
     import. That fix is unsafe when the helper has no call site in the file:
     a caller elsewhere might run it on the main process only, where the
-    block's barrier would hang. No fix is offered when the accelerator or
-    process group is only created after the call (the block would order
-    nothing), when the function is also called from a main-process-only
+    block's barrier would hang. When the script builds its `Accelerator` (or
+    `PartialState`) only after the call, later in the same function or
+    module, the fix wraps the call in
+    `with PartialState().main_process_first():` (importing `PartialState`
+    from accelerate). That fix is unsafe: it starts the process group at the
+    call instead of at the accelerator. It is offered only where that makes no
+    other difference: every `Accelerator(...)` of the script passes only
+    keywords that do not reach `PartialState` (not `cpu=`, which accelerate
+    1.15 refuses on a state already set up on a GPU, not `kwargs_handlers`,
+    which carry the process-group options, not a DeepSpeed plugin, which
+    picks the backend through the environment) and nothing else starts a
+    group. No fix is offered when an `init_process_group` starts the group only
+    after the call (the block would order nothing), when the function is also
+    called from a main-process-only
     branch, when the call is part of a compound statement's header, or when
     the statements would pull into the block a collective, a model load
     (`from_pretrained` gathers parameters under DeepSpeed ZeRO-3), a
@@ -341,6 +371,14 @@ raw = load_dataset("imdb")
 accelerator = Accelerator()
 """,
             lines=(4,),
+            unsafe_fixed="""\
+from datasets import load_dataset
+from accelerate import PartialState, Accelerator
+
+with PartialState().main_process_first():
+    raw = load_dataset("imdb")
+accelerator = Accelerator()
+""",
         ),
         Invalid(
             """\
@@ -721,6 +759,9 @@ with main_process_first(accelerator=accelerator):
             return _Plan(None, f"wrap it in `with lintdist.runtime.main_process_first(accelerator={key}):`")
         before = self._group_before(statement, 0)
         if before is False or (before is None and self._group_started_later(statement)):
+            if self._state_can_start_here(statement):
+                context = "PartialState().main_process_first()"
+                return _Plan(context, "", context, STATE_IMPORT, Applicability.UNSAFE)
             return _Plan(None, "create the accelerator first and wrap it in `with accelerator.main_process_first():`")
         if not free:
             return _Plan(None, f"wrap it in `with {runtime}:`")
@@ -906,6 +947,32 @@ with main_process_first(accelerator=accelerator):
             and facts.enclosing_function(call) is function
             and self.context.span(call).line > line
             for call in facts.calls
+        )
+
+    def _state_can_start_here(self, statement: cst.SimpleStatementLine) -> bool:
+        """The accelerator (or ``PartialState``) is built later in this function, in a way that a
+        ``PartialState()`` started here sets up the same: no ``cpu=`` (accelerate refuses a CPU accelerator on a
+        state already on a GPU), no ``kwargs_handlers`` (process-group options), no DeepSpeed plugin (which picks
+        the backend through the environment), only keywords that leave the process state alone; and the script
+        builds nothing else that starts a group (``init_process_group``, ``deepspeed.initialize``)."""
+        facts = self.facts
+        if not all(
+            isinstance(b.node, cst.ImportFrom)
+            and get_full_name_for_node(b.node.module) in {"accelerate", "accelerate.state"}
+            for b in self.context.names.module_bindings("PartialState")
+        ):
+            return False
+        function = facts.enclosing_function(statement)
+        states = [c for c in facts.calls if facts.callee_is(c, INIT_PROCESS_GROUP | STATE_CLASSES)]
+        later = [
+            c
+            for c in states
+            if facts.enclosing_function(c) is function and facts.index.order(c) > facts.index.order(statement)
+        ]
+        return bool(later) and all(
+            facts.callee_is(c, STATE_CLASSES)
+            and all(arg.keyword is not None and arg.keyword.value in STATE_NEUTRAL_KEYWORDS for arg in c.args)
+            for c in states
         )
 
     def _group_before(self, node: cst.CSTNode, depth: int) -> bool | None:

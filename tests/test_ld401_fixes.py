@@ -69,3 +69,44 @@ def test_helper_also_called_on_the_main_process_only_gets_no_fix():
     assert finding.span.line == 6
     assert finding.fix is None
     assert "main-process-only caller" in finding.message
+
+
+LOADED_BEFORE_STATE = """\
+from accelerate import Accelerator
+from datasets import load_dataset
+
+
+def main(args):
+    raw = load_dataset(args.dataset_name)
+    accelerator = Accelerator({keywords})
+    return accelerator, raw
+"""
+
+
+def test_load_before_the_accelerator_gets_an_unsafe_early_partial_state():
+    code = LOADED_BEFORE_STATE.format(keywords="gradient_accumulation_steps=4, mixed_precision=args.precision")
+    (finding,) = _findings(code)
+    assert finding.fix is not None and finding.fix.applicability is Applicability.UNSAFE
+    assert "`with PartialState().main_process_first():`" in finding.message
+    fixed = fix_text(code, path=Path("train.py"), display="train.py", kind="python", rules=[RULE], unsafe=True)
+    assert fixed.text.startswith("from accelerate import PartialState, Accelerator\n")
+    assert (
+        "    with PartialState().main_process_first():\n        raw = load_dataset(args.dataset_name)\n" in fixed.text
+    )
+    assert fixed.findings == []
+    again = fix_text(fixed.text, path=Path("train.py"), display="train.py", kind="python", rules=[RULE], unsafe=True)
+    assert again.text == fixed.text
+
+
+def test_no_early_partial_state_where_the_accelerator_sets_up_the_process_state():
+    # `cpu=True` on a state already on a GPU raises in accelerate; kwargs handlers carry process-group options
+    for keywords in ("cpu=args.cpu", "kwargs_handlers=[handler]", "**options"):
+        (finding,) = _findings(LOADED_BEFORE_STATE.format(keywords=keywords))
+        assert finding.fix is None, keywords
+        assert "create the accelerator first" in finding.message
+
+
+def test_no_early_partial_state_where_the_name_is_taken():
+    code = "PartialState = None\n" + LOADED_BEFORE_STATE.format(keywords="")
+    (finding,) = _findings(code)
+    assert finding.fix is None
