@@ -71,6 +71,8 @@ DISTRIBUTED_CALLS = frozenset(
         "lightning.fabric.Fabric",
     }
 )
+# Calls that start processes or a process group without averaging anything.
+GROUP_ONLY_CALLS = frozenset({"torch.distributed.init_process_group", "torch.multiprocessing.spawn"})
 LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
 # Collators that pad or mask labels with -100: the loss averages over a varying number of tokens.
 TOKEN_COLLATORS = frozenset(
@@ -749,6 +751,57 @@ class TrainingLoop:
         return bool(facts.wrapped_models()) or any(
             facts.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in facts.calls
         )
+
+    @cached_property
+    def _averaging_calls(self) -> list[cst.Call]:
+        """Calls that make ranks average gradients: a DDP/FSDP wrapper, an Accelerator, DeepSpeed or Fabric, or a
+        hand-written ``all_reduce`` of ``.grad``. A process group alone does not (tensor parallelism, tests that run
+        the same batch on every rank)."""
+        facts = self.facts
+        averaging = (ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) - GROUP_ONLY_CALLS
+        wrappers = {id(call) for call in facts.wrapped_models()}
+        return [
+            call
+            for call in facts.calls
+            if id(call) in wrappers
+            or facts.callee_is(call, averaging)
+            or (
+                facts.method_name(call) in {"all_reduce", "reduce", "reduce_scatter"}
+                and any(n.attr.value == "grad" for n in facts.within(call, cst.Attribute))
+            )
+        ]
+
+    def averages_gradients(self, node: cst.CSTNode) -> bool:
+        """Gradients computed at ``node`` are averaged over ranks as far as this file tells: an averaging call at
+        module level, in ``node``'s function, in a function that calls it (up to three levels), in a local helper
+        those call, or in another method of its class (``self.model = DDP(...)`` in ``__init__``)."""
+        facts = self.facts
+        calls = self._averaging_calls
+        if not calls:
+            return False
+        where = {id(facts.enclosing_function(call)) for call in calls}
+        if id(None) in where:
+            return True
+        pending = [facts.enclosing_function(node)]
+        seen: set[int] = set()
+        for _ in range(4):
+            following = []
+            for function in pending:
+                if function is None:
+                    return True  # reached from module level, where the file's other code runs too
+                if id(function) in seen:
+                    continue
+                seen.add(id(function))
+                cls = facts.enclosing_class(function)
+                scopes = [function]
+                if cls is not None:
+                    scopes += [f for f in facts.within(cls, cst.FunctionDef) if facts.enclosing_class(f) is cls]
+                scopes += [h for f in scopes for c in facts.within(f, cst.Call) for h in facts.local_functions(c)]
+                if any(id(f) in where for f in scopes):
+                    return True
+                following += [facts.enclosing_function(site) for site in facts.call_sites(function)]
+            pending = following
+        return False
 
     @cached_property
     def surely_distributed(self) -> bool:

@@ -404,7 +404,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if chain.base not in {"mean", "sum"}:
             return
         accelerated = receiver is not None and self.facts.is_accelerator(receiver, call)
-        distributed = self.loop.distributed
+        # a process group whose ranks never average gradients (tensor parallelism, the same batch on every rank)
+        distributed = self.loop.distributed and (accelerated or self.loop.averages_gradients(call))
         accumulating = self._accumulating(chain)
         if not (distributed or accumulating):
             return
