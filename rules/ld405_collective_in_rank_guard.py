@@ -177,8 +177,19 @@ class CollectiveInRankGuard(Rule):
     effects: lintdist checks that they read no rank, no per-rank value
     (`.item()`, a rank-derived name) and call only pure helpers
     (`os.path.join`, `unwrap_model`, ...), but cannot prove that the values
-    agree, and the other ranks now also evaluate them. No fix is offered when
-    the collective sits in a helper, under an early `return` or a decorator
+    agree, and the other ranks now also evaluate them. A helper called under
+    the guard (`checkpoint(args, step, accelerator)`) has its call moved the
+    same way when its body does nothing a rank must not repeat: it only sets
+    names from pure values, calls collectives and logs (a `logger.*` call,
+    accelerate's logger logging on the main process by default, or
+    `accelerator.print`). Guards nested in the guard
+    (`if sync and accelerator.is_main_process:` around
+    `if accelerator.is_main_process:`) are split as one: the outermost is
+    split, and the statements of an inner guard testing the same process
+    join the copies of its test. No fix is offered when the collective sits
+    in a helper that does more (writes files, calls `save_pretrained` or code
+    lintdist cannot read: on every rank it would run more than the
+    collective), under an early `return` or a decorator
     guard, in a `for`/`with`/`try` block or an `else` of the guard, when a
     condition or set-up reads the rank, when the rank-0 code can leave the
     block early, or when a name the moved code binds is read elsewhere.
@@ -575,20 +586,24 @@ def save(output_dir):
             )
             severity = Severity.ERROR if self._backend() == "FSDP" or self._fsdp_in_code() else Severity.WARNING
         fix, why_not = None, ""
-        if via is not None:
-            why_not = "the collective sits in a helper that also writes files"
+        vias = [a for a in anchors if not self._collective_at(a)]
+        if vias:
+            why_not = next((reason for site in vias if (reason := self._unsafe_helper(site))), "")
+        if why_not:
+            pass
         elif not isinstance(guard, cst.If):
             why_not = "the guard is an early `return` or a decorator"
         else:
+            outer, inner = self._outermost_guard(guard)
             try:
-                statements, _ = _Hoist(self.facts, guard, anchors).fix()
+                statements, _ = _Hoist(self.facts, outer, anchors, inner).fix()
             except _NoFix as reason:
                 why_not = str(reason)
             else:
                 fix = Fix(
                     Applicability.UNSAFE,
                     "Call the collective on every rank; keep the rank-0 work under the guard",
-                    replacements=((guard, cst.FlattenSentinel(statements)),),
+                    replacements=((outer, cst.FlattenSentinel(statements)),),
                 )
         message = (
             f"`{callee}()` {does}, but only the main process reaches it ({where}): the other ranks never join "
@@ -597,6 +612,77 @@ def save(output_dir):
         if why_not:
             message += f" (no automatic fix: {why_not})"
         self.report(call, message, severity=severity, fix=fix)
+
+    def _outermost_guard(self, guard: cst.If) -> tuple[cst.If, list[cst.If]]:
+        """The outermost main-only ``if`` around ``guard`` in its function (``if sync and accelerator.is_main_process:``
+        around ``if step % k == 0:`` around ``if accelerator.is_main_process:``), and the guards inside it; the fix
+        splits the outermost one and folds the inner ones into the copies of its guard."""
+        facts = self.facts
+        chain = [guard]
+        child: cst.CSTNode = guard
+        for ancestor in facts.ancestors(guard):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                break
+            if (
+                isinstance(ancestor, cst.If)
+                and child is ancestor.body
+                and (facts.main_when(ancestor.test, True) or _split_conjuncts(facts, ancestor.test)[0])
+            ):
+                chain.append(ancestor)
+            child = ancestor
+        return chain[-1], chain[:-1]
+
+    def _collective_at(self, anchor: cst.CSTNode) -> bool:
+        return isinstance(anchor, cst.Call) and self._collective(anchor) is not None
+
+    def _unsafe_helper(self, site: cst.CSTNode) -> str:
+        """Why the helper called at ``site`` (under the guard) may not run on every rank, or "" when it may: a
+        local function called directly whose body only sets names from pure values, calls collectives, logs
+        through a logger or ``accelerator.print``, and returns nothing. Anything else (a file write,
+        ``save_pretrained``, a call lintdist cannot read) would then run on every rank."""
+        facts = self.facts
+        functions = facts.local_functions(site) if isinstance(site, cst.Call) else []
+        if len(functions) != 1:
+            return "the collective sits in a helper called through another helper"
+        body = functions[0].body
+        if not isinstance(body, cst.IndentedBlock) or functions[0].asynchronous is not None:
+            return "the collective sits in a helper that cannot be read"
+        for statement in body.body:
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                return "the collective sits in a helper that also does other work"
+            small = statement.body[0]
+            if isinstance(small, cst.Pass) or (isinstance(small, cst.Return) and small.value is None):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                continue  # docstring
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                inner = small.value
+                if (self._collective(inner) is not None or self._logs(inner)) and all(
+                    _is_pure(facts, c) for c in facts.within(inner, cst.Call) if c is not inner
+                ):
+                    continue
+            if (
+                isinstance(small, cst.Assign)
+                and all(isinstance(t.target, cst.Name) for t in small.targets)
+                and all(_is_pure(facts, c) for c in facts.within(small.value, cst.Call))
+            ):
+                continue
+            return "the collective sits in a helper that also writes files"
+        return ""
+
+    def _logs(self, call: cst.Call) -> bool:
+        """``logger.info(...)`` (accelerate's logger logs on the main process only by default) or
+        ``accelerator.print(...)`` (the main process prints)."""
+        func = call.func
+        if not isinstance(func, cst.Attribute):
+            return False
+        if func.attr.value == "print":
+            return self.facts.accelerator_like(func.value, call)
+        return (
+            func.attr.value in LOG_METHODS
+            and isinstance(func.value, cst.Name)
+            and func.value.value in {"logger", "logging", "log", "LOGGER"}
+        )
 
     def _backend(self) -> str | None:
         settings = self.context.settings
@@ -687,6 +773,7 @@ PURE_BUILTINS = frozenset(
     {"str", "int", "float", "bool", "len", "isinstance", "min", "max", "abs", "round", "tuple", "list", "repr"}
 )
 PURE_METHODS = frozenset({"unwrap_model", "format", "join"})
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn"})
 # Names whose value differs between ranks, or that make per-rank data: a condition or set-up that reads one is not
 # hoisted.
 PER_RANK_NAMES = (
@@ -716,10 +803,11 @@ class _Hoist:
     it; every other statement stays under a copy of the guard's test, in its place, so the main process runs the
     same statements in the same order as before."""
 
-    def __init__(self, facts, guard: cst.If, anchors: list[cst.CSTNode]) -> None:
+    def __init__(self, facts, guard: cst.If, anchors: list[cst.CSTNode], inner: list[cst.If] = ()) -> None:
         self.facts = facts
         self.guard = guard
         self.anchors = anchors
+        self.inner = list(inner)  # main-process guards inside ``guard``: their statements join its copies
         self.function = facts.enclosing_function(guard)
         self.scope = self.function if self.function is not None else facts.index.module
         self.bound: set[str] = set()  # names the statements leaving the guard bind
@@ -790,7 +878,7 @@ class _Hoist:
         """The statements of one block, with the collectives out of the guard; ``needed``: the names the statements
         after this block read on every rank (in), and those this block's statements read on every rank (out)."""
         items: list[tuple[bool, cst.BaseStatement]] = []  # (on every rank, statement), in reverse
-        for statement in reversed(statements):
+        for statement in reversed(self._unfold(statements)):
             if self._holds_anchor(statement):
                 if isinstance(statement, cst.SimpleStatementLine):
                     shared, kept, needed = self._split_line(statement, needed)
@@ -829,6 +917,26 @@ class _Hoist:
         if run:
             out.append(self._guarded(run))
         return out, needed
+
+    def _unfold(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """An inner main-process guard testing what the outer one tests is replaced by its statements: on the main
+        process they run as before, and the ones that stay guarded go under a copy of the outer guard."""
+        out: list[cst.BaseStatement] = []
+        code = cst.Module([]).code_for_node
+        for statement in statements:
+            if not any(statement is guard for guard in self.inner):
+                out.append(statement)
+                continue
+            if statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock):
+                raise _NoFix("the inner main-process guard has an `else` branch")
+            if statement.body.header.comment is not None or any(line.comment for line in statement.body.footer):
+                raise _NoFix("a comment on the inner main-process guard would have no place")
+            if code(statement.test) != code(self.test):
+                raise _NoFix("the inner guard tests another process than the outer one")
+            body = list(statement.body.body)
+            body[0] = body[0].with_changes(leading_lines=(*statement.leading_lines, *body[0].leading_lines))
+            out.extend(self._unfold(body))
+        return out
 
     def _split_if(self, statement: cst.If, needed: set[str]) -> tuple[cst.If, set[str]]:
         self._check_uniform(statement.test, "condition")
@@ -970,21 +1078,7 @@ class _Hoist:
                         raise _NoFix(f"the {what} reads `{name.value}`, which derives from the rank")
 
     def _pure(self, call: cst.Call) -> bool:
-        facts = self.facts
-        if (
-            isinstance(call.func, cst.Name)
-            and call.func.value in PURE_BUILTINS
-            and not facts.bindings(call.func.value, call)
-        ):
-            return True
-        if facts.qualified_names(call.func) & PURE_FUNCTIONS:
-            return True
-        method = facts.method_name(call)
-        if method == "unwrap_model":
-            return True
-        if method in PURE_METHODS and isinstance(call.func, cst.Attribute):
-            return isinstance(call.func.value, (cst.SimpleString, cst.ConcatenatedString))
-        return False
+        return _is_pure(self.facts, call)
 
     def _check_extractable(self, call: cst.Call, small: cst.BaseSmallStatement) -> None:
         """``call`` can be evaluated before the rest of its statement: it is not inside a lambda, a comprehension or
@@ -1109,6 +1203,24 @@ class _Hoist:
         for target in targets:
             names |= {n.value for n in facts.within(target, cst.Name)}
         return names
+
+
+def _is_pure(facts, call: cst.Call) -> bool:
+    """A call with no side effect whose value is the same on every rank given the same arguments."""
+    if (
+        isinstance(call.func, cst.Name)
+        and call.func.value in PURE_BUILTINS
+        and not facts.bindings(call.func.value, call)
+    ):
+        return True
+    if facts.qualified_names(call.func) & PURE_FUNCTIONS:
+        return True
+    method = facts.method_name(call)
+    if method == "unwrap_model":
+        return True
+    if method in PURE_METHODS and isinstance(call.func, cst.Attribute):
+        return isinstance(call.func.value, (cst.SimpleString, cst.ConcatenatedString))
+    return False
 
 
 def _block(body: cst.BaseSuite) -> tuple[cst.BaseStatement, ...]:
