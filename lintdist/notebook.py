@@ -16,8 +16,17 @@ from lintdist.sources import SourceError
 
 CELL_MARKER = "# lintdist-cell: "
 MAGIC = "pass  # lintdist-magic: "
+# A line continuing a masked one (`!pip install \`): restored as it was, whatever indentation a fix gave it.
+CONTINUED = "pass  # lintdist-continued: "
 MAGIC_LINE = re.compile(r"^(\s*)pass  # lintdist-magic: (.*)$")
-HELP_QUERY = re.compile(r"^\??[\w.]+\??\??$")  # `obj?`, `obj??`, `?obj`
+CONTINUED_LINE = re.compile(r"^\s*pass  # lintdist-continued: (.*)$")
+# IPython's escapes at the start of a logical line (IPython.core.inputtransformer2.ESCAPE_SINGLES): `!cmd`, `!!cmd`,
+# `%magic`, `?obj`/`??obj`, and the auto-call forms `,f a b`, `;f a b`, `/f x`.
+ESCAPES = ("!", "%", "?", ",", ";", "/")
+# `obj?`, `obj.attr??`, `%magic?`, `seq[0]?` (IPython's `_help_end_re`)
+HELP_END = re.compile(r"^%{0,2}(?!\d)[\w*]+(\.(?!\d)[\w*]+|\[-?[0-9]+\])*\?\??$")
+# `files = !ls`, `out = %time f()`: an assignment of a shell escape or a magic (IPython's SystemAssign/MagicAssign)
+ASSIGN_ESCAPE = re.compile(r"^[\w.\[\]\s,()*'\"]+?(?<![=!<>])=\s*(!|%\w)")
 
 
 @dataclass
@@ -39,20 +48,105 @@ class Notebook:
 
 
 def _mask(source: str) -> str:
+    """Each line IPython would rewrite becomes ``pass  # lintdist-magic: <line>`` at its indentation, its
+    backslash-continued lines ``pass  # lintdist-continued: <line>``, so every line keeps its number.
+
+    Like IPython's input transformer: a cell whose first non-blank line starts with ``%%`` is a cell magic
+    (its body is the magic's input, not Python); otherwise an escape counts only where a logical line starts,
+    not inside a string, brackets or a continued Python line."""
     lines = source.splitlines(keepends=True)
-    cell_magic = bool(lines) and lines[0].lstrip().startswith("%%")
-    masked = []
+    first = next((line for line in lines if line.strip()), "")
+    if first.startswith("%%"):
+        return "".join(MAGIC + _body(line) + _ending(line) for line in lines)
+    masked: list[str] = []
+    scanner = _Scanner()
+    continued_indent: str | None = None
     for line in lines:
-        body = line.rstrip("\r\n")
-        ending = line[len(body) :]
+        body, ending = _body(line), _ending(line)
+        if continued_indent is not None:
+            masked.append(continued_indent + CONTINUED + body + ending)
+            if not body.endswith("\\"):
+                continued_indent = None
+            continue
         stripped = body.lstrip()
-        if cell_magic:
-            masked.append(MAGIC + body + ending)
-        elif stripped.startswith(("%", "!")) or ("?" in stripped and HELP_QUERY.match(stripped)):
-            masked.append(body[: len(body) - len(stripped)] + MAGIC + stripped + ending)
-        else:
-            masked.append(line)
+        indent = body[: len(body) - len(stripped)]
+        if scanner.at_line_start and stripped and _ipython_line(stripped):
+            masked.append(indent + MAGIC + stripped + ending)
+            if stripped.endswith("\\"):
+                continued_indent = indent
+            continue
+        scanner.feed(body)
+        masked.append(line)
     return "".join(masked)
+
+
+def _ipython_line(stripped: str) -> bool:
+    if stripped.startswith(ESCAPES):
+        return True
+    if stripped.endswith("?") and HELP_END.match(stripped):
+        return True
+    return bool(ASSIGN_ESCAPE.match(stripped))
+
+
+def _body(line: str) -> str:
+    return line.rstrip("\r\n")
+
+
+def _ending(line: str) -> str:
+    return line[len(_body(line)) :]
+
+
+class _Scanner:
+    """Whether the next physical line starts a logical line: not inside brackets, a triple-quoted string or
+    after a backslash continuation. A small scan over Python's lexical rules (comments, strings, brackets)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote: str | None = None  # the open triple quote
+        self.backslash = False
+
+    @property
+    def at_line_start(self) -> bool:
+        return self.depth == 0 and self.quote is None and not self.backslash
+
+    def feed(self, body: str) -> None:
+        self.backslash = False
+        i, n = 0, len(body)
+        while i < n:
+            if self.quote is not None:
+                end = body.find(self.quote, i)
+                while end > 0 and _escaped(body, end):
+                    end = body.find(self.quote, end + 1)
+                if end < 0:
+                    return
+                i, self.quote = end + 3, None
+                continue
+            char = body[i]
+            if char == "#":
+                return
+            if char in "'\"":
+                if body.startswith(char * 3, i):
+                    self.quote = char * 3
+                    i += 3
+                    continue
+                end = i + 1
+                while end < n and (body[end] != char or _escaped(body, end)):
+                    end += 1
+                i = end + 1
+                continue
+            if char in "([{":
+                self.depth += 1
+            elif char in ")]}":
+                self.depth = max(self.depth - 1, 0)
+            i += 1
+        self.backslash = body.endswith("\\") and self.quote is None
+
+
+def _escaped(text: str, index: int) -> bool:
+    count = 0
+    while index - count - 1 >= 0 and text[index - count - 1] == "\\":
+        count += 1
+    return count % 2 == 1
 
 
 def read_notebook(text: str) -> Notebook:
@@ -89,8 +183,12 @@ def write_notebook(notebook: Notebook, python: str) -> str:
         if line.startswith(CELL_MARKER):
             current = sources.setdefault(int(line[len(CELL_MARKER) :].strip()) - 1, [])
             continue
-        match = MAGIC_LINE.match(line.rstrip("\r\n"))
-        current.append(match.group(1) + match.group(2) + line[len(line.rstrip("\r\n")) :] if match else line)
+        body = line.rstrip("\r\n")
+        if (match := MAGIC_LINE.match(body)) is not None:
+            line = match.group(1) + match.group(2) + line[len(body) :]
+        elif (match := CONTINUED_LINE.match(body)) is not None:
+            line = match.group(1) + line[len(body) :]
+        current.append(line)
     if preamble and sources:
         first = min(sources)
         sources[first] = preamble + sources[first]
@@ -99,5 +197,9 @@ def write_notebook(notebook: Notebook, python: str) -> str:
         text = "".join(lines)
         if not notebook.trailing_newline.get(index, True) and text.endswith("\n"):
             text = text[:-1]
-        data["cells"][index]["source"] = text.splitlines(keepends=True)
+        cell = data["cells"][index]
+        original = cell.get("source", "")
+        if text != ("".join(original) if isinstance(original, list) else original):
+            # nbformat allows a string or a list of lines: keep the form the notebook used
+            cell["source"] = text if isinstance(original, str) else text.splitlines(keepends=True)
     return json.dumps(data, indent=1, ensure_ascii=False) + ("\n" if notebook.final_newline else "")
