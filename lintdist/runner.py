@@ -57,19 +57,40 @@ class RunResult:
 def process(task: Task) -> FileReport:
     """Check (and maybe fix) one file. Runs in a worker process; everything it returns is plain data."""
     # The engine (libcst, the rules) is imported by the first file that is not in the cache.
+    from lintdist.engine import source_error_finding
+
+    candidate = task.candidate
+    try:
+        source = read_source(candidate.path, candidate.kind)
+    except SourceError as error:
+        report = FileReport(candidate.display, [])
+        if error.code in task.codes:
+            report.findings = [source_error_finding(error, candidate.display).to_json()]
+        return report
+    report, new_text = process_text(task, source.text)
+    if new_text is not None and task.mode == "fix":
+        write_atomically(candidate.path, new_text.encode(source.encoding))
+    return report
+
+
+def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
+    """Check (and maybe fix) a file's decoded text, as ``process`` does for the file on disk (the language
+    server checks unsaved buffers with it). Returns the report and, in fix or diff mode, the new text when a
+    fix changed it."""
     from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
 
     candidate = task.candidate
     rules = rules_for(task.codes)
     report = FileReport(candidate.display, [])
+    source_text = text
+    new_text: str | None = None
     try:
-        source = read_source(candidate.path, candidate.kind)
-        notebook = read_notebook(source.text) if candidate.kind == "notebook" else None
+        notebook = read_notebook(source_text) if candidate.kind == "notebook" else None
     except SourceError as error:
         if error.code in task.codes:
             report.findings = [source_error_finding(error, candidate.display).to_json()]
-        return report
-    text, kind = (source.text, candidate.kind) if notebook is None else (notebook.python, "python")
+        return report, None
+    text, kind = (source_text, candidate.kind) if notebook is None else (notebook.python, "python")
     common = {
         "path": candidate.path,
         "display": candidate.display,
@@ -90,21 +111,19 @@ def process(task: Task) -> FileReport:
                 if task.mode == "diff":
                     report.diff = "".join(
                         difflib.unified_diff(
-                            source.text.splitlines(keepends=True),
+                            source_text.splitlines(keepends=True),
                             new_text.splitlines(keepends=True),
                             fromfile=candidate.display,
                             tofile=candidate.display,
                         )
                     )
-                else:
-                    write_atomically(candidate.path, new_text.encode(source.encoding))
     except InternalError as error:
         report.error = str(error)
-        return report
+        return report, None
     if notebook is not None:
         findings = [_in_cell(f, notebook) for f in findings]
     report.findings = [f.to_json(with_edits=task.want_edits) for f in findings if f.code in task.codes]
-    return report
+    return report, new_text
 
 
 def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
