@@ -183,6 +183,19 @@ def rules_command(markdown: bool, docs: bool) -> None:
     click.echo(rules_documentation() if docs else rules_table(markdown=markdown))
 
 
+@cli.command("server")
+def server_command() -> None:
+    """Run the language server (LSP over stdio) for editors: diagnostics, quick fixes, fix all, suppressions."""
+    try:
+        from lintdist.server import serve
+    except ImportError as error:
+        click.echo(
+            f"error: `lintdist server` needs pygls ({error.name or error}): pip install 'lintdist[server]'", err=True
+        )
+        sys.exit(2)
+    serve()
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
