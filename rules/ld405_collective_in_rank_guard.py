@@ -585,15 +585,12 @@ def save(output_dir):
                 "FSDP (or any other backend) only the main process reaches it"
             )
             severity = Severity.ERROR if self._backend() == "FSDP" or self._fsdp_in_code() else Severity.WARNING
-        fix, why_not = None, ""
-        vias = [a for a in anchors if not self._collective_at(a)]
-        if vias:
-            why_not = next((reason for site in vias if (reason := self._unsafe_helper(site))), "")
-        if why_not:
-            pass
-        elif not isinstance(guard, cst.If):
+        fix = None
+        helpers = [a for a in anchors if not self._collective_at(a)]  # calls of helpers that reach a collective
+        why_not = next((reason for site in helpers if (reason := self._unsafe_helper(site))), "")
+        if not why_not and not isinstance(guard, cst.If):
             why_not = "the guard is an early `return` or a decorator"
-        else:
+        elif not why_not:
             outer, inner = self._outermost_guard(guard)
             try:
                 statements, _ = _Hoist(self.facts, outer, anchors, inner).fix()
