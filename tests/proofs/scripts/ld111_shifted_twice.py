@@ -58,6 +58,9 @@ def main():
 
     with open(os.path.join(os.environ["PROOF_OUT"], f"rank{dist.get_rank()}.json"), "w") as out:
         json.dump({"world": dist.get_world_size(), "steps": steps}, out)
+    # Tear down in order while the group is alive: CI once caught (through the harness's stack dump) a worker
+    # hanging after main() returned, in the destructors of the DDP model and the loader iterator left by `break`.
+    del model, loader, optimizer
     dist.barrier()
     dist.destroy_process_group()
 
