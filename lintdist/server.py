@@ -11,7 +11,9 @@ comment. An exception while checking becomes a `window/logMessage`; the server k
 from __future__ import annotations
 
 import asyncio
+import json
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from lsprotocol import types
@@ -35,7 +37,18 @@ SEVERITIES = {
 
 class LintdistServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("lintdist", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Full)
+        super().__init__(
+            "lintdist",
+            __version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Full,
+            notebook_document_sync=types.NotebookDocumentSyncOptions(
+                notebook_selector=[
+                    types.NotebookDocumentFilterWithCells(
+                        notebook="jupyter-notebook", cells=[types.NotebookCellLanguage(language="python")]
+                    )
+                ]
+            ),
+        )
         self.debounce_s = DEBOUNCE_S
         self.pending: dict[str, asyncio.TimerHandle] = {}
         self.findings: dict[str, list[Finding]] = {}
@@ -80,6 +93,35 @@ class LintdistServer(LanguageServer):
         self.findings[uri] = findings
         return [self._diagnostic(document.source, f) for f in findings]
 
+    def publish_notebook(self, uri: str) -> None:
+        """A notebook document (`notebookDocument/*`): its cells are checked as one notebook, and each cell gets
+        the diagnostics of its own lines."""
+        self.pending.pop(uri, None)
+        notebook = self.workspace.get_notebook_document(notebook_uri=uri)
+        if notebook is None:
+            return
+        cells, uris = [], {}
+        for number, cell in enumerate(notebook.cells, start=1):
+            code = cell.kind == types.NotebookCellKind.Code
+            text = self.workspace.get_text_document(cell.document).source
+            cells.append({"cell_type": "code" if code else "markdown", "metadata": {}, "source": text})
+            uris[number] = cell.document
+        data = {"cells": cells, "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+        try:
+            result = self.run_task(uri, json.dumps(data))
+        except Exception:  # noqa: BLE001 - logged, the server keeps serving
+            self.log(types.MessageType.Error, f"lintdist: checking {uri} failed:\n{traceback.format_exc()}")
+            return
+        by_cell: dict[str, list[Finding]] = {cell_uri: [] for cell_uri in uris.values()}
+        for finding in result[0] if result is not None else []:
+            if finding.cell in uris:
+                by_cell[uris[finding.cell]].append(replace(finding, cell=None))
+        for cell_uri, findings in by_cell.items():
+            self.findings[cell_uri] = findings
+            text = self.workspace.get_text_document(cell_uri).source
+            items = [self._diagnostic(text, f) for f in findings]
+            self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=cell_uri, diagnostics=items))
+
     def publish(self, uri: str) -> None:
         self.pending.pop(uri, None)
         if uri not in self.workspace.text_documents:
@@ -87,12 +129,12 @@ class LintdistServer(LanguageServer):
         items = self.diagnostics(uri)
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=items))
 
-    def schedule(self, uri: str) -> None:
+    def schedule(self, uri: str, publish=None) -> None:
         """Check after a quiet spell: rapid edits cost one check."""
         handle = self.pending.pop(uri, None)
         if handle is not None:
             handle.cancel()
-        self.pending[uri] = asyncio.get_running_loop().call_later(self.debounce_s, self.publish, uri)
+        self.pending[uri] = asyncio.get_running_loop().call_later(self.debounce_s, publish or self.publish, uri)
 
     def log(self, kind: types.MessageType, message: str) -> None:
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
@@ -216,6 +258,18 @@ def build() -> LintdistServer:
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: LintdistServer, params: types.DidSaveTextDocumentParams) -> None:
         ls.publish(params.text_document.uri)
+
+    @server.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)
+    def notebook_open(ls: LintdistServer, params: types.DidOpenNotebookDocumentParams) -> None:
+        ls.publish_notebook(params.notebook_document.uri)
+
+    @server.feature(types.NOTEBOOK_DOCUMENT_DID_CHANGE)
+    def notebook_change(ls: LintdistServer, params: types.DidChangeNotebookDocumentParams) -> None:
+        ls.schedule(params.notebook_document.uri, ls.publish_notebook)
+
+    @server.feature(types.NOTEBOOK_DOCUMENT_DID_SAVE)
+    def notebook_save(ls: LintdistServer, params: types.DidSaveNotebookDocumentParams) -> None:
+        ls.publish_notebook(params.notebook_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: LintdistServer, params: types.DidCloseTextDocumentParams) -> None:

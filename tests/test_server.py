@@ -183,6 +183,31 @@ def test_a_client_conversation_over_stdio(tmp_path, lintdist):
         config_uri = talk.open(fsdp.parent / "config.yaml", language="yaml")
         await talk.diagnostics(config_uri)  # a YAML document is read without error
 
+        # a notebook document: each cell gets the diagnostics of its own lines
+        notebook_uri = (tmp_path / "explore.ipynb").as_uri()
+        cells = [
+            "!pip install -q \\\n    datasets\n",
+            "from datasets import load_dataset\nfrom accelerate import Accelerator\n",
+            "accelerator = Accelerator()\nraw = load_dataset('imdb')\n",
+        ]
+        cell_uris = [f"vscode-notebook-cell:{tmp_path / 'explore.ipynb'}#c{i}" for i in range(len(cells))]
+        client.notebook_document_did_open(
+            types.DidOpenNotebookDocumentParams(
+                notebook_document=types.NotebookDocument(
+                    uri=notebook_uri,
+                    notebook_type="jupyter-notebook",
+                    version=1,
+                    cells=[types.NotebookCell(kind=types.NotebookCellKind.Code, document=u) for u in cell_uris],
+                ),
+                cell_text_documents=[
+                    types.TextDocumentItem(uri=u, language_id="python", version=1, text=t)
+                    for u, t in zip(cell_uris, cells)
+                ],
+            )
+        )
+        per_cell = [await talk.diagnostics(u) for u in cell_uris]
+        assert [[(d.code, d.range.start.line) for d in found] for found in per_cell] == [[], [], [("LD401", 1)]]
+
         # an unreadable document is a logged message, not a dead server
         broken_uri = (tmp_path / "bad.py").as_uri()
         client.text_document_did_open(
