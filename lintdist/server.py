@@ -79,6 +79,9 @@ class LintdistServer(LanguageServer):
 
     def diagnostics(self, uri: str) -> list[types.Diagnostic]:
         document = self.workspace.get_text_document(uri)
+        if self.workspace.get_notebook_document(cell_uri=uri) is not None:
+            # a notebook cell: checked with its notebook (`publish_notebook`), not as a file of its own
+            return [self._diagnostic(document.source, f) for f in self.findings.get(uri, [])]
         try:
             result = self.run_task(uri, document.source)
         except ConfigError as error:

@@ -207,6 +207,10 @@ def test_a_client_conversation_over_stdio(tmp_path, lintdist):
         )
         per_cell = [await talk.diagnostics(u) for u in cell_uris]
         assert [[(d.code, d.range.start.line) for d in found] for found in per_cell] == [[], [], [("LD401", 1)]]
+        pulled = await client.text_document_diagnostic_async(
+            types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=cell_uris[2]))
+        )
+        assert [(d.code, d.range.start.line) for d in pulled.items] == [("LD401", 1)]
 
         # an unreadable document is a logged message, not a dead server
         broken_uri = (tmp_path / "bad.py").as_uri()
@@ -246,7 +250,7 @@ def test_engine_failure_is_logged_and_the_server_keeps_serving(monkeypatch, tmp_
 
     monkeypatch.setattr(module, "process_text", explode)
     document = SimpleNamespace(source="import torch\n")
-    workspace = SimpleNamespace(get_text_document=lambda uri: document)
+    workspace = SimpleNamespace(get_text_document=lambda uri: document, get_notebook_document=lambda **_: None)
     monkeypatch.setattr(module.LintdistServer, "workspace", property(lambda self: workspace))
     assert served.diagnostics(path.as_uri()) == []
     assert any("a rule failed" in message for message in logged)
