@@ -483,6 +483,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             self.loop.factor(t).kind == "accum" for t in chain.den
         )
         problem = None
+        unshifted = False  # the one problem a local edit of the count fixes
         if not factor.gathered:
             problem = (
                 "divides by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
@@ -494,6 +495,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 # labels shifted by hand and shifted again by the model: LD111's finding, whose fix (`shift_labels=`)
                 # makes this count of the pre-shifted labels the right one; a count fix here would undo it
                 return
+            unshifted = True
             problem = (
                 "counts every label, but a causal LM shifts its labels and never predicts the first position; count "
                 "`labels[..., 1:] != -100` (or use `TokenLossWindow(..., shifted=True)`)"
@@ -529,7 +531,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 count.at,
                 count.expr,
                 f"this token-normalised loss {problem}; or use `TokenLossWindow.scale_sum` from `lintdist.runtime`",
-                self._shift_count_fix(count) if problem.startswith("counts every label") else None,
+                self._shift_count_fix(count) if unshifted else None,
             )
 
     def _shift_count_fix(self, count: Term) -> Fix | None:
