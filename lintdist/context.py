@@ -50,6 +50,8 @@ class FileContext:
     def span(self, node: cst.CSTNode) -> Span:
         """Where ``node`` is. Positions take a printing pass over the module, paid only by a file with a finding."""
         assert self.module is not None, "span() of a node needs a parsed Python file"
+        if self.facts is not None:  # a stand-in for a value made in another module is placed where it stands
+            node = self.facts.stand_ins.get(id(node), node)
         if self._positions is None:
             from lintdist.positions import Positions
 

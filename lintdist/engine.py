@@ -15,6 +15,7 @@ from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings
 from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
 from lintdist.names import NameResolver
+from lintdist.project import ProjectView, in_project, process_project
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule
 from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch
@@ -104,6 +105,18 @@ def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
 
 
 def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Module | None = None) -> None:
+    project = process_project()
+    if module is None and rules:
+        known = project.parsed(context.path, context.text)
+        if known is not None:  # another module's question parsed this file already: its facts are this file's
+            context.module, context.index, context.names, context.facts = (
+                known.index.module,
+                known.index,
+                known.names,
+                known,
+            )
+            _run_rules(context, rules)
+            return
     if module is None:
         try:
             module = cst.parse_module(context.text)
@@ -117,6 +130,13 @@ def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Modul
     context.index = SyntaxIndex(module)
     context.names = NameResolver(context.index)
     context.facts = PythonFacts(context.index, context.names)
+    if in_project(context.path):
+        context.facts.project = ProjectView(project, context.path, context.text)
+        project.adopt(context.path, context.text, context.facts)
+    _run_rules(context, rules)
+
+
+def _run_rules(context: FileContext, rules: list[type[Rule]]) -> None:
     instances = [rule(context) for rule in rules]
     _replay_visits(context.index, instances, context)
     for rule in instances:

@@ -18,7 +18,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.names import NameResolver
-from lintdist.syntax import SyntaxIndex
+from lintdist.project import ProjectView, Site, local_top_names
+from lintdist.syntax import SyntaxIndex, _walk_detached
 
 FunctionNode = cst.FunctionDef | cst.Lambda
 Loop = cst.For | cst.While
@@ -58,6 +59,40 @@ MAIN_ONLY_DECORATORS = frozenset(
 )
 MAX_DEPTH = 6
 MAX_CALLER_DEPTH = 3
+# How many module boundaries one question may cross (a parameter's argument, itself a parameter elsewhere...).
+MAX_CROSSINGS = 3
+_CROSSING = [0]
+# What a value made in another module is, written so that the questions rules ask of origins answer the same.
+STAND_INS = {
+    "accelerator": "accelerate.Accelerator()",
+    "ddp": "torch.nn.parallel.DistributedDataParallel(module)",
+    "prepared": "accelerate.Accelerator().prepare(module)",
+    "sampled": "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset))",
+    "maybe_sampled": (
+        "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset, shuffle=shuffle))"
+    ),
+}
+# Objects known by their API: (attributes one of which must be used, attributes used with it); with no
+# required attribute, two of the others. One attribute alone identifies nothing.
+API_SIGNATURES = {
+    "accelerator": (
+        frozenset({"is_main_process", "is_local_main_process"}),
+        frozenset({"save_state", "wait_for_everyone", "prepare", "backward", "accumulate", "gather_for_metrics"}),
+    ),
+    "ddp": (frozenset({"no_sync"}), frozenset({"module"})),
+    "sampler": (frozenset({"set_epoch"}), frozenset({"num_replicas"})),
+}
+API_NAMES = {"accelerator": "an Accelerator", "ddp": "a DDP-wrapped model", "sampler": "a distributed sampler"}
+# A name imported from one of these is what its import says, never identified by its API.
+KNOWN_LIBRARIES = frozenset({"torch", "accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed"})
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Whether every rank reaches a statement (None: unknown), and where that was decided or why not."""
+
+    value: bool | None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +158,12 @@ class PythonFacts:
         self._memo: dict[str, object] = {}
         self._local_functions: dict[int, list[cst.FunctionDef]] = {}
         self._enclosing_class: dict[int, cst.ClassDef | None] = {}
+        # The file's window on its project (set by the engine): questions that leave the file go there.
+        self.project: ProjectView | None = None
+        # Stand-ins for values made in another module (see ``_stand_in``): node id -> the local node they stand at.
+        self.stand_ins: dict[int, cst.CSTNode] = {}
+        self._stand_in_notes: dict[int, str] = {}
+        self._crossing = 0
 
     @property
     def imported_names(self) -> frozenset[str]:
@@ -210,6 +251,8 @@ class PythonFacts:
     # -- names ----------------------------------------------------------------------------
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
+        if id(node) in self.stand_ins:
+            return frozenset({get_full_name_for_node(node) or ""})
         return self.names.qualified_names(node)
 
     def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
@@ -341,8 +384,9 @@ class PythonFacts:
             if isinstance(expr, cst.Name):
                 param = self.parameter(expr.value, at)
                 if param is not None:
-                    return self._parameter_origins(*param, depth) or [Origin(param[2])]
-            return [Origin(expr)]
+                    found = self._parameter_origins(*param, depth) + self._external_arguments(*param)
+                    return found or [Origin(param[2])]
+            return self._imported_value(expr) or [Origin(expr)]
         if isinstance(expr, cst.IfExp):
             return self.origins(expr.body, at, depth + 1) + self.origins(expr.orelse, at, depth + 1)
         if isinstance(expr, cst.Call) and self.local_functions(expr):
@@ -352,6 +396,8 @@ class PythonFacts:
                 for returned in self.returns.get(function, ())
                 for o in self.origins(returned, returned, depth + 1)
             ] or [Origin(expr)]
+        if isinstance(expr, cst.Call):
+            return self._imported_value(expr) or [Origin(expr)]
         return [Origin(expr)]
 
     def _binding_origins(self, binding: Binding, depth: int) -> list[Origin]:
@@ -391,6 +437,286 @@ class PythonFacts:
             return argument_of(call, name, None)
         offset = 1 if self.enclosing_class(function) is not None else 0
         return argument_of(call, name, index - offset)
+
+    # -- across modules -------------------------------------------------------------------------
+
+    def module_definition(self, name: str) -> cst.CSTNode | None:
+        """The module-level ``def`` or ``class`` named ``name``, or the value last assigned to it at module level."""
+        for function in self.functions.get(name, ()):
+            if self.enclosing_function(function) is None and self.enclosing_class(function) is None:
+                return function
+        for cls in self._classes_by_name().get(name, ()):
+            if self.enclosing_function(cls) is None and self.enclosing_class(cls) is None:
+                return cls
+        values = [
+            b.value
+            for b in self._bindings.get(name, ())
+            if b.function is None and b.index is None and self.enclosing_class(b.statement) is None
+        ]
+        return values[-1] if values else None
+
+    def external_call_sites(self, function: cst.FunctionDef) -> list[Site]:
+        """The calls of ``function`` in the project's other modules: a module-level function called by name,
+        or a module-level class constructed (its ``__init__``)."""
+        if self.project is None:
+            return []
+        key = ("external_sites", id(function))
+        if key not in self._memo:
+            name = self._exported_name(function)
+            self._memo[key] = self.project.callers(name) if name else []
+        return self._memo[key]
+
+    def _exported_name(self, function: cst.FunctionDef) -> str | None:
+        if self.enclosing_function(function) is not None:
+            return None
+        cls = self.enclosing_class(function)
+        if cls is None:
+            return function.name.value
+        if self.enclosing_class(cls) is not None or self.enclosing_function(cls) is not None:
+            return None
+        if function.name.value == "__init__":
+            return cls.name.value
+        return f"{cls.name.value}.{function.name.value}"
+
+    def _external_arguments(self, function: cst.FunctionDef, index: int, param: cst.Param) -> list[Origin]:
+        """Stand-ins for what other modules pass for a parameter (an Accelerator, a wrapped or prepared
+        model, a loader with a ``DistributedSampler``), so every question about it answers as if the value
+        had been made here."""
+        if self.project is None or _CROSSING[0] >= MAX_CROSSINGS:
+            return []
+        offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
+        found: list[Origin] = []
+        for site in self.external_call_sites(function):
+            argument = argument_of(site.call, param.name.value, None if index < 0 else index - offset)
+            if argument is None:
+                continue
+            line = _line_of(site.facts, site.call)
+            where = f"{site.path.name}:{line}" if line else site.path.name
+            found.extend(self._stand_ins(site.facts, argument, site.call, param, f"passed at {where}"))
+        return found
+
+    def _imported_value(self, expr: cst.BaseExpression) -> list[Origin]:
+        """Stand-ins for a module global or a function's return value of another project module
+        (``from .setup import accelerator``, ``loader = data.build_loader(...)``)."""
+        if self.project is None or _CROSSING[0] >= MAX_CROSSINGS:
+            return []
+        target = expr.func if isinstance(expr, cst.Call) else expr
+        if not isinstance(target, (cst.Name, cst.Attribute)) or self.index.order(target) < 0:
+            return []
+        found: list[Origin] = []
+        for qualified in self.qualified_names(target):
+            head = qualified.split(".", 1)[0]
+            if head and head not in local_top_names(self.project.path):
+                continue
+            definition = self.project.definition(qualified)
+            if definition is None:
+                continue
+            other, node = definition
+            if isinstance(expr, cst.Call):
+                if not isinstance(node, cst.FunctionDef):
+                    continue
+                for returned in other.returns.get(node, ()):
+                    found.extend(self._stand_ins(other, returned, returned, expr, f"returned by `{qualified}`"))
+            elif isinstance(node, cst.BaseExpression):
+                found.extend(self._stand_ins(other, node, node, expr, f"made in `{qualified}`"))
+        return found
+
+    def _stand_ins(
+        self, other: PythonFacts, value: cst.BaseExpression, at: cst.CSTNode, here: cst.CSTNode, note: str
+    ) -> list[Origin]:
+        _CROSSING[0] += 1
+        try:
+            kinds = other.value_kinds(value, at)
+        finally:
+            _CROSSING[0] -= 1
+        return [Origin(self._stand_in(STAND_INS[kind], here, note)) for kind in kinds]
+
+    def _stand_in(self, template: str, here: cst.CSTNode, note: str) -> cst.BaseExpression:
+        """A detached expression that stands, at ``here``, for a value made in another module; its names are
+        their own qualified names, and a finding placed on it is placed on ``here``."""
+        key = ("stand_in", template, id(here))
+        if key not in self._memo:
+            node = cst.parse_expression(template)
+            for part in _walk_detached(node, (cst.CSTNode,)):
+                self.stand_ins[id(part)] = here
+            self._stand_in_notes[id(node)] = note
+            self._memo[key] = node
+        return self._memo[key]
+
+    def stand_in_note(self, node: cst.CSTNode) -> str | None:
+        """Where a stand-in's value was made (``passed at train.py:12``); None for a node of this file."""
+        return self._stand_in_notes.get(id(node))
+
+    def value_kinds(self, expr: cst.BaseExpression, at: cst.CSTNode) -> list[str]:
+        """What a value is, in the terms another module's questions need: "accelerator", "ddp", "prepared",
+        "sampled" (a loader with a shuffling ``DistributedSampler``)."""
+        kinds = []
+        origins = self.origins(expr, at)
+        if self.is_accelerator(expr, at):
+            kinds.append("accelerator")
+        calls = [o.node for o in origins if isinstance(o.node, cst.Call)]
+        if any(self.callee_is(call, DDP_CLASSES) for call in calls):
+            kinds.append("ddp")
+        elif any(self.is_prepare_call(call) for call in calls):
+            kinds.append("prepared")
+        elif "accelerator" not in kinds:
+            use = self.distributed_sampler(expr, at)
+            if use is not None:
+                kinds.append("sampled" if use.shuffle else "maybe_sampled")
+        return kinds
+
+    # -- which ranks reach a statement ----------------------------------------------------------
+
+    def rank_dependent(self, test: cst.BaseExpression) -> bool:
+        """Some ranks take the branch and others may not (``rank == 0``, ``rank != 0 and not evaluate``)."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self.rank_dependent(test.expression)
+        if isinstance(test, cst.BooleanOperation):
+            return self.rank_dependent(test.left) or self.rank_dependent(test.right)
+        return self.main_when(test, True) or self.main_when(test, False)
+
+    def rank_split(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """What, inside its own function, lets some ranks skip ``node``: a rank guard, or an ``if`` on a rank
+        test in either branch."""
+        guard = self.rank_guard(node)
+        if guard is not None:
+            return guard
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.If) and child is not ancestor.test and self.rank_dependent(ancestor.test):
+                return ancestor
+            child = ancestor
+        return None
+
+    def all_ranks_reach(self, node: cst.CSTNode, depth: int = 0) -> Reach:
+        """Whether every rank runs ``node``, following the enclosing function's callers in every module of the
+        project: ``Reach(True)`` when no rank test stands on any path, ``Reach(False, where)`` when one does,
+        ``Reach(None, why)`` when a caller is out of sight (a function nobody here calls, or handed away)."""
+        split = self.rank_split(node)
+        if split is not None:
+            return Reach(False, self._where(split))
+        function = self.enclosing_function(node)
+        if function is None:
+            return Reach(True)
+        key = ("reach", id(function))
+        if key in self._memo:
+            return self._memo[key]
+        if depth >= MAX_CALLER_DEPTH + 2:
+            return Reach(None, f"the callers of `{function.name.value}()` are too deep to follow")
+        self._memo[key] = Reach(None, "recursion")
+        answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]
+        answers += [site.facts.all_ranks_reach(site.call, depth + 1) for site in self.external_call_sites(function)]
+        for call, main_only in self._handed_to(function):
+            answers.append(Reach(False, self._where(call)) if main_only else self.all_ranks_reach(call, depth + 1))
+        name = self._exported_name(function)
+        if self.project is not None and name and "." not in name:
+            for other, reference, _ in self.project.references(name):
+                call, main_only = _handing_call(other, reference)
+                if call is None:
+                    answers.append(Reach(None, f"`{name}()` is kept as a value in {other._where(reference)}"))
+                else:
+                    answers.append(
+                        Reach(False, other._where(call)) if main_only else other.all_ranks_reach(call, depth + 1)
+                    )
+        if not answers:
+            answer = Reach(None, f"`{function.name.value}()` is called from code lintdist cannot see")
+        else:
+            answer = next((a for a in answers if a.value is False), None) or next(
+                (a for a in answers if a.value is None), Reach(True)
+            )
+        self._memo[key] = answer
+        return answer
+
+    def _handed_to(self, function: cst.FunctionDef) -> list[tuple[cst.Call, bool]]:
+        """The calls this file hands ``function`` to as an argument (``mp.spawn(main_worker, ...)``,
+        ``notebook_launcher(training_function)``), each with whether the callee runs it on the main process only."""
+        if "names_by_value" not in self._memo:
+            by_value: dict[str, list[cst.Name]] = defaultdict(list)
+            for name in self.index.nodes(cst.Name):
+                by_value[name.value].append(name)
+            self._memo["names_by_value"] = by_value
+        found = []
+        for name in self._memo["names_by_value"].get(function.name.value, ()):
+            call, main_only = _handing_call(self, name)
+            if call is not None:
+                found.append((call, main_only))
+        return found
+
+    def _where(self, node: cst.CSTNode) -> str:
+        line = _line_of(self, node)
+        name = self.project.path.name if self.project is not None else "line"
+        return f"{name}:{line}" if self.project is not None else f"line {line}"
+
+    # -- objects known by their API ---------------------------------------------------------------
+
+    def used_as(self, expr: cst.BaseExpression, at: cst.CSTNode) -> tuple[str, tuple[str, ...]] | None:
+        """The kind of object ``expr`` is by the API used on it in its scope, where nothing binds it in sight:
+        ("accelerator", (the attributes it rests on)), ("ddp", ...) or ("sampler", ...)."""
+        key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if not key:
+            return None
+        memo = ("used_as", key, id(self._api_scope(key, at)))
+        if memo not in self._memo:
+            self._memo[memo] = self._identify(key, at)
+        return self._memo[memo]
+
+    def _api_scope(self, key: str, at: cst.CSTNode) -> cst.CSTNode:
+        if key.split(".", 1)[0] in {"self", "cls"}:
+            return self.enclosing_class(at) or self.index.module
+        return self.enclosing_function(at) or self.index.module
+
+    def _identify(self, key: str, at: cst.CSTNode) -> tuple[str, tuple[str, ...]] | None:
+        if "attribute_uses" not in self._memo:
+            uses: dict[str, list[cst.Attribute]] = defaultdict(list)
+            for attribute in self.index.nodes(cst.Attribute):
+                if isinstance(attribute.value, (cst.Name, cst.Attribute)):
+                    owner = get_full_name_for_node(attribute.value)
+                    if owner:
+                        uses[owner].append(attribute)
+            self._memo["attribute_uses"] = uses
+        scope = self._api_scope(key, at)
+        used = {
+            a.attr.value
+            for a in self._memo["attribute_uses"].get(key, ())
+            if scope is self.index.module or self.is_within(a, scope)
+        }
+        for kind, (required, together) in API_SIGNATURES.items():
+            flags = sorted(used & required)
+            others = sorted(used & together)
+            if flags and others:
+                return kind, (flags[0], *others)
+            if not required and len(others) >= 2:
+                return kind, tuple(others)
+        return None
+
+    def identified(self, expr: cst.BaseExpression, at: cst.CSTNode, kind: str) -> str | None:
+        """``"`accelerator` is used as an Accelerator: `is_main_process`, `save_state`"`` where ``expr`` is
+        known as ``kind`` by its API alone; None where a binding says what it is, or the API does not."""
+        if not self._unbound(expr, at):
+            return None
+        found = self.used_as(expr, at)
+        if found is None or found[0] != kind:
+            return None
+        name = get_full_name_for_node(expr)
+        attributes = ", ".join(f"`{a}`" for a in found[1])
+        return f"`{name}` is used as {API_NAMES[kind]}: {attributes}"
+
+    def _unbound(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """No assignment, import or known argument in sight says what ``expr`` holds."""
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return False
+        for origin in self.origins(expr, at):
+            if isinstance(origin.node, cst.Param):
+                continue
+            if origin.node is expr and (
+                self.index.order(expr) < 0
+                or not any(q.split(".", 1)[0] in KNOWN_LIBRARIES for q in self.qualified_names(expr))
+            ):
+                continue
+            return False
+        return True
 
     # -- loaders, samplers and loops ------------------------------------------------------------
 
@@ -512,9 +838,13 @@ class PythonFacts:
         return "fabric" in _last_name_lower(expr)
 
     def is_accelerator(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None) -> bool:
-        return any(
+        """``expr`` holds an Accelerator: made here, passed in from another module, or known by its API where
+        nothing in sight binds it (``is_main_process`` with ``save_state``)."""
+        if any(
             isinstance(o.node, cst.Call) and self.callee_is(o.node, ACCELERATOR_CLASSES) for o in self.origins(expr, at)
-        )
+        ):
+            return True
+        return self.identified(expr, at or expr, "accelerator") is not None
 
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""
@@ -620,9 +950,10 @@ class PythonFacts:
             return not value  # `if not rank:`
         if _last_name(test) in MAIN_FLAGS:
             return value
-        if isinstance(test, cst.Name) and depth < MAX_CALLER_DEPTH:
-            # `master_process = ddp_rank == 0` (or `= True` in the single-process branch) ... `if master_process:`
-            values = [b.value for b in self.bindings(test.value, test) if b.index is None]
+        if isinstance(test, (cst.Name, cst.Attribute)) and depth < MAX_CALLER_DEPTH:
+            # `master_process = ddp_rank == 0` (or `= True` in the single-process branch) ... `if master_process:`,
+            # and `self.is_main = accelerator.is_main_process` in `__init__` ... `if self.is_main:` in a method
+            values = [b.value for b in self.bindings(get_full_name_for_node(test) or "", test) if b.index is None]
             tests = [v for v in values if not (isinstance(v, cst.Name) and v.value == "True")]
             return bool(tests) and all(self.main_when(t, value, depth + 1) for t in tests)
         return False
@@ -638,14 +969,21 @@ class PythonFacts:
                 return self.excludes_main(test.left, value, depth) or self.excludes_main(test.right, value, depth)
             return False
         atom = _is_rank(test) or _last_name(test) in MAIN_FLAGS
-        if isinstance(test, cst.Name) and depth < MAX_CALLER_DEPTH and not atom:
-            values = [b.value for b in self.bindings(test.value, test) if b.index is None]
+        if isinstance(test, (cst.Name, cst.Attribute)) and depth < MAX_CALLER_DEPTH and not atom:
+            values = [b.value for b in self.bindings(get_full_name_for_node(test) or "", test) if b.index is None]
             if value and any(isinstance(v, cst.Name) and v.value == "True" for v in values):
                 return False
             tests = [v for v in values if not (isinstance(v, cst.Name) and v.value == "True")]
             return bool(tests) and all(self.excludes_main(t, value, depth + 1) for t in tests)
         # a single rank test or main-process flag holds exactly on the main process
         return self.main_when(test, not value, depth)
+
+
+def barrier_unsafe(reach: Reach) -> str:
+    """Why a fix that adds a barrier or moves a collective is not offered: not every rank provably reaches it."""
+    if reach.value is False:
+        return f"a rank test at {reach.why} keeps some ranks from this code, and they would never reach the barrier"
+    return f"{reach.why}, so lintdist cannot show that every rank reaches the barrier"
 
 
 @lru_cache(maxsize=512)
@@ -775,3 +1113,17 @@ def _exits(body: cst.BaseSuite) -> bool:
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1] if last.body else None
     return isinstance(last, (cst.Return, cst.Continue, cst.Break, cst.Raise))
+
+
+def _line_of(facts: PythonFacts, node: cst.CSTNode) -> int | None:
+    """The 1-based line of a node of a module seen through its project (None without one)."""
+    return facts.project.line(facts, node) if facts.project is not None else None
+
+
+def _handing_call(facts: PythonFacts, name: cst.Name) -> tuple[cst.Call | None, bool]:
+    """The call ``name`` is handed to as an argument, and whether that callee runs it on the main process only."""
+    argument = facts.parent(name)
+    call = facts.parent(argument) if isinstance(argument, cst.Arg) else None
+    if isinstance(call, cst.Call) and argument.value is name:
+        return call, _last_name(call.func) in MAIN_ONLY_DECORATORS
+    return None, False

@@ -86,6 +86,25 @@ class Rule:
     def finish(self) -> None:
         """Whole-file analysis, run after the shared traversal."""
 
+    def elsewhere(self, facts) -> Rule:
+        """This rule, asked of another module of the project (``facts`` from ``self.facts.project``): its
+        questions answer there as they would in a check of that module, and it reports nothing here."""
+        from lintdist.context import FileContext
+
+        view = facts.project
+        context = FileContext(
+            path=view.path,
+            display_name=view.path.name,
+            text=view.text or "",
+            kind="python",
+            module=facts.index.module,
+            index=facts.index,
+            names=facts.names,
+            facts=facts,
+            settings=self.context.settings,
+        )
+        return type(self)(context)
+
     def report(
         self,
         node: cst.CSTNode | None,

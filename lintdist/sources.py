@@ -36,6 +36,11 @@ def read_source(path: Path, kind: str) -> SourceText:
         data = path.read_bytes()
     except OSError as error:
         raise SourceError("LD002", f"cannot read file: {error.strerror or error}") from error
+    return decode_source(data, kind)
+
+
+def decode_source(data: bytes, kind: str) -> SourceText:
+    """A file's bytes as text, by its coding cookie or BOM; a clear error where that fails."""
     if b"\0" in data[:8192]:
         raise SourceError("LD001", "binary file (contains NUL bytes), not a text source")
     encoding = "utf-8"

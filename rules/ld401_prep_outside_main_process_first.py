@@ -16,6 +16,7 @@ from lintdist.facts import (
     RANK_GETTERS,
     RANK_NAMES,
     argument_of,
+    barrier_unsafe,
 )
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -245,7 +246,8 @@ class PrepOutsideMainProcessFirst(Rule):
         "urlretrieve",
         re.compile(r"download(?<!\wdownload)\s*=\s*\(*\s*True\b"),
     )
-    also_triggers = (("accelerat", "PartialState", "distributed", "deepspeed"),)  # a distributed script
+    # A helper module that downloads is distributed when the script calling it is (`_framework_of_callers`):
+    # no distributed marker is required in the file itself.
 
     VALID = (
         Valid(
@@ -344,6 +346,10 @@ def build(root):
 def main():
     dist.init_process_group("gloo")
     train = build("data")
+
+
+if __name__ == "__main__":
+    main()
 """,
             lines=(6,),
             fixed="""\
@@ -360,6 +366,10 @@ def build(root):
 def main():
     dist.init_process_group("gloo")
     train = build("data")
+
+
+if __name__ == "__main__":
+    main()
 """,
         ),
         Invalid(
@@ -401,6 +411,9 @@ def main(cached):
     captions = Captions("acme/captions")
     corpus = reader("acme/corpus")
     shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
+
+
+main(cached=False)
 """,
             lines=(17,),
             fixed="""\
@@ -424,6 +437,9 @@ def main(cached):
         captions = Captions("acme/captions")
         corpus = reader("acme/corpus")
         shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
+
+
+main(cached=False)
 """,
         ),
         Invalid(
@@ -453,9 +469,14 @@ with main_process_first(accelerator=accelerator):
 
     def finish(self) -> None:
         framework = self._framework()
-        if framework is None:
+        if framework is None and self.facts.project is None:
             return
         flagged = [(call, what) for call in self.facts.calls if (what := self._preparation(call)) is not None]
+        if framework is None:
+            # a helper module: distributed when the script that calls it is (the loader in `data.py`)
+            framework = self._framework_of_callers([call for call, _ in flagged])
+            if framework is None:
+                return
         flagged = [(call, what) for call, what in flagged if not self._ordered(call, 0)]
         # `ds.filter(...).map(...)` is one chain: report its innermost step only.
         inner = {id(call) for call, _ in flagged}
@@ -501,6 +522,22 @@ with main_process_first(accelerator=accelerator):
             return None
         if names & TORCH_SCRIPT or any(name.startswith("torch.distributed.") for name in names):
             return "torch"
+        return None
+
+    def _framework_of_callers(self, calls: list[cst.Call]) -> str | None:
+        """The framework of the project's scripts that call the functions holding ``calls``."""
+        facts = self.facts
+        for call in calls:
+            function = facts.enclosing_function(call)
+            seen = 0
+            while function is not None and seen <= MAX_CALLER_DEPTH:
+                for site in facts.external_call_sites(function):
+                    framework = self.elsewhere(site.facts)._framework()
+                    if framework is not None:
+                        return framework
+                sites = facts.call_sites(function)
+                function = facts.enclosing_function(sites[0]) if sites else None
+                seen += 1
         return None
 
     # -- what downloads or preprocesses -------------------------------------------------------
@@ -639,16 +676,19 @@ with main_process_first(accelerator=accelerator):
         if function is None or depth >= MAX_CALLER_DEPTH:
             return False
         sites = facts.call_sites(function)
-        return bool(sites) and all(self._ordered(site, depth + 1) for site in sites)
+        # callers in the project's other modules: one under a rank test there (open_clip builds its audio
+        # zero-shot set under `if is_master(args):` in main.py) is ordered already
+        elsewhere = facts.external_call_sites(function)
+        if not sites and not elsewhere:
+            return False
+        return all(self._ordered(site, depth + 1) for site in sites) and all(
+            site.facts.all_ranks_reach(site.call).value is False for site in elsewhere
+        )
 
     def _rank_dependent(self, test: cst.BaseExpression) -> bool:
         """Some ranks take the branch and others may not (``rank == 0``, ``rank != 0 and not evaluate``...): the
         call is already ordered or skipped there, and a barrier-ordered block inside would leave ranks waiting."""
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            return self._rank_dependent(test.expression)
-        if isinstance(test, cst.BooleanOperation):
-            return self._rank_dependent(test.left) or self._rank_dependent(test.right)
-        return self.facts.main_when(test, True) or self.facts.main_when(test, False)
+        return self.facts.rank_dependent(test)
 
     def _goes_first(self, context: cst.BaseExpression) -> bool:
         """``accelerator.main_process_first()``, ``training_args.main_process_first(desc=...)``,
@@ -715,13 +755,17 @@ with main_process_first(accelerator=accelerator):
             advice = f"wrap these statements in one `with {plan.display}:` block"
         else:
             advice = f"wrap it in `with {plan.display}:`"
+        fix, why_not = None, ""
+        if plan.context is not None and run:
+            reach = self.facts.all_ranks_reach(run[0])
+            if reach.value is True:
+                fix = self._fix(run, plan)
+            else:
+                why_not = f" (no automatic fix: {barrier_unsafe(reach)})"
         message = (
             f"{what} (duplicate work, racing on the shared cache); "
-            f"{advice} so the main process fills the cache and the other ranks reuse it"
+            f"{advice} so the main process fills the cache and the other ranks reuse it{why_not}"
         )
-        fix = None
-        if plan.context is not None and run:
-            fix = self._fix(run, plan)
         self.report(first.anchor, message, fix=fix)
 
     def _plan(self, anchor: cst.Call, run: list[cst.SimpleStatementLine] | None, framework: str) -> _Plan:

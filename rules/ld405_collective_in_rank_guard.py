@@ -14,6 +14,7 @@ from lintdist.facts import (
     RANK_GETTERS,
     RANK_NAMES,
     argument_of,
+    barrier_unsafe,
 )
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid, words
@@ -370,6 +371,10 @@ def save(output_dir):
             if self._joined_by_others(via or call):
                 continue
             found.setdefault(id(guard), []).append((call, what, guard, via, either))
+        for call, collective, helper in self._helpers_elsewhere():
+            hit = self._main_only(call, 0)
+            if hit is not None and id(hit[0]) not in found:
+                self._report_elsewhere(call, collective, helper, hit[0])
         order = facts.index.order
         for group in found.values():
             # one finding per guarded block, at the first collective it reaches
@@ -383,6 +388,51 @@ def save(output_dir):
                 if all(anchor is not a for a in anchors):
                     anchors.append(anchor)
             self._report(call, what, guard, via, either, anchors)
+
+    # -- collectives in the project's other modules -------------------------------------------
+
+    def _helpers_elsewhere(self) -> list[tuple[cst.Call, tuple[cst.Call, str], Rule]]:
+        """Calls of functions defined in the project's other modules that reach a collective there (first one),
+        with this rule asked of that module."""
+        facts = self.facts
+        if facts.project is None:
+            return []
+        found = []
+        for call in facts.calls:
+            if not isinstance(call.func, (cst.Name, cst.Attribute)) or facts.local_functions(call):
+                continue
+            for qualified in sorted(facts.qualified_names(call.func)):
+                definition = facts.project.definition(qualified)
+                if definition is None or not isinstance(definition[1], cst.FunctionDef):
+                    continue
+                other, helper = definition
+                there = self.elsewhere(other)
+                collective = next(
+                    (
+                        (inner, what)
+                        for inner in other.reachable_calls(helper)
+                        if (what := there._collective(inner)) is not None and not there._never_with_main(inner)
+                    ),
+                    None,
+                )
+                if collective is not None:
+                    found.append((call, collective, there))
+                    break
+        return found
+
+    def _report_elsewhere(self, call: cst.Call, collective: tuple[cst.Call, str], there: Rule, guard) -> None:
+        inner, what = collective
+        helper = get_full_name_for_node(call.func) or "this helper"
+        reached = get_full_name_for_node(inner.func) or "a collective"
+        place = f"{there.context.path.name}:{there.context.span(inner).line}"
+        does = "gathers the model's shards under FSDP and DeepSpeed" if what == "sharded" else "is a collective"
+        message = (
+            f"`{helper}()` reaches `{reached}()` ({place}), which {does}, but only the main process calls it here "
+            f"(the main-process guard at line {self.context.span(guard).line}): the other ranks never join and the "
+            "job hangs; call the helper on every rank and keep only the file writes and logging under the guard "
+            "(no automatic fix: the collective is in another module)"
+        )
+        self.report(call, message, severity=None if what == "always" else Severity.WARNING)
 
     # -- what is a collective ---------------------------------------------------------------
 
@@ -412,6 +462,9 @@ def save(output_dir):
         facts = self.facts
         origins = facts.origins(receiver, at)
         if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, ACCELERATE_OBJECTS) for o in origins):
+            return True
+        # a fragment or a helper that never names accelerate: `accelerator` is known by what is done with it
+        if facts.identified(receiver, at, "accelerator") is not None:
             return True
         # `self.accelerator` set outside this file, or a parameter of a function called from elsewhere
         if not self._uses_accelerate():
@@ -597,13 +650,21 @@ def save(output_dir):
             except _NoFix as reason:
                 why_not = str(reason)
             else:
-                fix = Fix(
-                    Applicability.UNSAFE,
-                    "Call the collective on every rank; keep the rank-0 work under the guard",
-                    replacements=((outer, cst.FlattenSentinel(statements)),),
-                )
+                reach = self.facts.all_ranks_reach(outer)
+                if reach.value is True:
+                    fix = Fix(
+                        Applicability.UNSAFE,
+                        "Call the collective on every rank; keep the rank-0 work under the guard",
+                        replacements=((outer, cst.FlattenSentinel(statements)),),
+                    )
+                else:
+                    why_not = barrier_unsafe(reach)
+        basis = ""
+        if isinstance(call.func, cst.Attribute):
+            identified = self.facts.identified(call.func.value, call, "accelerator")
+            basis = f" ({identified})" if identified else ""
         message = (
-            f"`{callee}()` {does}, but only the main process reaches it ({where}): the other ranks never join "
+            f"`{callee}()`{basis} {does}, but only the main process reaches it ({where}): the other ranks never join "
             f"and the job hangs; {remedy}"
         )
         if why_not:

@@ -52,10 +52,12 @@ def test_fixture_findings_match_expectation(source, fixture_findings):
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist):
-    # The fixture's folder travels with it, so the configs and launch files that run a script stay linked.
-    folder = tmp_path / source.parent.name
-    shutil.copytree(source.parent, folder)
-    target = folder / source.name
+    # The fixture's folder travels with it, so the configs and launch files that run a script stay linked; a
+    # project fixture (fixtures/project/<name>/) travels whole, so its modules stay linked too.
+    home = _project_root(source) or source.parent
+    folder = tmp_path / home.name
+    shutil.copytree(home, folder)
+    target = folder / source.relative_to(home)
     original = target.read_bytes()
 
     diff = lintdist("check", "--diff", "--no-cache", str(target))
@@ -75,6 +77,14 @@ def test_fix_gives_expected_output_and_is_idempotent(source, tmp_path, lintdist)
     assert [f for f in remaining if (f["fix"] or {}).get("applicability") == "safe"] == [], "every safe fix applied"
     if not fixed_path.exists():
         assert len(remaining) == len(_expected(source))
+
+
+def _project_root(source: Path) -> Path | None:
+    """``fixtures/project/<name>`` for a file of a multi-module fixture."""
+    for folder in source.parents:
+        if folder.parent == FIXTURES / "project":
+            return folder
+    return None
 
 
 def _assert_parses(path: Path) -> None:
