@@ -301,6 +301,21 @@ class PythonFacts:
             return [
                 f for f in self.functions.get(func.attr.value, ()) if cls is not None and self.enclosing_class(f) is cls
             ]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Attribute)):
+            # `trainer.fit()` on `trainer = Trainer(...)`, a class of this file
+            methods = [f for f in self.functions.get(func.attr.value, ()) if self.enclosing_class(f) is not None]
+            if methods:
+                # the receiver's own assignments only: following parameters here would ask for call sites while
+                # they are being indexed
+                classes = {
+                    id(cls)
+                    for binding in self.bindings(get_full_name_for_node(func.value) or "", call)
+                    if binding.index is None
+                    and isinstance(binding.value, cst.Call)
+                    and isinstance(binding.value.func, cst.Name)
+                    for cls in self._classes_by_name().get(binding.value.func.value, ())
+                }
+                return [f for f in methods if id(self.enclosing_class(f)) in classes]
         return []
 
     def _classes_by_name(self) -> dict[str, list[cst.ClassDef]]:
@@ -529,9 +544,9 @@ class PythonFacts:
             kinds = other.value_kinds(value, at)
         finally:
             _CROSSING[0] -= 1
-        return [Origin(self._stand_in(STAND_INS[kind], here, note)) for kind in kinds]
+        return [Origin(self.stand_in(STAND_INS[kind], here, note)) for kind in kinds]
 
-    def _stand_in(self, template: str, here: cst.CSTNode, note: str) -> cst.BaseExpression:
+    def stand_in(self, template: str, here: cst.CSTNode, note: str) -> cst.BaseExpression:
         """A detached expression that stands, at ``here``, for a value made in another module; its names are
         their own qualified names, and a finding placed on it is placed on ``here``."""
         key = ("stand_in", template, id(here))
@@ -539,7 +554,7 @@ class PythonFacts:
             node = cst.parse_expression(template)
             for part in _walk_detached(node, (cst.CSTNode,)):
                 self.stand_ins[id(part)] = here
-            self._stand_in_notes[id(node)] = note
+                self._stand_in_notes[id(part)] = note
             self._memo[key] = node
         return self._memo[key]
 
@@ -694,7 +709,7 @@ class PythonFacts:
     def identified(self, expr: cst.BaseExpression, at: cst.CSTNode, kind: str) -> str | None:
         """``"`accelerator` is used as an Accelerator: `is_main_process`, `save_state`"`` where ``expr`` is
         known as ``kind`` by its API alone; None where a binding says what it is, or the API does not."""
-        if not self._unbound(expr, at):
+        if not self.unbound(expr, at):
             return None
         found = self.used_as(expr, at)
         if found is None or found[0] != kind:
@@ -703,7 +718,7 @@ class PythonFacts:
         attributes = ", ".join(f"`{a}`" for a in found[1])
         return f"`{name}` is used as {API_NAMES[kind]}: {attributes}"
 
-    def _unbound(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    def unbound(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """No assignment, import or known argument in sight says what ``expr`` holds."""
         if not isinstance(expr, (cst.Name, cst.Attribute)):
             return False

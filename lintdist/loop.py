@@ -897,6 +897,28 @@ class TrainingLoop:
                 found = self.prepared_model(origin.node, origin.node, depth + 1)
                 if found is not None:
                     return found
+        return self._prepared_by_api(expr, at)
+
+    def _prepared_by_api(self, expr: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+        """A model nothing in sight binds, handed to an Accelerator's ``accumulate(...)`` in the same scope (a
+        snippet, or a notebook cell whose earlier cells prepared it): accelerate's accumulation needs the prepared
+        model, so it is one; a stand-in ``accelerator.prepare(model)`` says so."""
+        facts = self.facts
+        key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if key is None or facts.index.order(expr) < 0 or not facts.unbound(expr, at):
+            return None
+        scope = facts.enclosing_function(at)
+        for call in facts.calls:
+            if (
+                facts.method_name(call) == "accumulate"
+                and isinstance(call.func, cst.Attribute)
+                and facts.enclosing_function(call) is scope
+                and any(get_full_name_for_node(arg.value) == key for arg in call.args)
+                and facts.is_accelerator(call.func.value, call)
+            ):
+                receiver = get_full_name_for_node(call.func.value)
+                note = f"`{key}` is handed to `{receiver}.accumulate()`"
+                return facts.stand_in(f"{receiver}.prepare({key})", expr, note)
         return None
 
     def called_model(self, call: cst.Call) -> cst.Call | None:

@@ -32,6 +32,7 @@ INSTALLED = frozenset({"site-packages", "dist-packages"})
 # A project larger than this is searched no further for callers (the answer is then "unknown").
 MAX_PROJECT_FILES = 4000
 MAX_FOLDER_DEPTH = 6
+MAX_REEXPORTS = 3
 SKIPPED_FOLDERS = frozenset(
     {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__", "build", "dist", "site-packages"}
     | {".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".lintdist_cache", ".eggs"}
@@ -244,8 +245,11 @@ class Project:
 
     # -- questions ----------------------------------------------------------------------------
 
-    def definition(self, qualified: str, importer: Path) -> tuple[PythonFacts, cst.CSTNode] | None:
-        """The module-level function, class or assignment a qualified name read in ``importer`` names."""
+    def definition(
+        self, qualified: str, importer: Path, depth: int = 0
+    ) -> tuple[PythonFacts, cst.CSTNode] | None:
+        """The module-level function, class or assignment a qualified name read in ``importer`` names, followed
+        through re-exports (``from .trainer import Trainer`` in a package's ``__init__.py``)."""
         found = resolve_name(qualified, importer)
         if found is None:
             return None
@@ -256,7 +260,17 @@ class Project:
         if facts is None:
             return None
         node = facts.module_definition(rest)
-        return (facts, node) if node is not None else None
+        if node is not None:
+            return facts, node
+        if depth >= MAX_REEXPORTS:
+            return None
+        for binding in facts.names.module_bindings(rest):
+            if isinstance(binding.node, (cst.Import, cst.ImportFrom)):
+                for name in binding.qualified_names(rest):
+                    target = self.definition(absolute(name, path), path, depth + 1)
+                    if target is not None:
+                        return target
+        return None
 
     def callers(self, path: Path, name: str) -> list[Site]:
         key = (path.resolve(), name)
@@ -290,10 +304,20 @@ class Project:
             for call in facts.calls:
                 if facts.method_name(call) != called:
                     continue
-                if not owner and any(absolute(q, other) in targets for q in facts.qualified_names(call.func)):
+                if not owner and any(self._names(q, other, targets, path) for q in facts.qualified_names(call.func)):
                     yield Site(facts, call, other)
-                elif owner and isinstance(call.func, cst.Attribute) and _built_from(facts, call, targets, other):
+                elif owner and isinstance(call.func, cst.Attribute) and _built_from(self, facts, call, targets, other, path):
                     yield Site(facts, call, other)
+
+    def _names(self, qualified: str, importer: Path, targets: set[str], path: Path) -> bool:
+        """A qualified name read in ``importer`` is one of ``targets`` of ``path``, directly or re-exported."""
+        name = absolute(qualified, importer)
+        if name in targets:
+            return True
+        if name.rsplit(".", 1)[-1] not in {t.rsplit(".", 1)[-1] for t in targets}:
+            return False
+        found = self.definition(name, importer)
+        return found is not None and found[0].project is not None and found[0].project.path == path
 
     def references(self, path: Path, name: str) -> Iterator[tuple[PythonFacts, cst.Name, Path]]:
         """Reads of the module-level ``name`` of ``path`` in other project files that are not calls (a function
@@ -316,7 +340,7 @@ class Project:
                 parent = facts.parent(node)
                 if isinstance(parent, cst.Call) and parent.func is node:
                     continue
-                if any(absolute(q, other) in targets for q in facts.qualified_names(node)):
+                if any(self._names(q, other, targets, path) for q in facts.qualified_names(node)):
                     yield facts, node, other
 
     def read(self) -> dict[str, str]:
@@ -331,11 +355,13 @@ def _may_import(text: str, path: Path) -> bool:
     return module in text or "from ." in text
 
 
-def _built_from(facts: PythonFacts, call: cst.Call, classes: set[str], path: Path) -> bool:
-    """The receiver of ``x.method(...)`` is an instance of one of ``classes`` (qualified names)."""
+def _built_from(project: Project, facts: PythonFacts, call: cst.Call, classes: set[str], importer: Path, path: Path) -> bool:
+    """The receiver of ``x.method(...)`` is an instance of one of ``classes`` (qualified names of ``path``)."""
     for origin in facts.origins(call.func.value, call):
         node = origin.node
-        if isinstance(node, cst.Call) and any(absolute(q, path) in classes for q in facts.qualified_names(node.func)):
+        if isinstance(node, cst.Call) and any(
+            project._names(q, importer, classes, path) for q in facts.qualified_names(node.func)
+        ):
             return True
     return False
 

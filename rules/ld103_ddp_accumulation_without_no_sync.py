@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -10,7 +11,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
 from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite, integer_literal, is_accumulation_name
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
@@ -124,7 +125,8 @@ class DdpAccumulationWithoutNoSync(Rule):
     name = "ddp-accumulation-without-no-sync"
     severity = Severity.WARNING
     fix_kind = "safe"
-    triggers = ("DistributedDataParallel",)
+    # the wrapper, or a helper module's modulo accumulation gate (the model may be wrapped by its caller)
+    triggers = ("DistributedDataParallel", Pattern(("accum",), re.compile(r"%\s*\(?\s*[\w.]*accum")))
     also_triggers = (("backward",),)
 
     VALID = (
@@ -385,13 +387,25 @@ for epoch in range(epochs):
     def _raw_ddp(self) -> bool:
         """The file wraps a model in DistributedDataParallel and hands the loop to no framework."""
         facts = self.facts
-        if not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
+        if not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()) and not self._ddp_passed_in():
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
             return False
         if any(not facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
             return False  # FSDP in the same file: its no_sync is LD104's concern
         return not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
+
+    def _ddp_passed_in(self) -> bool:
+        """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
+        facts = self.facts
+        if facts.project is None:
+            return False
+        return any(
+            isinstance(call.func, cst.Name)
+            and facts.parameter(call.func.value, call) is not None
+            and self._is_ddp(call.func, call)
+            for call in facts.calls
+        )
 
     def _is_ddp(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
         facts = self.facts

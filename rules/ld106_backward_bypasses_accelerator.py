@@ -390,8 +390,13 @@ class Module(pl.LightningModule):
             consequence = (
                 "it gives the same gradient only while the script runs without fp16, DeepSpeed and accumulation"
             )
+        known = ""
+        note = self.facts.stand_in_note(prepare)
+        if note:  # a snippet: the model and the accelerator are known by what is done with them
+            basis = self.facts.identified(receiver, site.call, "accelerator")
+            known = f" ({note}" + (f"; {basis}" if basis else "") + ")"
         message = (
-            f"`{loss_text}.backward()` bypasses `{shown}.backward` for a model prepared by accelerate: "
+            f"`{loss_text}.backward()` bypasses `{shown}.backward` for a model prepared by accelerate{known}: "
             f"{consequence}; call `{shown}.backward({loss_text})`"
         )
         if division is not None:

@@ -345,9 +345,11 @@ for step, (x, y) in enumerate(loader):
                 continue
             reported.add(id(block.node))
             model = self.context.module.code_for_node(block.model)
+            identified = facts.identified(block.model, block.node, "ddp")
+            known = f" ({identified})" if identified else ""
             self.report(
                 block.call if facts.is_within(block.call, block.node) else block.node.items[0].item,
-                f"this no_sync block runs a backward but no forward of `{model}`: DDP decides in the forward "
+                f"this no_sync block runs a backward but no forward of `{model}`{known}: DDP decides in the forward "
                 "whether the backward all-reduces, so the gradients are still synchronized on every micro-batch; "
                 "move the forward pass into the block",
             )
@@ -357,6 +359,8 @@ for step, (x, y) in enumerate(loader):
         facts = self.facts
         origins = facts.origins(block.model, block.node)
         if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+            return True
+        if facts.identified(block.model, block.node, "ddp") is not None:  # a snippet: `.no_sync()` and `.module`
             return True
         prepared = any(self.loop.is_accelerate_prepare(o.node) for o in origins)
         return prepared and self.loop.backend is None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 SET_EPOCH = frozenset({"set_epoch"})
 # Samplers of other libraries named like `OrderedDistributedSampler` (timm) keep the file order and may have no
@@ -78,7 +80,11 @@ class MissingSetEpoch(Rule):
     name = "missing-set-epoch"
     severity = Severity.ERROR
     fix_kind = "safe"
-    triggers = ("DistributedSampler",)
+    # the sampler, or a distributed script's epoch loop over a loader made in another module of the project
+    triggers = (
+        "DistributedSampler",
+        Pattern(("torch.distributed",), re.compile(r"for\s+\w*epoch\w*\s+in\b")),
+    )
 
     VALID = (
         Valid(
@@ -373,7 +379,10 @@ for _ in range(3):
             call_text = f"set_epoch({receiver}, {epoch or 'epoch'})"
         else:
             call_text = f"{receiver}.set_epoch({epoch or 'epoch'})"
-        if isinstance(use.sampler_arg, (cst.Name, cst.Attribute)):
+        made_elsewhere = self.facts.stand_in_note(use.loader)
+        if made_elsewhere:
+            subject = f"the `DistributedSampler` of the loader {made_elsewhere}"
+        elif isinstance(use.sampler_arg, (cst.Name, cst.Attribute)):
             subject = f"`{get_full_name_for_node(use.sampler_arg)}`"
         else:
             subject = "the `DistributedSampler` of this loader"

@@ -118,6 +118,10 @@ def step_end(accelerator, args, global_step, log):
             save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
             accelerator.save_state(save_path)
             log.append(f"saved {save_path}")  # rank 0 only
+
+
+if __name__ == "__main__":
+    step_end(Accelerator(), parse_args(), 0, [])
 """
 
 EXPORT = """\
@@ -131,6 +135,10 @@ def end_of_epoch(accelerator, model, args, log):
             weights = accelerator.get_state_dict(model)
             accelerator.save(weights, f"{args.output_dir}/final.bin")
             log.append("exported")
+
+
+if __name__ == "__main__":
+    end_of_epoch(Accelerator(), build_model(), parse_args(), [])
 """
 
 
@@ -210,6 +218,29 @@ def test_no_fix_when_moving_code_could_change_behaviour(code, reason, tmp_path):
     assert fixed == code
     (finding,) = [f for f in findings if f.code == "LD405"]
     assert finding.fix is None and reason in finding.message
+
+
+GUARDED_CALLER = """
+
+accelerator = Accelerator()
+if accelerator.is_main_process:
+    step_end(accelerator, parse_args(), 0, [])
+"""
+
+
+@pytest.mark.parametrize(
+    ("caller", "reason"),
+    [
+        ("", "`step_end()` is called from code lintdist cannot see"),
+        (GUARDED_CALLER, "a rank test at train.py:19 keeps some ranks from this code"),
+    ],
+)
+def test_no_fix_unless_every_rank_reaches_the_moved_collective(caller, reason, tmp_path):
+    code = CHECKPOINT.split("\n\nif __name__")[0] + "\n" + caller
+    fixed, findings = _fix(code, tmp_path)
+    (finding,) = [f for f in findings if f.code == "LD405"]
+    assert finding.fix is None and reason in finding.message, finding.message
+    assert fixed == code
 
 
 def test_save_state_message_follows_accelerate_source(tmp_path):

@@ -1,0 +1,171 @@
+"""The module graph: imports of the project's own code resolve to its files, questions cross modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from lintdist.facts import PythonFacts
+from lintdist.project import (
+    Project,
+    absolute,
+    import_root,
+    module_names,
+    reset_process_project,
+    resolve_module,
+    resolve_name,
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_project():
+    reset_process_project()
+    yield
+    reset_process_project()
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def function(facts: PythonFacts, name: str) -> cst.FunctionDef:
+    return next(f for f in facts.functions[name])
+
+
+def test_packages_src_layout_and_scripts_resolve(tmp_path):
+    write(
+        tmp_path,
+        {
+            "src/pkg/__init__.py": "",
+            "src/pkg/train.py": "",
+            "src/pkg/utils/__init__.py": "",
+            "src/pkg/utils/ckpt.py": "",
+            "scripts/run.py": "",
+            "scripts/helpers.py": "",
+            "scripts/data/loaders.py": "",  # a namespace package: no __init__.py
+        },
+    )
+    train = (tmp_path / "src/pkg/train.py").resolve()
+    assert import_root(train) == tmp_path / "src"
+    assert module_names(train) == ("pkg.train", "train")
+    assert resolve_module("pkg.utils.ckpt", train) == (tmp_path / "src/pkg/utils/ckpt.py").resolve()
+    assert resolve_module("pkg.utils", train) == (tmp_path / "src/pkg/utils/__init__.py").resolve()
+    assert resolve_module("torch.nn", train) is None  # an installed library stays a name
+    run = (tmp_path / "scripts/run.py").resolve()
+    assert resolve_name("helpers.save", run) == ((tmp_path / "scripts/helpers.py").resolve(), "save")
+    assert resolve_name("data.loaders.build", run) == ((tmp_path / "scripts/data/loaders.py").resolve(), "build")
+
+
+def test_relative_names_are_made_absolute(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/train.py": ""})
+    train = (tmp_path / "pkg/sub/train.py").resolve()
+    assert absolute("..utils.save", train) == "pkg.utils.save"
+    assert absolute(".loops.run", train) == "pkg.sub.loops.run"
+    assert absolute(".", (tmp_path / "pkg/sub/__init__.py").resolve()) == "pkg.sub"
+    assert absolute("torch.save", train) == "torch.save"
+
+
+def test_definitions_follow_reexports(tmp_path):
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .engine import Trainer\n",
+            "pkg/engine.py": "class Trainer:\n    def __init__(self, accelerator):\n        self.accelerator = accelerator\n",
+            "train.py": "from pkg import Trainer\n",
+        },
+    )
+    project = Project()
+    found = project.definition("pkg.Trainer", (tmp_path / "train.py").resolve())
+    assert found is not None
+    facts, node = found
+    assert isinstance(node, cst.ClassDef) and node.name.value == "Trainer"
+    assert facts.project.path == (tmp_path / "pkg/engine.py").resolve()
+
+
+def test_callers_in_other_modules_with_their_guards(tmp_path):
+    write(
+        tmp_path,
+        {
+            "lib/__init__.py": "",
+            "lib/data.py": "def build(args):\n    return load_dataset('x')\n\ndef other():\n    pass\n",
+            "main.py": (
+                "import torch.distributed as dist\n"
+                "from lib.data import build\n"
+                "from lib import data as d\n\n"
+                "def main(args):\n"
+                "    if dist.get_rank() == 0:\n"
+                "        build(args)\n"
+                "    d.build(args)\n\n"
+                "main(None)\n"
+            ),
+        },
+    )
+    project = Project()
+    data = project.facts((tmp_path / "lib/data.py").resolve())
+    build = function(data, "build")
+    sites = data.external_call_sites(build)
+    assert [site.path.name for site in sites] == ["main.py", "main.py"]
+    reaches = [site.facts.all_ranks_reach(site.call).value for site in sites]
+    assert reaches == [False, True]
+    answer = data.all_ranks_reach(build.body.body[0])
+    assert answer.value is False and answer.why == "main.py:6"
+    assert data.all_ranks_reach(function(data, "other").body.body[0]).value is None
+
+
+def test_methods_called_on_instances_built_elsewhere(tmp_path):
+    write(
+        tmp_path,
+        {
+            "trainer.py": (
+                "class Trainer:\n"
+                "    def __init__(self, accelerator):\n"
+                "        self.accelerator = accelerator\n\n"
+                "    def fit(self):\n"
+                "        self.accelerator.wait_for_everyone()\n"
+            ),
+            "train.py": (
+                "from accelerate import Accelerator\n"
+                "from trainer import Trainer\n\n"
+                "trainer = Trainer(Accelerator())\n"
+                "trainer.fit()\n"
+            ),
+        },
+    )
+    project = Project()
+    facts = project.facts((tmp_path / "trainer.py").resolve())
+    fit = function(facts, "fit")
+    assert facts.all_ranks_reach(fit.body.body[0]).value is True
+    receiver = fit.body.body[0].body[0].value.func.value  # self.accelerator
+    assert facts.is_accelerator(receiver, receiver)
+
+
+def test_returned_loader_and_module_global_reach_the_importer(tmp_path):
+    write(
+        tmp_path,
+        {
+            "setup.py": "from accelerate import Accelerator\n\naccelerator = Accelerator()\n",
+            "data.py": (
+                "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+                "def loader(ds):\n"
+                "    return DataLoader(ds, sampler=DistributedSampler(ds))\n"
+            ),
+            "train.py": (
+                "from setup import accelerator\nfrom data import loader\n\nbatches = loader(None)\n"
+                "accelerator.wait_for_everyone()\n"
+            ),
+        },
+    )
+    project = Project()
+    facts = project.facts((tmp_path / "train.py").resolve())
+    statement = facts.index.module.body[2].body[0]
+    use = facts.distributed_sampler(statement.targets[0].target, statement)
+    assert use is not None and use.shuffle is True
+    assert facts.stand_in_note(use.loader) == "returned by `data.loader`"
+    call = facts.index.module.body[3].body[0].value
+    assert facts.is_accelerator(call.func.value, call)
+    assert not facts.is_accelerator(cst.parse_expression("accelerator"), call)  # a detached name is not the import
