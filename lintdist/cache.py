@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from lintdist import __version__
@@ -24,6 +24,8 @@ class Entry:
     mtime_ns: int
     digest: str
     findings: list[dict]
+    # the project's other files the check read: path -> [size, mtime_ns, digest] (a change re-checks this file)
+    dependencies: dict[str, list] = field(default_factory=dict)
 
 
 class ResultCache:
@@ -50,25 +52,51 @@ class ResultCache:
         tag = _extra_tag(extra)
         unchanged = entry is not None and (entry.size, entry.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
         if unchanged and entry.digest.startswith(tag):
-            return entry.findings, entry.digest
+            return (entry.findings, entry.digest) if self._dependencies_hold(key, entry) else (None, entry.digest)
         try:
             digest = tag + hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError:
             return None, None
-        if entry is not None and entry.digest == digest:
-            self.entries[key] = Entry(stat.st_size, stat.st_mtime_ns, digest, entry.findings)
+        if entry is not None and entry.digest == digest and self._dependencies_hold(key, entry):
+            self.entries[key] = replace(entry, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
             self.dirty = True
             return entry.findings, digest
         return None, digest
 
-    def store(self, key: str, path: Path, digest: str | None, findings: list[dict]) -> None:
+    def _dependencies_hold(self, key: str, entry: Entry) -> bool:
+        """Every file the cached check read is as it was (by size and time, else by content)."""
+        from lintdist.project import file_digest
+
+        stamps = dict(entry.dependencies)
+        for name, (size, mtime_ns, digest) in entry.dependencies.items():
+            path = Path(name)
+            try:
+                stat = path.stat()
+            except OSError:
+                return False
+            if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
+                continue
+            try:
+                if file_digest(path.read_bytes()) != digest:
+                    return False
+            except OSError:
+                return False
+            stamps[name] = [stat.st_size, stat.st_mtime_ns, digest]
+        if stamps != entry.dependencies:
+            self.entries[key] = replace(entry, dependencies=stamps)
+            self.dirty = True
+        return True
+
+    def store(
+        self, key: str, path: Path, digest: str | None, findings: list[dict], dependencies: dict | None = None
+    ) -> None:
         if digest is None:
             return
         try:
             stat = path.stat()
         except OSError:
             return
-        self.entries[key] = Entry(stat.st_size, stat.st_mtime_ns, digest, findings)
+        self.entries[key] = Entry(stat.st_size, stat.st_mtime_ns, digest, findings, dependencies or {})
         self.dirty = True
 
     def save(self) -> None:

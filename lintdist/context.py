@@ -35,6 +35,8 @@ class FileContext:
     # Launch settings in force for this script, gathered by the project pass.
     settings: LaunchSettings | None = None
     findings: list[Finding] = field(default_factory=list)
+    # The project's other files the check read (their changes must re-check this file).
+    dependencies: list[Path] = field(default_factory=list)
     _positions: Any = None
 
     def add(self, finding: Finding) -> None:

@@ -115,7 +115,7 @@ def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Modul
                 known.names,
                 known,
             )
-            _run_rules(context, rules)
+            _run_rules_recorded(context, rules, project)
             return
     if module is None:
         try:
@@ -133,7 +133,18 @@ def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Modul
     if in_project(context.path):
         context.facts.project = ProjectView(project, context.path, context.text)
         project.adopt(context.path, context.text, context.facts)
-    _run_rules(context, rules)
+    _run_rules_recorded(context, rules, project)
+
+
+def _run_rules_recorded(context: FileContext, rules: list[type[Rule]], project) -> None:
+    """Run the rules, noting the project's other files their questions read (the cache depends on them)."""
+    if context.facts.project is None:
+        _run_rules(context, rules)
+        return
+    with project.recording() as read:
+        _run_rules(context, rules)
+    own = context.path.resolve()
+    context.dependencies = sorted(path for path in read if path != own)
 
 
 def _run_rules(context: FileContext, rules: list[type[Rule]]) -> None:

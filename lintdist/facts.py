@@ -475,11 +475,8 @@ class PythonFacts:
         or a module-level class constructed (its ``__init__``)."""
         if self.project is None:
             return []
-        key = ("external_sites", id(function))
-        if key not in self._memo:
-            name = self._exported_name(function)
-            self._memo[key] = self.project.callers(name) if name else []
-        return self._memo[key]
+        name = self._exported_name(function)
+        return self.project.callers(name) if name else []
 
     def _exported_name(self, function: cst.FunctionDef) -> str | None:
         if self.enclosing_function(function) is not None:
@@ -617,10 +614,23 @@ class PythonFacts:
             return Reach(True)
         key = ("reach", id(function))
         if key in self._memo:
-            return self._memo[key]
+            answer, read = self._memo[key]
+            if self.project is not None:
+                self.project.project.record(read)
+            return answer
         if depth >= MAX_CALLER_DEPTH + 2:
             return Reach(None, f"the callers of `{function.name.value}()` are too deep to follow")
-        self._memo[key] = Reach(None, "recursion")
+        self._memo[key] = (Reach(None, f"`{function.name.value}()` is reached only through a cycle of calls"), ())
+        if self.project is None:
+            answer = self._reach_from_callers(function, depth)
+            self._memo[key] = (answer, ())
+            return answer
+        with self.project.project.recording() as read:
+            answer = self._reach_from_callers(function, depth)
+        self._memo[key] = (answer, frozenset(read))
+        return answer
+
+    def _reach_from_callers(self, function: cst.FunctionDef, depth: int) -> Reach:
         answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]
         answers += [site.facts.all_ranks_reach(site.call, depth + 1) for site in self.external_call_sites(function)]
         for call, main_only in self._handed_to(function):
@@ -636,13 +646,10 @@ class PythonFacts:
                         Reach(False, other._where(call)) if main_only else other.all_ranks_reach(call, depth + 1)
                     )
         if not answers:
-            answer = Reach(None, f"`{function.name.value}()` is called from code lintdist cannot see")
-        else:
-            answer = next((a for a in answers if a.value is False), None) or next(
-                (a for a in answers if a.value is None), Reach(True)
-            )
-        self._memo[key] = answer
-        return answer
+            return Reach(None, f"`{function.name.value}()` is called from code lintdist cannot see")
+        return next((a for a in answers if a.value is False), None) or next(
+            (a for a in answers if a.value is None), Reach(True)
+        )
 
     def _handed_to(self, function: cst.FunctionDef) -> list[tuple[cst.Call, bool]]:
         """The calls this file hands ``function`` to as an argument (``mp.spawn(main_worker, ...)``,

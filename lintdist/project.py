@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -175,15 +176,43 @@ class Project:
 
     def __init__(self) -> None:
         self._analysed: dict[Path, PythonFacts | None] = {}
-        self._digests: dict[Path, str] = {}
         self._texts: dict[Path, str] = {}
         self._adopted: dict[Path, tuple[str, PythonFacts]] = {}
         self._callers: dict[tuple[Path, str], list[Site]] = {}
         self._mentions: dict[tuple[Path, str], list[Path]] = {}
+        self._recorders: list[set[Path]] = []
+        # unsaved editor texts by path (the language server's open documents)
+        self.overlay: dict[Path, str] = {}
 
     # -- files --------------------------------------------------------------------------------
 
+    @contextmanager
+    def recording(self) -> Iterator[set[Path]]:
+        """Collect the project files read inside the block (nested blocks add to the outer ones)."""
+        read: set[Path] = set()
+        self._recorders.append(read)
+        try:
+            yield read
+        finally:
+            self._recorders.pop()
+            if self._recorders:
+                self._recorders[-1].update(read)
+
+    def record(self, paths: Iterable[Path]) -> None:
+        """Count files as read by the check under way (an answer remembered from an earlier question)."""
+        if self._recorders:
+            self._recorders[-1].update(paths)
+
     def text(self, path: Path) -> str | None:
+        if self._recorders:
+            self._recorders[-1].add(path)
+        return self._read(path)
+
+    def _read(self, path: Path) -> str | None:
+        """A file's text, not counted as read by the check under way (a scan for a name); an editor's unsaved
+        text where the language server holds one."""
+        if path in self.overlay:
+            return self.overlay[path]
         if path not in self._texts:
             from lintdist.sources import SourceError, decode_source
 
@@ -193,12 +222,7 @@ class Project:
                 self._texts[path] = decode_source(data, "python").text
             except (OSError, SourceError):  # unreadable or undecodable: not a module lintdist can follow
                 return None
-            self._digests[path] = file_digest(data)
         return self._texts[path]
-
-    def digest(self, path: Path) -> str | None:
-        self.text(path)
-        return self._digests.get(path)
 
     def adopt(self, path: Path, text: str, facts: PythonFacts) -> None:
         """The engine parsed this module to check it: a question from another module reuses that parse when
@@ -214,12 +238,14 @@ class Project:
     def forget(self, path: Path) -> None:
         """A fix rewrote the file: the next question reads it again."""
         path = path.resolve()
-        for table in (self._analysed, self._texts, self._digests, self._adopted):
+        for table in (self._analysed, self._texts, self._adopted):
             table.pop(path, None)
         self._callers.clear()
 
     def facts(self, path: Path) -> PythonFacts | None:
         """The facts of a project module, parsed on first use (None: unreadable or not Python)."""
+        if self._recorders:
+            self._recorders[-1].add(path)
         if path not in self._analysed:
             self._analysed[path] = None
             text = self.text(path)
@@ -277,6 +303,7 @@ class Project:
         if key not in self._callers:
             self._mentions[key] = []
             self._callers[key] = list(self._find_callers(*key))
+        self.record(self._mentions[key])
         return self._callers[key]
 
     def mentions(self, path: Path, name: str) -> list[Path]:
@@ -294,7 +321,7 @@ class Project:
         for other in project_files(import_root(path)):
             if other == path:
                 continue
-            text = self.text(other)
+            text = self._read(other)
             if text is None or not word.search(text) or not _may_import(text, path):
                 continue
             self._mentions[(path, name)].append(other)
@@ -319,7 +346,16 @@ class Project:
         found = self.definition(name, importer)
         return found is not None and found[0].project is not None and found[0].project.path == path
 
-    def references(self, path: Path, name: str) -> Iterator[tuple[PythonFacts, cst.Name, Path]]:
+    def references(self, path: Path, name: str) -> list[tuple[PythonFacts, cst.Name, Path]]:
+        key = (path.resolve(), f"{name} as a value")
+        if key not in self._callers:
+            found = list(self._find_references(path.resolve(), name))
+            self._callers[key] = found
+            self._mentions[key] = sorted({other for _, _, other in found})
+        self.record(self._mentions[key])
+        return self._callers[key]
+
+    def _find_references(self, path: Path, name: str) -> Iterator[tuple[PythonFacts, cst.Name, Path]]:
         """Reads of the module-level ``name`` of ``path`` in other project files that are not calls (a function
         handed to ``mp.spawn`` or kept as a callback)."""
         path = path.resolve()
@@ -328,7 +364,7 @@ class Project:
         for other in project_files(import_root(path)):
             if other == path:
                 continue
-            text = self.text(other)
+            text = self._read(other)
             if text is None or not word.search(text) or not _may_import(text, path):
                 continue
             facts = self.facts(other)
@@ -342,10 +378,6 @@ class Project:
                     continue
                 if any(self._names(q, other, targets, path) for q in facts.qualified_names(node)):
                     yield facts, node, other
-
-    def read(self) -> dict[str, str]:
-        """Every file this process parsed or read to answer a question, with its content digest."""
-        return {str(path): digest for path, digest in self._digests.items()}
 
 
 def _may_import(text: str, path: Path) -> bool:
@@ -372,7 +404,6 @@ class ProjectView:
     def __init__(self, project: Project, path: Path, text: str | None = None) -> None:
         self.project = project
         self.path = path.resolve()
-        self.read: set[Path] = set()
         self._text = text
         self._positions = None
 
@@ -394,29 +425,14 @@ class ProjectView:
         except (KeyError, ValueError):
             return None
 
-    def _note(self, facts: PythonFacts | None) -> None:
-        if facts is not None and facts.project is not None:
-            self.read.add(facts.project.path)
-
     def definition(self, qualified: str) -> tuple[PythonFacts, cst.CSTNode] | None:
-        found = self.project.definition(qualified, self.path)
-        if found is not None:
-            self._note(found[0])
-        return found
+        return self.project.definition(qualified, self.path)
 
     def callers(self, name: str) -> list[Site]:
-        sites = self.project.callers(self.path, name)
-        self.read.update(self.project.mentions(self.path, name))
-        return sites
+        return self.project.callers(self.path, name)
 
     def references(self, name: str) -> list[tuple[PythonFacts, cst.Name, Path]]:
-        found = list(self.project.references(self.path, name))
-        self.read.update(path for _, _, path in found)
-        return found
-
-    def dependencies(self) -> dict[str, str]:
-        """The files this module's check read, with their digests (for the cache)."""
-        return {str(p): d for p in sorted(self.read) if (d := self.project.digest(p)) is not None}
+        return self.project.references(self.path, name)
 
 
 _PROCESS_PROJECT: Project | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class FileReport:
     applied: int = 0
     dropped: list[str] = field(default_factory=list)
     error: str | None = None
+    # the project's other files the check read: path -> [size, mtime_ns, content digest]
+    dependencies: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +73,9 @@ def process(task: Task) -> FileReport:
     report, new_text = process_text(task, source.text)
     if new_text is not None and task.mode == "fix":
         write_atomically(candidate.path, new_text.encode(source.encoding))
+        from lintdist.project import process_project
+
+        process_project().forget(candidate.path)  # the other modules' questions read the new text
     return report
 
 
@@ -103,6 +109,8 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
             findings, context = check_text(text, explicit=candidate.explicit, **common)
             if task.want_edits and notebook is None:
                 findings = with_edits(findings, context)
+            if context is not None and context.dependencies:
+                report.dependencies = dependency_stamps(context.dependencies)
         else:
             outcome = fix_text(text, unsafe=task.unsafe, explicit=candidate.explicit, **common)
             findings, report.applied, report.dropped = outcome.findings, outcome.applied, outcome.dropped
@@ -124,6 +132,20 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
         findings = [_in_cell(f, notebook) for f in findings]
     report.findings = [f.to_json(with_edits=task.want_edits) for f in findings if f.code in task.codes]
     return report, new_text
+
+
+def dependency_stamps(paths: list[Path]) -> dict[str, list]:
+    """What the cache checks to know that a file the check read is unchanged."""
+    from lintdist.project import file_digest
+
+    stamps = {}
+    for path in paths:
+        try:
+            stat = path.stat()
+            stamps[str(path)] = [stat.st_size, stat.st_mtime_ns, file_digest(path.read_bytes())]
+        except OSError:
+            stamps[str(path)] = [-1, -1, ""]
+    return stamps
 
 
 def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
@@ -220,6 +242,8 @@ def run(
         )
 
     project = _project_pass(candidates, settings)
+    if "lintdist.project" in sys.modules:  # files may have changed since an earlier run in this process
+        sys.modules["lintdist.project"].reset_process_project()
 
     tasks = []
     for candidate in candidates:
@@ -269,7 +293,7 @@ def run(
     for (index, task, digest), report in zip(pending, results):
         reports[index] = report
         if cache is not None and report.error is None:
-            cache.store(task.candidate.display, task.candidate.path, digest, report.findings)
+            cache.store(task.candidate.display, task.candidate.path, digest, report.findings, report.dependencies)
     if cache is not None:
         cache.save()
 

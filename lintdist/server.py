@@ -24,6 +24,7 @@ from lintdist import __version__
 from lintdist.config import ConfigError, resolve_settings
 from lintdist.discover import Candidate, kind_of
 from lintdist.model import Finding, Severity
+from lintdist.project import process_project, reset_process_project
 from lintdist.runner import Task, launch_settings_for, process_text
 
 FIX_ALL = "source.fixAll.lintdist"
@@ -52,6 +53,8 @@ class LintdistServer(LanguageServer):
         self.debounce_s = DEBOUNCE_S
         self.pending: dict[str, asyncio.TimerHandle] = {}
         self.findings: dict[str, list[Finding]] = {}
+        # uri -> the project files its last check read: a change to one of them re-checks the document
+        self.dependencies: dict[str, set[str]] = {}
 
     # -- checking -----------------------------------------------------------------------------------
 
@@ -72,7 +75,12 @@ class LintdistServer(LanguageServer):
             relative = path.as_posix()
         launch = launch_settings_for(path, settings) if kind == "python" else None
         task = Task(Candidate(path, str(path), kind, True), settings.enabled_for(relative), launch, mode, unsafe, True)
+        # the project's other modules are read as the editor holds them, unsaved edits included
+        reset_process_project()
+        process_project().overlay = self._open_texts()
         report, new_text = process_text(task, text)
+        if mode == "check":
+            self.dependencies[uri] = set(report.dependencies)
         if report.error:
             self.log(types.MessageType.Error, f"lintdist: {path}: {report.error}")
         return [Finding.from_json(f) for f in report.findings], new_text
@@ -125,12 +133,33 @@ class LintdistServer(LanguageServer):
             items = [self._diagnostic(text, f) for f in findings]
             self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=cell_uri, diagnostics=items))
 
-    def publish(self, uri: str) -> None:
+    def publish(self, uri: str, dependents: bool = True) -> None:
         self.pending.pop(uri, None)
         if uri not in self.workspace.text_documents:
             return
         items = self.diagnostics(uri)
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=items))
+        if dependents:
+            self.publish_dependents(uri)
+
+    def publish_dependents(self, uri: str) -> None:
+        """Re-check the open documents whose last check read this document's file (``train.py`` when
+        ``utils.py`` changes), once each."""
+        path = uris.to_fs_path(uri)
+        if path is None:
+            return
+        changed = str(Path(path).resolve())
+        for other, read in list(self.dependencies.items()):
+            if other != uri and changed in read and other in self.workspace.text_documents:
+                self.publish(other, dependents=False)
+
+    def _open_texts(self) -> dict[Path, str]:
+        texts = {}
+        for uri, document in getattr(self.workspace, "text_documents", {}).items():
+            path = uris.to_fs_path(uri)
+            if path is not None and path.endswith(".py"):
+                texts[Path(path).resolve()] = document.source
+        return texts
 
     def schedule(self, uri: str, publish=None) -> None:
         """Check after a quiet spell: rapid edits cost one check."""
@@ -252,7 +281,7 @@ def build() -> LintdistServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: LintdistServer, params: types.DidOpenTextDocumentParams) -> None:
-        ls.publish(params.text_document.uri)
+        ls.publish(params.text_document.uri, dependents=False)  # opening changes nothing another file read
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: LintdistServer, params: types.DidChangeTextDocumentParams) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import libcst as cst
@@ -169,3 +170,36 @@ def test_returned_loader_and_module_global_reach_the_importer(tmp_path):
     call = facts.index.module.body[3].body[0].value
     assert facts.is_accelerator(call.func.value, call)
     assert not facts.is_accelerator(cst.parse_expression("accelerator"), call)  # a detached name is not the import
+
+
+def test_editing_a_dependency_rechecks_its_dependents_only(tmp_path, monkeypatch):
+    from lintdist import runner
+    from lintdist.config import resolve_settings
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "project" / "ddp_epoch_helper"
+    project = tmp_path / "project"
+    shutil.copytree(fixture, project, ignore=shutil.ignore_patterns("*.expected", "*.fixed.*"))
+    (project / "notes.py").write_text("import torch.distributed as dist\n\ndist.barrier()\n")  # imports nothing here
+    checked: list[str] = []
+    real = runner.process
+
+    def counting(task):
+        checked.append(Path(task.candidate.display).name)
+        return real(task)
+
+    monkeypatch.setattr(runner, "process", counting)
+    monkeypatch.chdir(project)
+    settings = resolve_settings(None, project)
+
+    def codes() -> list[tuple[str, str]]:
+        result = runner.run(["."], settings, jobs=1)
+        return sorted((Path(f.filename).name, f.code) for f in result.findings)
+
+    assert codes() == [("loops.py", "LD103"), ("main.py", "LD405")]
+    checked.clear()
+    assert codes() == [("loops.py", "LD103"), ("main.py", "LD405")]
+    assert checked == []  # warm: nothing re-checked
+    helper = project / "engine" / "checkpoint.py"
+    helper.write_text(helper.read_text().replace("    dist.all_gather_object(gathered, metrics)\n", ""))
+    assert codes() == [("loops.py", "LD103")]  # main.py's guarded call reaches no collective any more
+    assert sorted(checked) == ["checkpoint.py", "main.py"]  # the edited file and its dependent, not the others

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,6 +114,9 @@ def test_a_client_conversation_over_stdio(tmp_path, lintdist):
         "if accelerator.is_main_process:\n    accelerator.save_state('ckpt')\n"
     )
     (fsdp.parent / "config.yaml").write_text(FSDP_CONFIG)
+    project = tmp_path / "project"
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "project" / "ddp_epoch_helper"
+    shutil.copytree(fixture, project, ignore=shutil.ignore_patterns("*.expected", "*.fixed.*"))
     expected = _check(lintdist, script)
     expected_fsdp = _check(lintdist, fsdp)
     assert expected and expected_fsdp
@@ -211,6 +215,25 @@ def test_a_client_conversation_over_stdio(tmp_path, lintdist):
             types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=cell_uris[2]))
         )
         assert [(d.code, d.range.start.line) for d in pulled.items] == [("LD401", 1)]
+
+        # a dependency edited in the editor (unsaved) re-checks the open script that reads it
+        main_uri = talk.open(project / "main.py")
+        assert [d.code for d in await talk.diagnostics(main_uri)] == ["LD405"]
+        helper = project / "engine" / "checkpoint.py"
+        helper_uri = talk.open(helper)
+        assert await talk.diagnostics(helper_uri) == []
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=helper_uri, version=2),
+                content_changes=[
+                    types.TextDocumentContentChangeWholeDocument(
+                        text=helper.read_text().replace("    dist.all_gather_object(gathered, metrics)\n", "")
+                    )
+                ],
+            )
+        )
+        assert await talk.diagnostics(helper_uri) == []
+        assert await talk.diagnostics(main_uri) == []  # main.py's guarded call reaches no collective any more
 
         # an unreadable document is a logged message, not a dead server
         broken_uri = (tmp_path / "bad.py").as_uri()
