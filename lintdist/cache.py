@@ -65,8 +65,6 @@ class ResultCache:
 
     def _dependencies_hold(self, key: str, entry: Entry) -> bool:
         """Every file the cached check read is as it was (by size and time, else by content)."""
-        from lintdist.project import file_digest
-
         stamps = dict(entry.dependencies)
         for name, (size, mtime_ns, digest) in entry.dependencies.items():
             path = Path(name)
@@ -113,6 +111,10 @@ class ResultCache:
             os.replace(temporary, self.file)
         except OSError:
             pass  # a read-only checkout still gets its results, only not cached
+
+
+def file_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _extra_tag(extra: tuple) -> str:

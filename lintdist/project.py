@@ -14,7 +14,6 @@ the files it read changes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -52,10 +51,6 @@ class Site:
 def in_project(path: Path) -> bool:
     """A file on disk that is not an installed library's: its project's other modules can be followed."""
     return path.is_file() and not INSTALLED.intersection(path.resolve().parts)
-
-
-def file_digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @lru_cache(maxsize=4096)

@@ -136,7 +136,7 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
 
 def dependency_stamps(paths: list[Path]) -> dict[str, list]:
     """What the cache checks to know that a file the check read is unchanged."""
-    from lintdist.project import file_digest
+    from lintdist.cache import file_digest
 
     stamps = {}
     for path in paths:
