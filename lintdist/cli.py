@@ -107,7 +107,6 @@ def check(
             ignore=_codes(ignore),
             extend_select=_codes(extend_select),
             unsafe_fixes=unsafe_fixes,
-            use_catalogue=not (no_cache or fix or diff),  # the cache serves check runs
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -176,10 +175,16 @@ def rule_command(code: str) -> None:
 @cli.command("rules")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown (as in the README).")
 @click.option("--docs", is_flag=True, help="Print every rule's documentation as Markdown (docs/rules.md).")
-def rules_command(markdown: bool, docs: bool) -> None:
+@click.option("--manifest", is_flag=True, help="Print the rules' manifest (rules/_manifest.py).")
+def rules_command(markdown: bool, docs: bool, manifest: bool) -> None:
     """List every rule: code, name, severity, default on/off and fix kind."""
     from lintdist.report import rules_documentation, rules_table
 
+    if manifest:
+        from lintdist.registry import manifest_source
+
+        click.echo(manifest_source(), nl=False)
+        return
     click.echo(rules_documentation() if docs else rules_table(markdown=markdown))
 
 

@@ -7,9 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lintdist import __version__
-from lintdist.registry import RuleInfo, all_rules, catalogue
-from lintdist.rule import Rule
+from lintdist.registry import RuleInfo, manifest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,7 +92,7 @@ def _glob_match(relative: str, pattern: str) -> bool:
 
 def _expand(selectors: tuple[str, ...] | list[str], where: str, codes: set[str] | None = None) -> set[str]:
     """Codes matched by codes or prefixes (``LD2``, ``LD201``, ``ALL``); unknown selectors are errors."""
-    codes = codes if codes is not None else {rule.code for rule in all_rules()}
+    codes = codes if codes is not None else {rule.code for rule in manifest()}
     result: set[str] = set()
     for selector in selectors:
         selector = selector.strip().upper()
@@ -157,12 +155,9 @@ def resolve_settings(
     ignore: tuple[str, ...] = (),
     extend_select: tuple[str, ...] = (),
     unsafe_fixes: bool | None = None,
-    use_catalogue: bool = False,
 ) -> Settings:
-    """Settings from the config file (given or found upward from ``start``), the command line winning.
-
-    ``use_catalogue``: read the rules' codes from the catalogue beside the cache (a warm run then imports
-    no rule), see ``registry.catalogue``."""
+    """Settings from the config file (given or found upward from ``start``), the command line winning. The
+    rules' codes come from their manifest: no rule module is imported here."""
     path = config_file or find_config_file(start)
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"--config: no such file: {config_file}")
@@ -178,11 +173,7 @@ def resolve_settings(
     if not isinstance(per_file, dict):
         raise ConfigError(f"{path}: `per-file-ignores` must be a table of glob = [codes]")
     per_file_ignores = tuple((glob, _strings(per_file, glob, path) or ()) for glob in sorted(per_file))
-    rules: tuple[RuleInfo, ...] = (
-        catalogue(root / CACHE_FOLDER / __version__)
-        if use_catalogue
-        else tuple(RuleInfo(r.code, r.default_enabled) for r in all_rules())
-    )
+    rules: tuple[RuleInfo, ...] = manifest()
     codes = {rule.code for rule in rules}
     for _, selected in per_file_ignores:
         _expand(selected, "per-file-ignores", codes)
@@ -212,7 +203,3 @@ def resolve_settings(
         enabled=frozenset(enabled),
         known=frozenset(codes),
     )
-
-
-def rules_for(codes: frozenset[str]) -> list[type[Rule]]:
-    return [rule for rule in all_rules() if rule.code in codes]

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import pkgutil
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lintdist import __version__
-from lintdist.rule import Rule
+if TYPE_CHECKING:
+    from lintdist.rule import Rule
 
 
 @lru_cache(maxsize=1)
 def all_rules() -> tuple[type[Rule], ...]:
     from lintdist import diagnostics, rules
+    from lintdist.rule import Rule
 
     found: dict[str, type[Rule]] = {}
     modules = [diagnostics] + [
-        importlib.import_module(f"{rules.__name__}.{info.name}") for info in pkgutil.iter_modules(rules.__path__)
+        importlib.import_module(f"{rules.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(rules.__path__)
+        if not info.name.startswith("_")  # the generated manifest
     ]
     for module in modules:
         for value in vars(module).values():
@@ -31,54 +33,117 @@ def all_rules() -> tuple[type[Rule], ...]:
     return tuple(sorted(found.values(), key=lambda rule: rule.code))
 
 
+def rules_for(codes: frozenset[str]) -> list[type[Rule]]:
+    return [rule for rule in all_rules() if rule.code in codes]
+
+
 def rule_by_code(code: str) -> type[Rule] | None:
     return next((rule for rule in all_rules() if rule.code == code.upper()), None)
 
 
 @dataclass(frozen=True)
 class RuleInfo:
-    """What a run needs to know of a rule before it checks anything: enough to resolve ``--select``."""
+    """What a run knows of a rule before it imports it: its code, default, module, the kinds of file it
+    reads and its entry points (the pre-filter's triggers), from the generated ``lintdist.rules._manifest``."""
 
     code: str
     default_enabled: bool
+    module: str = ""
+    kinds: tuple[str, ...] = ("python",)
+    triggers: tuple = ()
+    python_triggers: tuple | None = None
+    also_triggers: tuple = ()
+
+    def wanted(self, text: str, kind: str) -> bool:
+        """``Rule.wanted`` without importing the rule (and libcst with it)."""
+        if kind not in self.kinds:
+            return False
+        first = self.python_triggers if kind == "python" and self.python_triggers is not None else self.triggers
+        return all(any(_trigger(t).search(text) for t in group) for group in (first, *self.also_triggers))
 
 
-def catalogue(folder: Path | None) -> tuple[RuleInfo, ...]:
-    """Every rule's code and default. Importing the rules means importing libcst, which costs more than a
-    warm run's whole work, so a run with a cache keeps this beside it (``folder``), keyed by lintdist's
-    version and the size and modification time of every rule module; None: import the rules."""
-    if folder is None:
-        return tuple(RuleInfo(rule.code, rule.default_enabled) for rule in all_rules())
-    path = folder / "rules.json"
-    signature = _signature()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data["signature"] == signature:
-            return tuple(RuleInfo(**item) for item in data["rules"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    infos = catalogue(None)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
-        temporary.write_text(json.dumps({"signature": signature, "rules": [asdict(i) for i in infos]}), "utf-8")
-        os.replace(temporary, path)
-    except OSError:
-        pass  # a read-only checkout imports the rules each time
-    return infos
+def manifest() -> tuple[RuleInfo, ...]:
+    """Every rule, from the manifest generated from the rule classes (``lintdist rules --manifest``; a test
+    keeps it in step): start-up imports no rule module, and a file imports only the rules it can trigger."""
+    from lintdist.rules._manifest import RULES
+
+    return tuple(RuleInfo(**entry) for entry in RULES)
 
 
-def _signature() -> list:
-    from lintdist import diagnostics, rules
+def rules_wanted(codes: frozenset[str], text: str, kind: str) -> list[type[Rule]]:
+    """The enabled rules whose entry points occur in ``text`` (a file of ``kind``), their modules imported now."""
+    found = []
+    for info in manifest():
+        if info.code in codes and info.wanted(text, kind):
+            module = importlib.import_module(info.module)
+            found.append(next(v for v in vars(module).values() if getattr(v, "code", None) == info.code))
+    return found
 
-    files = [Path(__file__), Path(diagnostics.__file__)]
-    for folder in rules.__path__:
-        files.extend(sorted(Path(folder).glob("*.py")))
-    result: list = [__version__]
-    for file in files:
-        try:
-            stat = file.stat()
-        except OSError:
-            continue
-        result.append([str(file), stat.st_size, stat.st_mtime_ns])
-    return result
+
+def manifest_source() -> str:
+    """The text of ``rules/_manifest.py``, from the rule classes."""
+    lines = ",\n".join(f"    {entry!r}" for entry in manifest_entries(all_rules()))
+    return (
+        "# ruff: noqa: E501\n"
+        '"""Generated by `lintdist rules --manifest > rules/_manifest.py` from the rule classes: do not edit.\n\n'
+        "Each rule's code, default, module, file kinds and entry points, so that start-up imports no rule and a\n"
+        'file imports only the rules whose entry points it contains."""\n\n'
+        f"RULES = [\n{lines},\n]\n"
+    )
+
+
+def manifest_entries(rules) -> list[dict]:
+    """What the manifest says of each of these rule classes."""
+    entries = []
+    for rule in rules:
+        entry = {
+            "code": rule.code,
+            "default_enabled": rule.default_enabled,
+            "module": rule.__module__,
+            "kinds": tuple(sorted(rule.kinds)),
+            "triggers": tuple(_serial(t) for t in rule.triggers),
+        }
+        if rule.python_triggers is not None:
+            entry["python_triggers"] = tuple(_serial(t) for t in rule.python_triggers)
+        if rule.also_triggers:
+            entry["also_triggers"] = tuple(tuple(_serial(t) for t in group) for group in rule.also_triggers)
+        entries.append(entry)
+    return entries
+
+
+def _serial(trigger) -> tuple:
+    """A trigger as plain data: ("text", s), ("regex", pattern, flags), ("pattern", needs, regex, flags) or
+    ("words", names)."""
+    from lintdist.rule import Pattern, Words
+
+    if isinstance(trigger, str):
+        return ("text", trigger)
+    if isinstance(trigger, Pattern):
+        regex = trigger.regex
+        return ("pattern", tuple(trigger.needs), regex.pattern if regex else None, regex.flags if regex else 0)
+    if isinstance(trigger, Words):
+        return ("words", tuple(trigger.names))
+    return ("regex", trigger.pattern, trigger.flags)
+
+
+@lru_cache(maxsize=None)
+def _trigger(serial: tuple):
+    """The searchable trigger of a manifest entry (compiled once)."""
+    from lintdist.rule import Pattern, words
+
+    kind = serial[0]
+    if kind == "text":
+        return _Text(serial[1])
+    if kind == "words":
+        return words(*serial[1])
+    if kind == "pattern":
+        return Pattern(serial[1], re.compile(serial[2], serial[3]) if serial[2] is not None else None)
+    return re.compile(serial[1], serial[2])
+
+
+@dataclass(frozen=True)
+class _Text:
+    text: str
+
+    def search(self, haystack: str) -> bool:
+        return self.text in haystack

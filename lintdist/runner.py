@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lintdist.config import Settings, rules_for
+from lintdist.config import Settings
 from lintdist.diagnostics import UnreadableFile
 from lintdist.discover import Candidate, discover, kind_of
 from lintdist.launch import LaunchSettings, build_project
@@ -85,8 +85,9 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
     fix changed it."""
     from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
 
+    from lintdist.registry import rules_for, rules_wanted
+
     candidate = task.candidate
-    rules = rules_for(task.codes)
     report = FileReport(candidate.display, [])
     source_text = text
     new_text: str | None = None
@@ -101,7 +102,9 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
         "path": candidate.path,
         "display": candidate.display,
         "kind": kind,
-        "rules": rules,
+        # a check imports only the rules the text can trigger; a fix re-checks its own output, where another
+        # rule's entry point may appear, so it runs every enabled rule (each still pre-filtered per round)
+        "rules": rules_wanted(task.codes, text, kind) if task.mode == "check" else rules_for(task.codes),
         "settings": task.settings,
     }
     try:

@@ -73,8 +73,11 @@ class Crash(Rule):
 @pytest.fixture(autouse=True)
 def synthetic_rules(monkeypatch):
     rules = (*lintdist.registry.all_rules(), RenameFoo, BreakBaz, OrigParamsKey, ShowSettings, Crash)
-    for module in (lintdist.registry, lintdist.config, lintdist.report):
+    for module in (lintdist.registry, lintdist.report):
         monkeypatch.setattr(module, "all_rules", lambda: rules)
+    infos = tuple(lintdist.registry.RuleInfo(**entry) for entry in lintdist.registry.manifest_entries(rules))
+    for module in (lintdist.registry, lintdist.config):
+        monkeypatch.setattr(module, "manifest", lambda: infos)
 
 
 def test_unsafe_fixes_need_opting_in(tmp_path, lintdist):

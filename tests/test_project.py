@@ -30,9 +30,17 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "pip install torch==2.13.0" in test_command.split("&&")[2]
 
 
+def test_rule_manifest_is_generated_from_the_rules():
+    from lintdist.registry import manifest_source
+
+    assert (ROOT / "rules" / "_manifest.py").read_text() == manifest_source(), (
+        "run `lintdist rules --manifest > rules/_manifest.py`"
+    )
+
+
 def test_every_rule_module_is_one_rule():
     from lintdist.registry import all_rules
 
     modules = [rule.__module__ for rule in all_rules() if rule.__module__.startswith("lintdist.rules.")]
     assert len(modules) == len(set(modules))
-    assert len(modules) == len([p for p in (ROOT / "rules").glob("*.py") if p.name != "__init__.py"])
+    assert len(modules) == len([p for p in (ROOT / "rules").glob("*.py") if not p.name.startswith("_")])

@@ -61,11 +61,43 @@ def test_a_warm_run_imports_no_libcst_and_reports_the_same(tmp_path):
     assert "libcst" in cold_modules
     warm_modules, warm = _imports("check", "--output-format", "json", ".", cwd=tmp_path)
     assert json.loads(warm.stdout) == json.loads(cold.stdout) and warm.returncode == cold.returncode == 1
-    assert "libcst" not in warm_modules and not any(m.startswith("lintdist.rules.") for m in warm_modules)
+    assert "libcst" not in warm_modules
+    loaded, _ = _modules_after("check", "--output-format", "json", ".", cwd=tmp_path)
+    assert "libcst" not in loaded and not any(m.startswith("lintdist.rules.ld") for m in loaded)
 
-    # a damaged rule catalogue is rebuilt, never trusted
-    catalogue = next((tmp_path / ".lintdist_cache").rglob("rules.json"))
-    catalogue.write_text("{not json")
+    # the warm run read the cache: a damaged cache file is ignored, never trusted
+    cached = next(p for p in (tmp_path / ".lintdist_cache").rglob("*.json"))
+    cached.write_text("{not json")
     _, again = _imports("check", "--output-format", "json", ".", cwd=tmp_path)
     assert json.loads(again.stdout) == json.loads(cold.stdout)
-    assert json.loads(catalogue.read_text())["rules"]
+
+
+def _modules_after(*args: str, cwd) -> tuple[set[str], int]:
+    """Every module loaded by a ``lintdist ...`` run (``-X importtime`` does not list modules that
+    ``importlib.import_module`` loads through the editable install's finder)."""
+    code = (
+        "import json, runpy, sys\n"
+        f"sys.argv = ['lintdist', *{list(args)!r}]\n"
+        "try:\n    runpy.run_module('lintdist', run_name='__main__')\n"
+        "except SystemExit as stop:\n    code = stop.code\n"
+        "print(json.dumps([sorted(sys.modules), code]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True)
+    modules, code = json.loads(done.stdout.splitlines()[-1])
+    return set(modules), code
+
+
+def test_a_check_imports_only_the_rules_its_file_can_trigger(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BROKEN)
+    modules, code = _modules_after("check", "--no-cache", "--output-format", "json", str(script), cwd=tmp_path)
+    assert code == 1
+    imported = {m.rsplit(".", 1)[-1].split("_", 1)[0] for m in modules if m.startswith("lintdist.rules.ld")}
+    assert "ld201" in imported  # the finding's rule
+    assert "ld101" not in imported and "ld102" not in imported, imported  # no `accumulate(`, no token loss
+    assert "lintdist.labels" not in modules  # only LD102 and LD111 follow labels
+    other = tmp_path / "plot.py"
+    other.write_text("import matplotlib.pyplot as plt\n\nplt.plot([1, 2])\n")
+    modules, code = _modules_after("check", "--no-cache", "--output-format", "json", str(other), cwd=tmp_path)
+    assert code == 0
+    assert not any(m.startswith("lintdist.rules.ld") for m in modules)
