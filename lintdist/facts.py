@@ -646,7 +646,8 @@ class PythonFacts:
                         Reach(False, other._where(call)) if main_only else other.all_ranks_reach(call, depth + 1)
                     )
         if not answers:
-            return Reach(None, f"`{function.name.value}()` is called from code lintdist cannot see")
+            where = f" ({self.project.path.name})" if self.project is not None else ""
+            return Reach(None, f"`{function.name.value}()`{where} is called from code lintdist cannot see")
         return next((a for a in answers if a.value is False), None) or next(
             (a for a in answers if a.value is None), Reach(True)
         )

@@ -231,7 +231,7 @@ if accelerator.is_main_process:
 @pytest.mark.parametrize(
     ("caller", "reason"),
     [
-        ("", "`step_end()` is called from code lintdist cannot see"),
+        ("", "`step_end()` (train.py) is called from code lintdist cannot see"),
         (GUARDED_CALLER, "a rank test at train.py:19 keeps some ranks from this code"),
     ],
 )
