@@ -15,7 +15,8 @@ from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings
 from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
 from lintdist.names import NameResolver
-from lintdist.project import ProjectView, in_project, process_project
+from lintdist.modules import in_project
+from lintdist.project import ProjectView, process_project
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule
 from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch

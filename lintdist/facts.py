@@ -18,7 +18,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.names import NameResolver
-from lintdist.project import ProjectView, Site, local_top_names
+from lintdist.modules import local_top_names
+from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
 
 FunctionNode = cst.FunctionDef | cst.Lambda
@@ -362,16 +363,51 @@ class PythonFacts:
         candidates = self._bindings.get(key, [])
         if key.split(".", 1)[0] in {"self", "cls"}:
             cls = self.enclosing_class(at)
-            return [
-                b
-                for b in candidates
-                if cls is not None and b.function is not None and self.enclosing_class(b.function) is cls
-            ]
+            # the class's own methods, then its base classes of this file (an attribute set in a base's __init__)
+            for owner in self._class_chain(cls) if cls is not None else ():
+                found = [b for b in candidates if b.function is not None and self.enclosing_class(b.function) is owner]
+                if found:
+                    return found
+            return []
         function = self.enclosing_function(at)
         local = [b for b in candidates if b.function is function]
         if local or function is None:
             return local
         return [b for b in candidates if b.function is None]
+
+    def _class_chain(self, cls: cst.ClassDef) -> list[cst.ClassDef]:
+        """``cls`` and the classes of this file it derives from, nearest first (3 levels)."""
+        chain, pending = [cls], [cls]
+        while pending and len(chain) <= 3:
+            current = pending.pop(0)
+            for base in current.bases:
+                name = get_full_name_for_node(base.value) or ""
+                for local in self._classes_by_name().get(name, ()):
+                    if local not in chain:
+                        chain.append(local)
+                        pending.append(local)
+        return chain
+
+    def _inherited_attribute(self, expr: cst.Attribute, at: cst.CSTNode) -> list[Origin]:
+        """Stand-ins for ``self.x`` set in a base class of another project module (``self.accelerator``
+        assigned in ``BaseTrainer.__init__`` of ``trainer_base.py``)."""
+        cls = self.enclosing_class(at)
+        if self.project is None or cls is None or _CROSSING[0] >= MAX_CROSSINGS:
+            return []
+        key = get_full_name_for_node(expr) or ""
+        found: list[Origin] = []
+        for owner in self._class_chain(cls):
+            for base in owner.bases:
+                for qualified in self.qualified_names(base.value):
+                    definition = self.project.definition(qualified)
+                    if definition is None or not isinstance(definition[1], cst.ClassDef):
+                        continue
+                    other, base_class = definition
+                    for binding in other._bindings.get(key, ()):
+                        if binding.function is not None and other.enclosing_class(binding.function) is base_class:
+                            note = f"set in `{qualified}`"
+                            found.extend(self._stand_ins(other, binding.value, binding.statement, expr, note))
+        return found
 
     def parameter(self, name: str, at: cst.CSTNode) -> tuple[cst.FunctionDef, int, cst.Param] | None:
         function = self.enclosing_function(at)
@@ -401,6 +437,8 @@ class PythonFacts:
                 if param is not None:
                     found = self._parameter_origins(*param, depth) + self._external_arguments(*param)
                     return found or [Origin(param[2])]
+            elif key.split(".", 1)[0] == "self":
+                return self._inherited_attribute(expr, at) or [Origin(expr)]
             return self._imported_value(expr) or [Origin(expr)]
         if isinstance(expr, cst.IfExp):
             return self.origins(expr.body, at, depth + 1) + self.origins(expr.orelse, at, depth + 1)

@@ -14,29 +14,30 @@ the files it read changes.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from lintdist.modules import (
+    absolute,
+    import_root,
+    local_top_names,
+    module_names,
+    project_files,
+    resolve_module,
+    resolve_name,
+)
+
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
 
-INSTALLED = frozenset({"site-packages", "dist-packages"})
-# A project larger than this is searched no further for callers (the answer is then "unknown").
-MAX_PROJECT_FILES = 4000
-MAX_FOLDER_DEPTH = 6
+# How many ``from .x import name`` re-exports a definition is followed through.
 MAX_REEXPORTS = 3
-SKIPPED_FOLDERS = frozenset(
-    {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__", "build", "dist", "site-packages"}
-    | {".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".lintdist_cache", ".eggs"}
-)
 
 
 @dataclass(frozen=True)
@@ -46,124 +47,6 @@ class Site:
     facts: PythonFacts
     call: cst.Call
     path: Path
-
-
-def in_project(path: Path) -> bool:
-    """A file on disk that is not an installed library's: its project's other modules can be followed."""
-    return path.is_file() and not INSTALLED.intersection(path.resolve().parts)
-
-
-@lru_cache(maxsize=4096)
-def import_root(path: Path) -> Path:
-    """The folder a module's absolute imports start from: above its top package (a folder with
-    ``__init__.py``), or its own folder."""
-    folder = path.parent
-    while (folder / "__init__.py").is_file() and folder.parent != folder:
-        folder = folder.parent
-    return folder
-
-
-@lru_cache(maxsize=4096)
-def module_names(path: Path) -> tuple[str, ...]:
-    """The dotted names the file is imported by: from its import root and, for a module in a package, also
-    the bare name a script beside it uses (``import utils`` from ``train.py`` in the same folder)."""
-    names = []
-    for base in dict.fromkeys((import_root(path), path.parent)):
-        try:
-            parts = list(path.relative_to(base).with_suffix("").parts)
-        except ValueError:
-            continue
-        if parts and parts[-1] == "__init__":
-            parts.pop()
-        if parts and all(part.isidentifier() for part in parts):
-            names.append(".".join(parts))
-    return tuple(names)
-
-
-def absolute(name: str, importer: Path) -> str:
-    """A qualified name as the resolver writes it, made absolute: ``..utils.save`` read in
-    ``pkg/sub/train.py`` is ``pkg.utils.save``."""
-    if not name.startswith("."):
-        return name
-    level = len(name) - len(name.lstrip("."))
-    rest = name[level:]
-    own = module_names(importer)
-    package = own[0].split(".") if own else []
-    if importer.name != "__init__.py":
-        package = package[:-1]
-    if level - 1 > len(package):
-        return name
-    base = package[: len(package) - (level - 1)]
-    return ".".join([*base, rest] if rest else base)
-
-
-@lru_cache(maxsize=16384)
-def resolve_module(dotted: str, importer: Path) -> Path | None:
-    """The project file a dotted module name names, seen from ``importer`` (None: not the project's)."""
-    parts = dotted.split(".")
-    bases = [import_root(importer), importer.parent]
-    src = import_root(importer) / "src"
-    if src.is_dir():
-        bases.append(src)
-    for base in dict.fromkeys(bases):
-        target = base.joinpath(*parts)
-        for candidate in (target.with_suffix(".py"), target / "__init__.py"):
-            if candidate.is_file():
-                return candidate.resolve()
-    return None
-
-
-def resolve_name(qualified: str, importer: Path) -> tuple[Path, str] | None:
-    """``pkg.utils.save_checkpoint`` -> (the file of ``pkg.utils``, ``save_checkpoint``): the longest module
-    prefix that is a project file, and the dotted rest."""
-    parts = absolute(qualified, importer).split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        path = resolve_module(".".join(parts[:cut]), importer)
-        if path is not None:
-            return path, ".".join(parts[cut:])
-    return None
-
-
-@lru_cache(maxsize=4096)
-def local_top_names(path: Path) -> frozenset[str]:
-    """The names an absolute import from ``path`` can reach in the project: its import root's and its own
-    folder's modules and packages (an import of anything else is an installed library's)."""
-    names = set()
-    bases = [import_root(path), path.parent]
-    if (import_root(path) / "src").is_dir():
-        bases.append(import_root(path) / "src")
-    for base in dict.fromkeys(bases):
-        try:
-            for entry in os.scandir(base):
-                if entry.name.endswith(".py"):
-                    names.add(entry.name[:-3])
-                elif entry.is_dir() and entry.name.isidentifier():
-                    names.add(entry.name)
-        except OSError:
-            continue
-    return frozenset(names)
-
-
-@lru_cache(maxsize=256)
-def project_files(root: Path) -> tuple[Path, ...]:
-    """The Python files under an import root (bounded in depth and number)."""
-    found: list[Path] = []
-    pending = [(root, 0)]
-    while pending and len(found) < MAX_PROJECT_FILES:
-        folder, depth = pending.pop()
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.startswith(".") or entry.name in SKIPPED_FOLDERS:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                if depth < MAX_FOLDER_DEPTH:
-                    pending.append((Path(entry.path), depth + 1))
-            elif entry.name.endswith(".py"):
-                found.append(Path(entry.path).resolve())
-    return tuple(found)
 
 
 class Project:
@@ -266,9 +149,7 @@ class Project:
 
     # -- questions ----------------------------------------------------------------------------
 
-    def definition(
-        self, qualified: str, importer: Path, depth: int = 0
-    ) -> tuple[PythonFacts, cst.CSTNode] | None:
+    def definition(self, qualified: str, importer: Path, depth: int = 0) -> tuple[PythonFacts, cst.CSTNode] | None:
         """The module-level function, class or assignment a qualified name read in ``importer`` names, followed
         through re-exports (``from .trainer import Trainer`` in a package's ``__init__.py``)."""
         found = resolve_name(qualified, importer)
@@ -326,9 +207,13 @@ class Project:
             for call in facts.calls:
                 if facts.method_name(call) != called:
                     continue
-                if not owner and any(self._names(q, other, targets, path) for q in facts.qualified_names(call.func)):
-                    yield Site(facts, call, other)
-                elif owner and isinstance(call.func, cst.Attribute) and _built_from(self, facts, call, targets, other, path):
+                if (
+                    not owner
+                    and any(self._names(q, other, targets, path) for q in facts.qualified_names(call.func))
+                    or owner
+                    and isinstance(call.func, cst.Attribute)
+                    and _built_from(self, facts, call, targets, other, path)
+                ):
                     yield Site(facts, call, other)
 
     def _names(self, qualified: str, importer: Path, targets: set[str], path: Path) -> bool:
@@ -382,7 +267,9 @@ def _may_import(text: str, path: Path) -> bool:
     return module in text or "from ." in text
 
 
-def _built_from(project: Project, facts: PythonFacts, call: cst.Call, classes: set[str], importer: Path, path: Path) -> bool:
+def _built_from(
+    project: Project, facts: PythonFacts, call: cst.Call, classes: set[str], importer: Path, path: Path
+) -> bool:
     """The receiver of ``x.method(...)`` is an instance of one of ``classes`` (qualified names of ``path``)."""
     for origin in facts.origins(call.func.value, call):
         node = origin.node
@@ -445,8 +332,5 @@ def reset_process_project() -> None:
     """Forget every parse and text (a new run, or files written by a fix)."""
     global _PROCESS_PROJECT
     _PROCESS_PROJECT = None
-    project_files.cache_clear()
-    local_top_names.cache_clear()
-    resolve_module.cache_clear()
-    import_root.cache_clear()
-    module_names.cache_clear()
+    for cached in (project_files, local_top_names, resolve_module, import_root, module_names):
+        cached.cache_clear()

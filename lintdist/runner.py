@@ -84,7 +84,6 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
     server checks unsaved buffers with it). Returns the report and, in fix or diff mode, the new text when a
     fix changed it."""
     from lintdist.engine import InternalError, check_text, fix_text, source_error_finding, with_edits
-
     from lintdist.registry import rules_for, rules_wanted
 
     candidate = task.candidate
@@ -202,7 +201,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
                 launches[path] = (parse_launch(text), text)
         except SourceError:
             continue  # a checked file reports it in its own check
-    return build_project(
+    project = build_project(
         configs,
         launches,
         [c.path for c in candidates if c.kind == "python"],
@@ -210,6 +209,38 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
         display,
         _load_config_document,
     )
+    _inherit_settings(project, [c.path for c in candidates if c.kind == "python"])
+    return project
+
+
+def _inherit_settings(project, scripts: list[Path], depth: int = 2) -> None:
+    """A module the linked scripts import runs under their settings (a trainer class in ``trainlib/`` under
+    ``train.py``'s FSDP config), when no link of its own says otherwise and the scripts that import it agree;
+    imports are followed ``depth`` deep, from the text (nothing is parsed here)."""
+    from lintdist.modules import imported_files
+
+    checked = {path.resolve() for path in scripts}
+    choices: dict[Path, dict[tuple, LaunchSettings]] = {}
+    for script in sorted(checked):
+        settings = project.settings_for(script)
+        if settings is None:
+            continue
+        pending, seen = [(script, 0)], {script}
+        while pending:
+            current, level = pending.pop()
+            try:
+                text = read_source(current, "python").text
+            except SourceError:
+                continue
+            for module in imported_files(current, text):
+                if module not in seen:
+                    seen.add(module)
+                    choices.setdefault(module, {})[settings.fingerprint()] = settings
+                    if level + 1 < depth:
+                        pending.append((module, level + 1))
+    for module, found in choices.items():
+        if module in checked and project.settings_for(module) is None and len(found) == 1:
+            project.links[os.path.realpath(module)] = next(iter(found.values()))
 
 
 def launch_settings_for(script: Path, settings: Settings) -> LaunchSettings | None:

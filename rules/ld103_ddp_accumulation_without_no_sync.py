@@ -387,7 +387,10 @@ for epoch in range(epochs):
     def _raw_ddp(self) -> bool:
         """The file wraps a model in DistributedDataParallel and hands the loop to no framework."""
         facts = self.facts
-        if not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()) and not self._ddp_passed_in():
+        if (
+            not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models())
+            and not self._ddp_passed_in()
+        ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
             return False

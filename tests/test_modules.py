@@ -9,15 +9,8 @@ import libcst as cst
 import pytest
 
 from lintdist.facts import PythonFacts
-from lintdist.project import (
-    Project,
-    absolute,
-    import_root,
-    module_names,
-    reset_process_project,
-    resolve_module,
-    resolve_name,
-)
+from lintdist.modules import absolute, import_root, imported_files, module_names, resolve_module, resolve_name
+from lintdist.project import Project, reset_process_project
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +53,29 @@ def test_packages_src_layout_and_scripts_resolve(tmp_path):
     run = (tmp_path / "scripts/run.py").resolve()
     assert resolve_name("helpers.save", run) == ((tmp_path / "scripts/helpers.py").resolve(), "save")
     assert resolve_name("data.loaders.build", run) == ((tmp_path / "scripts/data/loaders.py").resolve(), "build")
+
+
+def test_imports_found_in_the_text_resolve_to_files(tmp_path):
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/train.py": (
+                "import os, torch\n"
+                "import pkg.data as data\n"
+                "from . import utils\n"
+                "from .engine import (\n    Trainer,\n    evaluate,\n)\n"
+                "def main():\n    from pkg.ckpt import save  # a function-level import\n"
+            ),
+            "pkg/data.py": "",
+            "pkg/utils.py": "",
+            "pkg/engine.py": "",
+            "pkg/ckpt.py": "",
+        },
+    )
+    train = (tmp_path / "pkg/train.py").resolve()
+    found = [p.name for p in imported_files(train, train.read_text())]
+    assert found == ["data.py", "__init__.py", "utils.py", "engine.py", "ckpt.py"]
 
 
 def test_relative_names_are_made_absolute(tmp_path):
@@ -203,3 +219,30 @@ def test_editing_a_dependency_rechecks_its_dependents_only(tmp_path, monkeypatch
     helper.write_text(helper.read_text().replace("    dist.all_gather_object(gathered, metrics)\n", ""))
     assert codes() == [("loops.py", "LD103")]  # main.py's guarded call reaches no collective any more
     assert sorted(checked) == ["checkpoint.py", "main.py"]  # the edited file and its dependent, not the others
+
+
+def test_attributes_set_in_a_base_class_reach_subclass_methods(tmp_path):
+    write(
+        tmp_path,
+        {
+            "base.py": (
+                "from accelerate import Accelerator\n\n"
+                "class BaseTrainer:\n"
+                "    def __init__(self):\n"
+                "        self.accelerator = Accelerator()\n"
+            ),
+            "trainer.py": (
+                "from base import BaseTrainer\n\n"
+                "class Local(BaseTrainer):\n"
+                "    pass\n\n"
+                "class Trainer(Local):\n"
+                "    def save(self):\n"
+                "        self.accelerator.save_state('out')\n"
+            ),
+        },
+    )
+    project = Project()
+    facts = project.facts((tmp_path / "trainer.py").resolve())
+    call = next(c for c in facts.calls if facts.method_name(c) == "save_state")
+    assert facts.is_accelerator(call.func.value, call)
+    assert facts.stand_in_note(facts.origins(call.func.value, call)[0].node) == "set in `base.BaseTrainer`"

@@ -1,0 +1,168 @@
+"""The module graph of the checked tree: which file an import of the project's own code names, the files of a
+project, and the imports a script makes. Plain paths and text: no parse (the runner links settings with it
+before anything is parsed, and a warm run imports no libcst).
+
+A file is one module of a project: the files under its import root (the folder above its top package, or its
+own folder for a script that is in no package, with ``src/`` layouts handled the same way). An import of the
+project's own code resolves to a file by the rules Python itself applies (``pkg/mod.py``, ``pkg/mod/__init__.py``,
+a namespace folder, relative imports); installed libraries stay names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+INSTALLED = frozenset({"site-packages", "dist-packages"})
+# A project larger than this is searched no further for callers (the answer is then "unknown").
+MAX_PROJECT_FILES = 4000
+MAX_FOLDER_DEPTH = 6
+SKIPPED_FOLDERS = frozenset(
+    {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__", "build", "dist", "site-packages"}
+    | {".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".lintdist_cache", ".eggs"}
+)
+
+
+def in_project(path: Path) -> bool:
+    """A file on disk that is not an installed library's: its project's other modules can be followed."""
+    return path.is_file() and not INSTALLED.intersection(path.resolve().parts)
+
+
+@lru_cache(maxsize=4096)
+def import_root(path: Path) -> Path:
+    """The folder a module's absolute imports start from: above its top package (a folder with
+    ``__init__.py``), or its own folder."""
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
+@lru_cache(maxsize=4096)
+def module_names(path: Path) -> tuple[str, ...]:
+    """The dotted names the file is imported by: from its import root and, for a module in a package, also
+    the bare name a script beside it uses (``import utils`` from ``train.py`` in the same folder)."""
+    names = []
+    for base in dict.fromkeys((import_root(path), path.parent)):
+        try:
+            parts = list(path.relative_to(base).with_suffix("").parts)
+        except ValueError:
+            continue
+        if parts and parts[-1] == "__init__":
+            parts.pop()
+        if parts and all(part.isidentifier() for part in parts):
+            names.append(".".join(parts))
+    return tuple(names)
+
+
+def absolute(name: str, importer: Path) -> str:
+    """A qualified name as the resolver writes it, made absolute: ``..utils.save`` read in
+    ``pkg/sub/train.py`` is ``pkg.utils.save``."""
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    rest = name[level:]
+    own = module_names(importer)
+    package = own[0].split(".") if own else []
+    if importer.name != "__init__.py":
+        package = package[:-1]
+    if level - 1 > len(package):
+        return name
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, rest] if rest else base)
+
+
+@lru_cache(maxsize=16384)
+def resolve_module(dotted: str, importer: Path) -> Path | None:
+    """The project file a dotted module name names, seen from ``importer`` (None: not the project's)."""
+    parts = dotted.split(".")
+    bases = [import_root(importer), importer.parent]
+    src = import_root(importer) / "src"
+    if src.is_dir():
+        bases.append(src)
+    for base in dict.fromkeys(bases):
+        target = base.joinpath(*parts)
+        for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def resolve_name(qualified: str, importer: Path) -> tuple[Path, str] | None:
+    """``pkg.utils.save_checkpoint`` -> (the file of ``pkg.utils``, ``save_checkpoint``): the longest module
+    prefix that is a project file, and the dotted rest."""
+    parts = absolute(qualified, importer).split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        path = resolve_module(".".join(parts[:cut]), importer)
+        if path is not None:
+            return path, ".".join(parts[cut:])
+    return None
+
+
+@lru_cache(maxsize=4096)
+def local_top_names(path: Path) -> frozenset[str]:
+    """The names an absolute import from ``path`` can reach in the project: its import root's and its own
+    folder's modules and packages (an import of anything else is an installed library's)."""
+    names = set()
+    bases = [import_root(path), path.parent]
+    if (import_root(path) / "src").is_dir():
+        bases.append(import_root(path) / "src")
+    for base in dict.fromkeys(bases):
+        try:
+            for entry in os.scandir(base):
+                if entry.name.endswith(".py"):
+                    names.add(entry.name[:-3])
+                elif entry.is_dir() and entry.name.isidentifier():
+                    names.add(entry.name)
+        except OSError:
+            continue
+    return frozenset(names)
+
+
+@lru_cache(maxsize=256)
+def project_files(root: Path) -> tuple[Path, ...]:
+    """The Python files under an import root (bounded in depth and number)."""
+    found: list[Path] = []
+    pending = [(root, 0)]
+    while pending and len(found) < MAX_PROJECT_FILES:
+        folder, depth = pending.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name in SKIPPED_FOLDERS:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if depth < MAX_FOLDER_DEPTH:
+                    pending.append((Path(entry.path), depth + 1))
+            elif entry.name.endswith(".py"):
+                found.append(Path(entry.path).resolve())
+    return tuple(found)
+
+
+IMPORT_LINE = re.compile(
+    r"^[ \t]*(?:from[ \t]+(?P<module>\.*[\w.]*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#;]+)"
+    r"|import[ \t]+(?P<plain>[^\n#;]+))",
+    re.MULTILINE,
+)
+
+
+def imported_files(path: Path, text: str) -> list[Path]:
+    """The project files a module's import statements name (``import pkg.mod``, ``from pkg import mod, name``,
+    relative imports), in order, once each; found with a pattern over the text, not a parse."""
+    found: dict[Path, None] = {}
+    for match in IMPORT_LINE.finditer(text):
+        if match.group("plain"):
+            modules = [part.split()[0] for part in match.group("plain").split(",") if part.strip()]
+        else:
+            base = absolute(match.group("module"), path)
+            names = match.group("names").strip("() \t\n").replace("\n", " ")
+            modules = [base] + [f"{base}.{n.split()[0]}" for n in names.split(",") if n.strip() and base]
+        for module in modules:
+            target = resolve_module(module.strip(".").rstrip(","), path) if module.strip(".") else None
+            if target is not None and target != path.resolve():
+                found[target] = None
+    return list(found)
