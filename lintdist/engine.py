@@ -14,8 +14,8 @@ from lintdist.context import FileContext
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings
 from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
-from lintdist.names import NameResolver
 from lintdist.modules import in_project
+from lintdist.names import NameResolver
 from lintdist.project import ProjectView, process_project
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule

@@ -18,7 +18,6 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.names import NameResolver
-from lintdist.modules import local_top_names
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
 
@@ -90,10 +89,17 @@ KNOWN_LIBRARIES = frozenset({"torch", "accelerate", "transformers", "lightning",
 
 @dataclass(frozen=True)
 class Reach:
-    """Whether every rank reaches a statement (None: unknown), and where that was decided or why not."""
+    """Whether every rank reaches a statement (None: unknown), and where that was decided or why not. A place
+    (``at``: the facts and node of a rank test) is put into words only when a message asks: a line number
+    costs a printing pass over the statement."""
 
     value: bool | None
-    why: str = ""
+    reason: str = ""
+    at: tuple[PythonFacts, cst.CSTNode] | None = None
+
+    @property
+    def why(self) -> str:
+        return self.at[0]._where(self.at[1]) if self.at is not None else self.reason
 
 
 @dataclass(frozen=True)
@@ -551,13 +557,10 @@ class PythonFacts:
         if self.project is None or _CROSSING[0] >= MAX_CROSSINGS:
             return []
         target = expr.func if isinstance(expr, cst.Call) else expr
-        if not isinstance(target, (cst.Name, cst.Attribute)) or self.index.order(target) < 0:
-            return []
+        if not self.imported_root(target) or self.index.order(target) < 0:
+            return []  # only an imported name can come from another module
         found: list[Origin] = []
         for qualified in self.qualified_names(target):
-            head = qualified.split(".", 1)[0]
-            if head and head not in local_top_names(self.project.path):
-                continue
             definition = self.project.definition(qualified)
             if definition is None:
                 continue
@@ -570,6 +573,13 @@ class PythonFacts:
             elif isinstance(node, cst.BaseExpression):
                 found.extend(self._stand_ins(other, node, node, expr, f"made in `{qualified}`"))
         return found
+
+    def imported_root(self, expr: cst.BaseExpression) -> bool:
+        """``expr`` is a dotted name whose first part an import binds (``utils.save``, ``build_loader``): the
+        only names that can come from another module."""
+        while isinstance(expr, cst.Attribute):
+            expr = expr.value
+        return isinstance(expr, cst.Name) and expr.value in self.imported_names
 
     def _stand_ins(
         self, other: PythonFacts, value: cst.BaseExpression, at: cst.CSTNode, here: cst.CSTNode, note: str
@@ -646,7 +656,7 @@ class PythonFacts:
         ``Reach(None, why)`` when a caller is out of sight (a function nobody here calls, or handed away)."""
         split = self.rank_split(node)
         if split is not None:
-            return Reach(False, self._where(split))
+            return Reach(False, at=(self, split))
         function = self.enclosing_function(node)
         if function is None:
             return Reach(True)
@@ -672,7 +682,7 @@ class PythonFacts:
         answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]
         answers += [site.facts.all_ranks_reach(site.call, depth + 1) for site in self.external_call_sites(function)]
         for call, main_only in self._handed_to(function):
-            answers.append(Reach(False, self._where(call)) if main_only else self.all_ranks_reach(call, depth + 1))
+            answers.append(Reach(False, at=(self, call)) if main_only else self.all_ranks_reach(call, depth + 1))
         name = self._exported_name(function)
         if self.project is not None and name and "." not in name:
             for other, reference, _ in self.project.references(name):
@@ -681,7 +691,7 @@ class PythonFacts:
                     answers.append(Reach(None, f"`{name}()` is kept as a value in {other._where(reference)}"))
                 else:
                     answers.append(
-                        Reach(False, other._where(call)) if main_only else other.all_ranks_reach(call, depth + 1)
+                        Reach(False, at=(other, call)) if main_only else other.all_ranks_reach(call, depth + 1)
                     )
         if not answers:
             where = f" ({self.project.path.name})" if self.project is not None else ""
@@ -693,13 +703,14 @@ class PythonFacts:
     def _handed_to(self, function: cst.FunctionDef) -> list[tuple[cst.Call, bool]]:
         """The calls this file hands ``function`` to as an argument (``mp.spawn(main_worker, ...)``,
         ``notebook_launcher(training_function)``), each with whether the callee runs it on the main process only."""
-        if "names_by_value" not in self._memo:
-            by_value: dict[str, list[cst.Name]] = defaultdict(list)
-            for name in self.index.nodes(cst.Name):
-                by_value[name.value].append(name)
-            self._memo["names_by_value"] = by_value
+        if "arguments_by_name" not in self._memo:
+            by_name: dict[str, list[cst.Name]] = defaultdict(list)
+            for argument in self.index.nodes(cst.Arg):
+                if isinstance(argument.value, cst.Name):
+                    by_name[argument.value.value].append(argument.value)
+            self._memo["arguments_by_name"] = by_name
         found = []
-        for name in self._memo["names_by_value"].get(function.name.value, ()):
+        for name in self._memo["arguments_by_name"].get(function.name.value, ()):
             call, main_only = _handing_call(self, name)
             if call is not None:
                 found.append((call, main_only))

@@ -161,8 +161,12 @@ def imported_files(path: Path, text: str) -> list[Path]:
             base = absolute(match.group("module"), path)
             names = match.group("names").strip("() \t\n").replace("\n", " ")
             modules = [base] + [f"{base}.{n.split()[0]}" for n in names.split(",") if n.strip() and base]
+        tops = local_top_names(path)
         for module in modules:
-            target = resolve_module(module.strip(".").rstrip(","), path) if module.strip(".") else None
+            module = module.strip(".").rstrip(",")
+            if not module or module.split(".", 1)[0] not in tops:
+                continue  # an installed library (nothing of the project's is named so)
+            target = resolve_module(module, path)
             if target is not None and target != path.resolve():
                 found[target] = None
     return list(found)

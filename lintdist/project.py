@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from lintdist.modules import (
+    MAX_PROJECT_FILES,
     absolute,
     import_root,
+    imported_files,
     local_top_names,
     module_names,
     project_files,
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 
 # How many ``from .x import name`` re-exports a definition is followed through.
 MAX_REEXPORTS = 3
+# How many checked modules' parses are kept for other modules' questions.
+MAX_ADOPTED = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Project:
         self._callers: dict[tuple[Path, str], list[Site]] = {}
         self._mentions: dict[tuple[Path, str], list[Path]] = {}
         self._recorders: list[set[Path]] = []
+        self._reverse: dict[Path, dict[Path, list[Path]]] = {}
         # unsaved editor texts by path (the language server's open documents)
         self.overlay: dict[Path, str] = {}
 
@@ -104,8 +109,12 @@ class Project:
 
     def adopt(self, path: Path, text: str, facts: PythonFacts) -> None:
         """The engine parsed this module to check it: a question from another module reuses that parse when
-        the file on disk holds the same text."""
+        the file on disk holds the same text. Only the last few are kept: a parsed module is large, and every
+        one kept alive makes the garbage collector's passes longer (files of one package are checked one
+        after the other, so their questions find each other here)."""
         self._adopted[path.resolve()] = (text, facts)
+        while len(self._adopted) > MAX_ADOPTED:
+            del self._adopted[next(iter(self._adopted))]
 
     def parsed(self, path: Path, text: str) -> PythonFacts | None:
         """The facts of a module already parsed in this process from exactly ``text``, if any."""
@@ -119,6 +128,7 @@ class Project:
         for table in (self._analysed, self._texts, self._adopted):
             table.pop(path, None)
         self._callers.clear()
+        self._reverse.clear()
 
     def facts(self, path: Path) -> PythonFacts | None:
         """The facts of a project module, parsed on first use (None: unreadable or not Python)."""
@@ -193,12 +203,9 @@ class Project:
         owner, _, method = name.rpartition(".")
         targets = {f"{module}.{owner or name}" for module in module_names(path)}
         called = method if owner else name
-        word = re.compile(rf"\b{re.escape(called)}\b")
-        for other in project_files(import_root(path)):
-            if other == path:
-                continue
-            text = self._read(other)
-            if text is None or not word.search(text) or not _may_import(text, path):
+        word = _word(called)
+        for other in self._importers(path):
+            if not word.search(self._read(other)):
                 continue
             self._mentions[(path, name)].append(other)
             facts = self.facts(other)
@@ -215,6 +222,29 @@ class Project:
                     and _built_from(self, facts, call, targets, other, path)
                 ):
                     yield Site(facts, call, other)
+
+    def _importers(self, path: Path) -> list[Path]:
+        """The project's other files that import ``path``: the module graph's reverse edges (built once per
+        import root from each file's import lines), through a package ``__init__.py`` that re-exports it."""
+        root = import_root(path)
+        if root not in self._reverse:
+            reverse: dict[Path, list[Path]] = {}
+            for other in project_files(root):
+                text = self._read(other)
+                for target in imported_files(other, text) if text is not None else ():
+                    reverse.setdefault(target, []).append(other)
+            self._reverse[root] = reverse
+        reverse = self._reverse[root]
+        found: dict[Path, None] = {}
+        pending = [path]
+        while pending:
+            current = pending.pop()
+            for importer in reverse.get(current, ()):
+                if importer != path and importer not in found:
+                    found[importer] = None
+                    if importer.name == "__init__.py" and len(found) < MAX_PROJECT_FILES:
+                        pending.append(importer)
+        return list(found)
 
     def _names(self, qualified: str, importer: Path, targets: set[str], path: Path) -> bool:
         """A qualified name read in ``importer`` is one of ``targets`` of ``path``, directly or re-exported."""
@@ -240,12 +270,9 @@ class Project:
         handed to ``mp.spawn`` or kept as a callback)."""
         path = path.resolve()
         targets = {f"{module}.{name}" for module in module_names(path)}
-        word = re.compile(rf"\b{re.escape(name)}\b")
-        for other in project_files(import_root(path)):
-            if other == path:
-                continue
-            text = self._read(other)
-            if text is None or not word.search(text) or not _may_import(text, path):
+        word = _word(name)
+        for other in self._importers(path):
+            if not word.search(self._read(other)):
                 continue
             facts = self.facts(other)
             if facts is None:
@@ -260,11 +287,9 @@ class Project:
                     yield facts, node, other
 
 
-def _may_import(text: str, path: Path) -> bool:
-    """A cheap test before parsing: the text names the module (``utils`` of ``utils.py``, the package of an
-    ``__init__.py``) or imports relatively."""
-    module = path.parent.name if path.name == "__init__.py" else path.stem
-    return module in text or "from ." in text
+def _word(name: str) -> re.Pattern[str]:
+    """``name`` as a whole identifier, literal first (the fast scan) and the boundaries checked around it."""
+    return re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})(?!\w)")
 
 
 def _built_from(
@@ -308,6 +333,9 @@ class ProjectView:
             return None
 
     def definition(self, qualified: str) -> tuple[PythonFacts, cst.CSTNode] | None:
+        head = qualified.split(".", 1)[0]
+        if head and head not in local_top_names(self.path):
+            return None  # an installed library's name (`torch.nn.Module`), or a name of this module
         return self.project.definition(qualified, self.path)
 
     def callers(self, name: str) -> list[Site]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -256,6 +257,12 @@ def _load_config_document(path: Path):
         return None
 
 
+# The cyclic garbage collector's thresholds for a run (as mypy sets its own): a parse makes hundreds of thousands
+# of small objects and no cycles, and at Python's default (700) the full collections that walk every live
+# object, the modules kept for other modules' questions among them, cost up to a fifth of a run.
+GC_THRESHOLDS = (200_000, 30, 30)
+
+
 def run(
     paths: list[str],
     settings: Settings,
@@ -266,6 +273,15 @@ def run(
     use_cache: bool = True,
     want_edits: bool = False,
 ) -> RunResult:
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)  # worker processes start from this process, with the same thresholds
+    try:
+        return _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResult:
     candidates, discovery_errors = discover(paths, settings)
     findings: list[Finding] = []
     for error in discovery_errors if UnreadableFile.code in settings.enabled else ():

@@ -399,7 +399,7 @@ def save(output_dir):
             return []
         found = []
         for call in facts.calls:
-            if not isinstance(call.func, (cst.Name, cst.Attribute)) or facts.local_functions(call):
+            if not facts.imported_root(call.func) or facts.local_functions(call):
                 continue
             for qualified in sorted(facts.qualified_names(call.func)):
                 definition = facts.project.definition(qualified)
