@@ -68,6 +68,7 @@ STAND_INS = {
     "ddp": "torch.nn.parallel.DistributedDataParallel(module)",
     "prepared": "accelerate.Accelerator().prepare(module)",
     "sampled": "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset))",
+    "loader": "torch.utils.data.DataLoader(dataset)",
     "maybe_sampled": (
         "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset, shuffle=shuffle))"
     ),
@@ -540,6 +541,14 @@ class PythonFacts:
         had been made here."""
         if self.project is None or _CROSSING[0] >= MAX_CROSSINGS:
             return []
+        if index == 0 and self.enclosing_class(function) is not None:
+            return []  # `self`: the instance, not an argument a caller passes
+        key = ("external_arguments", id(function), param.name.value)
+        if key not in self._memo:
+            self._memo[key] = self._external_arguments_of(function, index, param)
+        return self._memo[key]
+
+    def _external_arguments_of(self, function: cst.FunctionDef, index: int, param: cst.Param) -> list[Origin]:
         offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
         found: list[Origin] = []
         for site in self.external_call_sites(function):
@@ -559,6 +568,8 @@ class PythonFacts:
         target = expr.func if isinstance(expr, cst.Call) else expr
         if not self.imported_root(target) or self.index.order(target) < 0:
             return []  # only an imported name can come from another module
+        if isinstance(expr, cst.Call) and _last_name(target)[:1].isupper():
+            return []  # `Trainer(...)` builds an instance of the class: no function's return to follow
         found: list[Origin] = []
         for qualified in self.qualified_names(target):
             definition = self.project.definition(qualified)
@@ -609,7 +620,7 @@ class PythonFacts:
 
     def value_kinds(self, expr: cst.BaseExpression, at: cst.CSTNode) -> list[str]:
         """What a value is, in the terms another module's questions need: "accelerator", "ddp", "prepared",
-        "sampled" (a loader with a shuffling ``DistributedSampler``)."""
+        "sampled" (a loader with a shuffling ``DistributedSampler``), "loader" (one without)."""
         kinds = []
         origins = self.origins(expr, at)
         if self.is_accelerator(expr, at):
@@ -623,6 +634,8 @@ class PythonFacts:
             use = self.distributed_sampler(expr, at)
             if use is not None:
                 kinds.append("sampled" if use.shuffle else "maybe_sampled")
+            elif any(self.is_instance_of(call, DATALOADER_CLASSES) for call in calls):
+                kinds.append("loader")
         return kinds
 
     # -- which ranks reach a statement ----------------------------------------------------------
@@ -693,6 +706,8 @@ class PythonFacts:
                     answers.append(
                         Reach(False, at=(other, call)) if main_only else other.all_ranks_reach(call, depth + 1)
                     )
+        if name and self.project is not None and self.project.project.too_many_callers(self.project.path, name):
+            answers.append(Reach(None, f"`{function.name.value}()` is called from more modules than lintdist follows"))
         if not answers:
             where = f" ({self.project.path.name})" if self.project is not None else ""
             return Reach(None, f"`{function.name.value}()`{where} is called from code lintdist cannot see")

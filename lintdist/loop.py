@@ -886,7 +886,10 @@ class TrainingLoop:
                     if prepared is None:
                         return None
                     found.append(prepared)
-                return found[0] if found else None
+                if found:
+                    return found[0]
+                # no caller in this file: the project's other modules may pass a prepared model
+                return self._prepared_origin(expr, at, depth) if facts.external_call_sites(function) else None
         return self._prepared_origin(expr, at, depth)
 
     def _prepared_origin(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> cst.Call | None:

@@ -41,6 +41,15 @@ def import_root(path: Path) -> Path:
 
 
 @lru_cache(maxsize=4096)
+def top_package(path: Path) -> Path | None:
+    """The folder of the top package a module belongs to (None for a script in no package)."""
+    folder, top = path.parent, None
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        top, folder = folder, folder.parent
+    return top
+
+
+@lru_cache(maxsize=4096)
 def module_names(path: Path) -> tuple[str, ...]:
     """The dotted names the file is imported by: from its import root and, for a module in a package, also
     the bare name a script beside it uses (``import utils`` from ``train.py`` in the same folder)."""
@@ -74,19 +83,32 @@ def absolute(name: str, importer: Path) -> str:
     return ".".join([*base, rest] if rest else base)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=65536)
 def resolve_module(dotted: str, importer: Path) -> Path | None:
     """The project file a dotted module name names, seen from ``importer`` (None: not the project's)."""
-    parts = dotted.split(".")
-    bases = [import_root(importer), importer.parent]
-    src = import_root(importer) / "src"
-    if src.is_dir():
-        bases.append(src)
-    for base in dict.fromkeys(bases):
-        target = base.joinpath(*parts)
-        for candidate in (target.with_suffix(".py"), target / "__init__.py"):
-            if candidate.is_file():
-                return candidate.resolve()
+    for base in _bases(importer.parent):
+        found = _module_file(base, dotted)
+        if found is not None:
+            return found
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _bases(folder: Path) -> tuple[str, ...]:
+    """Where absolute imports of a module in ``folder`` start: its import root, the folder itself, ``src/``."""
+    root = import_root(folder / "__init__.py") if (folder / "__init__.py").is_file() else folder
+    bases = [str(root), str(folder)]
+    if os.path.isdir(os.path.join(root, "src")):
+        bases.append(os.path.join(root, "src"))
+    return tuple(dict.fromkeys(bases))
+
+
+@lru_cache(maxsize=65536)
+def _module_file(base: str, dotted: str) -> Path | None:
+    target = os.path.join(base, *dotted.split("."))
+    for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+        if os.path.isfile(candidate):
+            return Path(os.path.realpath(candidate))
     return None
 
 
@@ -159,8 +181,11 @@ def imported_files(path: Path, text: str) -> list[Path]:
             modules = [part.split()[0] for part in match.group("plain").split(",") if part.strip()]
         else:
             base = absolute(match.group("module"), path)
-            names = match.group("names").strip("() \t\n").replace("\n", " ")
-            modules = [base] + [f"{base}.{n.split()[0]}" for n in names.split(",") if n.strip() and base]
+            modules = [base]
+            package = resolve_module(base, path) if base and base.split(".", 1)[0] in local_top_names(path) else None
+            if package is not None and package.name == "__init__.py":  # `from pkg import mod`: a submodule
+                names = match.group("names").strip("() \t\n").replace("\n", " ")
+                modules += [f"{base}.{n.split()[0]}" for n in names.split(",") if n.strip()]
         tops = local_top_names(path)
         for module in modules:
             module = module.strip(".").rstrip(",")
@@ -170,3 +195,11 @@ def imported_files(path: Path, text: str) -> list[Path]:
             if target is not None and target != path.resolve():
                 found[target] = None
     return list(found)
+
+
+def clear_caches() -> None:
+    """Forget what the file system said (a new run: files may have appeared or moved)."""
+    for cached in (import_root, top_package, module_names, resolve_module, _bases, _module_file):
+        cached.cache_clear()
+    for cached in (local_top_names, project_files):
+        cached.cache_clear()

@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.modules import (
-    MAX_PROJECT_FILES,
     absolute,
+    clear_caches,
     import_root,
     imported_files,
     local_top_names,
     module_names,
     project_files,
-    resolve_module,
     resolve_name,
+    top_package,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
 MAX_REEXPORTS = 3
 # How many checked modules' parses are kept for other modules' questions.
 MAX_ADOPTED = 4
+# A function called from more files than this (a library's helper) is not followed into its callers, nor is
+# one of a module that more files than MAX_SEARCHED_FILES may import (a large library's package).
+MAX_CALLER_FILES = 8
+MAX_SEARCHED_FILES = 256
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,11 @@ class Project:
         self._adopted: dict[Path, tuple[str, PythonFacts]] = {}
         self._callers: dict[tuple[Path, str], list[Site]] = {}
         self._mentions: dict[tuple[Path, str], list[Path]] = {}
+        self._too_many: set[tuple[Path, str]] = set()
         self._recorders: list[set[Path]] = []
-        self._reverse: dict[Path, dict[Path, list[Path]]] = {}
+        self._exporters_of: dict[Path, frozenset[Path]] = {}
+        self._imports: dict[Path, frozenset[Path]] = {}
+        self._mentioning: dict[tuple, list[Path]] = {}
         # unsaved editor texts by path (the language server's open documents)
         self.overlay: dict[Path, str] = {}
 
@@ -128,7 +136,9 @@ class Project:
         for table in (self._analysed, self._texts, self._adopted):
             table.pop(path, None)
         self._callers.clear()
-        self._reverse.clear()
+        self._exporters_of.clear()
+        self._imports.pop(path, None)
+        self._mentioning.clear()
 
     def facts(self, path: Path) -> PythonFacts | None:
         """The facts of a project module, parsed on first use (None: unreadable or not Python)."""
@@ -188,9 +198,14 @@ class Project:
         key = (path.resolve(), name)
         if key not in self._callers:
             self._mentions[key] = []
+            self._callers[key] = []  # a question that comes back to this one while it is answered finds none
             self._callers[key] = list(self._find_callers(*key))
         self.record(self._mentions[key])
         return self._callers[key]
+
+    def too_many_callers(self, path: Path, name: str) -> bool:
+        """More files call ``name`` than a question follows (``MAX_CALLER_FILES``)."""
+        return (path.resolve(), name) in self._too_many
 
     def mentions(self, path: Path, name: str) -> list[Path]:
         """The files read while looking for callers of ``name`` (a change to any can change the answer)."""
@@ -203,11 +218,12 @@ class Project:
         owner, _, method = name.rpartition(".")
         targets = {f"{module}.{owner or name}" for module in module_names(path)}
         called = method if owner else name
-        word = _word(called)
-        for other in self._importers(path):
-            if not word.search(self._read(other)):
-                continue
-            self._mentions[(path, name)].append(other)
+        candidates = self._importing(path, _call(called))
+        self._mentions[(path, name)].extend(candidates or ())
+        if candidates is None or len(candidates) > MAX_CALLER_FILES:
+            self._too_many.add((path, name))  # a library's helper called all over: not followed
+            return
+        for other in candidates:
             facts = self.facts(other)
             if facts is None:
                 continue
@@ -223,28 +239,59 @@ class Project:
                 ):
                     yield Site(facts, call, other)
 
-    def _importers(self, path: Path) -> list[Path]:
-        """The project's other files that import ``path``: the module graph's reverse edges (built once per
-        import root from each file's import lines), through a package ``__init__.py`` that re-exports it."""
-        root = import_root(path)
-        if root not in self._reverse:
-            reverse: dict[Path, list[Path]] = {}
+    def _importing(self, path: Path, word: re.Pattern[str]) -> list[Path] | None:
+        """The project's other files whose text matches ``word`` (a call of the function, or the function
+        handed on as a value) and that import ``path``, directly or through a package ``__init__.py`` that
+        re-exports it; import lines are read only for those files and the package's ``__init__.py`` files.
+        None when more files than ``MAX_SEARCHED_FILES`` may import it (a large library's module)."""
+        candidates = self._may_import(path)
+        if len(candidates) > MAX_SEARCHED_FILES:
+            return None
+        exporters = self._exporters(path)
+        return [
+            other
+            for other in candidates
+            if word.search(self._read(other)) and not exporters.isdisjoint(self._imports_of(other))
+        ]
+
+    def _exporters(self, path: Path) -> frozenset[Path]:
+        """``path`` and the package ``__init__.py`` files that import it, directly or through one another."""
+        if path not in self._exporters_of:
+            found = {path}
+            inits = [other for other in self._may_import(path) if other.name == "__init__.py"]
+            grown = True
+            while grown:
+                grown = False
+                for init in inits:
+                    if init not in found and not found.isdisjoint(self._imports_of(init)):
+                        found.add(init)
+                        grown = True
+            self._exporters_of[path] = frozenset(found)
+        return self._exporters_of[path]
+
+    def _may_import(self, target: Path) -> list[Path]:
+        """The files whose text names ``target``'s top package (the module itself, for a script in no
+        package), or that sit in that package and import relatively: one substring scan of the project per
+        package, shared by every module of it."""
+        root, package = import_root(target), top_package(target)
+        word = package.name if package is not None else target.stem
+        key = (root, word, package)
+        if key not in self._mentioning:
+            found = []
             for other in project_files(root):
                 text = self._read(other)
-                for target in imported_files(other, text) if text is not None else ():
-                    reverse.setdefault(target, []).append(other)
-            self._reverse[root] = reverse
-        reverse = self._reverse[root]
-        found: dict[Path, None] = {}
-        pending = [path]
-        while pending:
-            current = pending.pop()
-            for importer in reverse.get(current, ()):
-                if importer != path and importer not in found:
-                    found[importer] = None
-                    if importer.name == "__init__.py" and len(found) < MAX_PROJECT_FILES:
-                        pending.append(importer)
-        return list(found)
+                if text is None:
+                    continue
+                if word in text or (package is not None and "from ." in text and package in other.parents):
+                    found.append(other)
+            self._mentioning[key] = found
+        return [other for other in self._mentioning[key] if other != target]
+
+    def _imports_of(self, path: Path) -> frozenset[Path]:
+        if path not in self._imports:
+            text = self._read(path)
+            self._imports[path] = frozenset(imported_files(path, text)) if text is not None else frozenset()
+        return self._imports[path]
 
     def _names(self, qualified: str, importer: Path, targets: set[str], path: Path) -> bool:
         """A qualified name read in ``importer`` is one of ``targets`` of ``path``, directly or re-exported."""
@@ -270,10 +317,10 @@ class Project:
         handed to ``mp.spawn`` or kept as a callback)."""
         path = path.resolve()
         targets = {f"{module}.{name}" for module in module_names(path)}
-        word = _word(name)
-        for other in self._importers(path):
-            if not word.search(self._read(other)):
-                continue
+        candidates = self._importing(path, _argument(name))
+        if candidates is None or len(candidates) > MAX_CALLER_FILES:
+            return
+        for other in candidates:
             facts = self.facts(other)
             if facts is None:
                 continue
@@ -287,19 +334,19 @@ class Project:
                     yield facts, node, other
 
 
-def _word(name: str) -> re.Pattern[str]:
-    """``name`` as a whole identifier, literal first (the fast scan) and the boundaries checked around it."""
-    return re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})(?!\w)")
-
-
 def _built_from(
     project: Project, facts: PythonFacts, call: cst.Call, classes: set[str], importer: Path, path: Path
 ) -> bool:
-    """The receiver of ``x.method(...)`` is an instance of one of ``classes`` (qualified names of ``path``)."""
-    for origin in facts.origins(call.func.value, call):
-        node = origin.node
-        if isinstance(node, cst.Call) and any(
-            project._names(q, importer, classes, path) for q in facts.qualified_names(node.func)
+    """The receiver of ``x.method(...)`` is an instance of one of ``classes`` (qualified names of ``path``): the
+    receiver's own assignments are read (``trainer = Trainer(...)``, ``self.trainer = Trainer(...)``), not
+    followed further, so that looking for callers never asks for callers again."""
+    key = get_full_name_for_node(call.func.value)
+    for binding in facts.bindings(key, call) if key else ():
+        value = binding.value
+        if (
+            binding.index is None
+            and isinstance(value, cst.Call)
+            and any(project._names(q, importer, classes, path) for q in facts.qualified_names(value.func))
         ):
             return True
     return False
@@ -360,5 +407,14 @@ def reset_process_project() -> None:
     """Forget every parse and text (a new run, or files written by a fix)."""
     global _PROCESS_PROJECT
     _PROCESS_PROJECT = None
-    for cached in (project_files, local_top_names, resolve_module, import_root, module_names):
-        cached.cache_clear()
+    clear_caches()
+
+
+def _call(name: str) -> re.Pattern[str]:
+    """A call of ``name`` (``name(``, ``x.name(``), literal first for a fast scan."""
+    return re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})\s*\(")
+
+
+def _argument(name: str) -> re.Pattern[str]:
+    """``name`` handed to a call as a value (``spawn(main_worker, ...)``, ``target=main_worker)``)."""
+    return re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})\s*[,)]")

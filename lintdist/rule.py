@@ -116,6 +116,12 @@ class Rule:
     ) -> None:
         if span is None:
             span = self.context.span(node)
+        facts = self.context.facts
+        if fix is not None and facts is not None and any(id(old) in facts.stand_ins for old, _ in fix.replacements):
+            fix = None  # it would edit a value made in another module: that file's text is not this one's
+        made_elsewhere = facts.stand_in_note(node) if facts is not None and node is not None else None
+        if made_elsewhere and made_elsewhere not in message:
+            message += f" (the value is {made_elsewhere}: the change belongs there)"
         self.context.add(
             Finding(
                 code=self.code,

@@ -254,8 +254,8 @@ for batch in loader:
     )
 
     def finish(self) -> None:
-        if not self.facts.imports("accelerate"):
-            return
+        if not self.facts.imports("accelerate") and self.facts.project is None:
+            return  # a helper module's model may still be prepared by the script that calls it
         for step in self.loop.steps:
             if step.kind != "clip":
                 continue

@@ -147,7 +147,8 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     name = "ddp-loader-without-distributed-sampler"
     severity = Severity.ERROR
     fix_kind = "unsafe"
-    triggers = ("DataLoader",)
+    # the loader, or a loader made in another module of the project (`loader = data.build_loader(...)`)
+    triggers = ("DataLoader", "loader")
     # a wrapper needs its import, so its real name is in the text even when it is used as `DDP`/`FSDP`
     also_triggers = (WRAPPER_NAMES,)
 

@@ -104,7 +104,8 @@ class DistributedSamplerIntoPrepare(Rule):
     name = "distributed-sampler-into-prepare"
     severity = Severity.ERROR
     fix_kind = "safe"
-    triggers = ("Sampler",)
+    # the sampler, or a loader made in another module of the project with one
+    triggers = ("Sampler", "loader")
     also_triggers = (("prepare",),)
 
     VALID = (

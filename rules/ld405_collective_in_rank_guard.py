@@ -371,10 +371,9 @@ def save(output_dir):
             if self._joined_by_others(via or call):
                 continue
             found.setdefault(id(guard), []).append((call, what, guard, via, either))
-        for call, collective, helper in self._helpers_elsewhere():
-            hit = self._main_only(call, 0)
-            if hit is not None and id(hit[0]) not in found:
-                self._report_elsewhere(call, collective, helper, hit[0])
+        for call, guard, collective, helper in self._helpers_elsewhere():
+            if id(guard) not in found:
+                self._report_elsewhere(call, collective, helper, guard)
         order = facts.index.order
         for group in found.values():
             # one finding per guarded block, at the first collective it reaches
@@ -391,15 +390,19 @@ def save(output_dir):
 
     # -- collectives in the project's other modules -------------------------------------------
 
-    def _helpers_elsewhere(self) -> list[tuple[cst.Call, tuple[cst.Call, str], Rule]]:
-        """Calls of functions defined in the project's other modules that reach a collective there (first one),
-        with this rule asked of that module."""
+    def _helpers_elsewhere(self) -> list[tuple[cst.Call, cst.CSTNode, tuple[cst.Call, str], Rule]]:
+        """Calls under a main-process guard of functions defined in the project's other modules that reach a
+        collective there (the first one), with the guard and this rule asked of that module. The guard is
+        found first: only a guarded call's module is read."""
         facts = self.facts
         if facts.project is None:
             return []
         found = []
         for call in facts.calls:
             if not facts.imported_root(call.func) or facts.local_functions(call):
+                continue
+            hit = self._main_only(call, 0)
+            if hit is None:
                 continue
             for qualified in sorted(facts.qualified_names(call.func)):
                 definition = facts.project.definition(qualified)
@@ -416,7 +419,7 @@ def save(output_dir):
                     None,
                 )
                 if collective is not None:
-                    found.append((call, collective, there))
+                    found.append((call, hit[0], collective, there))
                     break
         return found
 
