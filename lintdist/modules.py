@@ -51,10 +51,17 @@ def top_package(path: Path) -> Path | None:
 
 @lru_cache(maxsize=4096)
 def module_names(path: Path) -> tuple[str, ...]:
-    """The dotted names the file is imported by: from its import root and, for a module in a package, also
-    the bare name a script beside it uses (``import utils`` from ``train.py`` in the same folder)."""
+    """The dotted names the file is imported by: from its import root first and then from each folder
+    between (a script runs with its own folder on ``sys.path``: ``from utils.dataset import x`` in
+    ``pkg/train.py`` names ``pkg/utils/dataset.py``)."""
+    root = import_root(path)
+    folders = [root]
+    folder = path.parent
+    while folder != root and root in folder.parents:
+        folders.append(folder)
+        folder = folder.parent
     names = []
-    for base in dict.fromkeys((import_root(path), path.parent)):
+    for base in dict.fromkeys(folders):
         try:
             parts = list(path.relative_to(base).with_suffix("").parts)
         except ValueError:

@@ -72,6 +72,7 @@ class Project:
         self._exporters_of: dict[Path, frozenset[Path]] = {}
         self._imports: dict[Path, frozenset[Path]] = {}
         self._mentioning: dict[tuple, list[Path]] = {}
+        self._by_folder: dict[Path, dict[Path, list[Path]]] = {}
         # unsaved editor texts by path (the language server's open documents)
         self.overlay: dict[Path, str] = {}
 
@@ -270,9 +271,11 @@ class Project:
         return self._exporters_of[path]
 
     def _may_import(self, target: Path) -> list[Path]:
-        """The files whose text names ``target``'s top package (the module itself, for a script in no
-        package), or that sit in that package and import relatively: one substring scan of the project per
-        package, shared by every module of it."""
+        """The files that may import ``target``: under its import root, those whose text names its top package
+        (the module itself, for a script in no package) or that sit in its package and import relatively; and,
+        since a script runs with its own folder on ``sys.path``, the files directly in each folder between
+        whose text names the rest of the path (``utils`` for ``pkg/utils/data.py`` read from ``pkg/train.py``).
+        One substring scan of the project per package, shared by every module of it."""
         root, package = import_root(target), top_package(target)
         word = package.name if package is not None else target.stem
         key = (root, word, package)
@@ -285,7 +288,24 @@ class Project:
                 if word in text or (package is not None and "from ." in text and package in other.parents):
                     found.append(other)
             self._mentioning[key] = found
-        return [other for other in self._mentioning[key] if other != target]
+        found = dict.fromkeys(self._mentioning[key])
+        folder = target.parent
+        while folder != root and root in folder.parents:
+            first = target.relative_to(folder).parts[0].removesuffix(".py")
+            for other in self._beside(root).get(folder, ()):
+                if other not in found and first in (self._read(other) or ""):
+                    found[other] = None
+            folder = folder.parent
+        return [other for other in found if other != target]
+
+    def _beside(self, root: Path) -> dict[Path, list[Path]]:
+        """The project's files by folder."""
+        if root not in self._by_folder:
+            by_folder: dict[Path, list[Path]] = {}
+            for other in project_files(root):
+                by_folder.setdefault(other.parent, []).append(other)
+            self._by_folder[root] = by_folder
+        return self._by_folder[root]
 
     def _imports_of(self, path: Path) -> frozenset[Path]:
         if path not in self._imports:
