@@ -73,6 +73,8 @@ STAND_INS = {
         "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset, shuffle=shuffle))"
     ),
 }
+# A module whose text has none of these makes no value a stand-in can stand for (it is not parsed to find out).
+VALUE_MARKERS = ("Accelerator", "DataParallel", "DataLoader", "prepare", "fully_shard", "Sampler", "accelerator")
 # Objects known by their API: (attributes one of which must be used, attributes used with it); with no
 # required attribute, two of the others. One attribute alone identifies nothing.
 API_SIGNATURES = {
@@ -171,7 +173,6 @@ class PythonFacts:
         # Stand-ins for values made in another module (see ``_stand_in``): node id -> the local node they stand at.
         self.stand_ins: dict[int, cst.CSTNode] = {}
         self._stand_in_notes: dict[int, str] = {}
-        self._crossing = 0
 
     @property
     def imported_names(self) -> frozenset[str]:
@@ -543,15 +544,32 @@ class PythonFacts:
             return []
         if index == 0 and self.enclosing_class(function) is not None:
             return []  # `self`: the instance, not an argument a caller passes
-        key = ("external_arguments", id(function), param.name.value)
-        if key not in self._memo:
-            self._memo[key] = self._external_arguments_of(function, index, param)
-        return self._memo[key]
+        key = ("external_arguments", id(function), param.name.value, _CROSSING[0])
+        return self._remember(key, lambda: self._external_arguments_of(function, index, param))
+
+    def _remember(self, key: tuple, compute):
+        """``compute()``, once per key, with the project files it read counted again on every later use (the
+        cache re-checks a file when one of them changes). Keys carry the depth a question was asked at: an
+        answer cut short by a depth bound is never served to a shallower question."""
+        if key in self._memo:
+            answer, read = self._memo[key]
+            if self.project is not None:
+                self.project.project.record(read)
+            return answer
+        if self.project is None:
+            answer, read = compute(), ()
+        else:
+            with self.project.project.recording() as recorded:
+                answer = compute()
+            read = frozenset(recorded)
+        self._memo[key] = (answer, read)
+        return answer
 
     def _external_arguments_of(self, function: cst.FunctionDef, index: int, param: cst.Param) -> list[Origin]:
         offset = 1 if self.enclosing_class(function) is not None and index >= 0 else 0
         found: list[Origin] = []
-        for site in self.external_call_sites(function):
+        name = self._exported_name(function)
+        for site in self.project.callers(name, VALUE_MARKERS) if name else ():
             argument = argument_of(site.call, param.name.value, None if index < 0 else index - offset)
             if argument is None:
                 continue
@@ -572,7 +590,7 @@ class PythonFacts:
             return []  # `Trainer(...)` builds an instance of the class: no function's return to follow
         found: list[Origin] = []
         for qualified in self.qualified_names(target):
-            definition = self.project.definition(qualified)
+            definition = self.project.definition(qualified, VALUE_MARKERS)
             if definition is None:
                 continue
             other, node = definition
@@ -673,23 +691,9 @@ class PythonFacts:
         function = self.enclosing_function(node)
         if function is None:
             return Reach(True)
-        key = ("reach", id(function))
-        if key in self._memo:
-            answer, read = self._memo[key]
-            if self.project is not None:
-                self.project.project.record(read)
-            return answer
         if depth >= MAX_CALLER_DEPTH + 2:
             return Reach(None, f"the callers of `{function.name.value}()` are too deep to follow")
-        self._memo[key] = (Reach(None, f"`{function.name.value}()` is reached only through a cycle of calls"), ())
-        if self.project is None:
-            answer = self._reach_from_callers(function, depth)
-            self._memo[key] = (answer, ())
-            return answer
-        with self.project.project.recording() as read:
-            answer = self._reach_from_callers(function, depth)
-        self._memo[key] = (answer, frozenset(read))
-        return answer
+        return self._remember(("reach", id(function), depth), lambda: self._reach_from_callers(function, depth))
 
     def _reach_from_callers(self, function: cst.FunctionDef, depth: int) -> Reach:
         answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]

@@ -210,3 +210,32 @@ def clear_caches() -> None:
         cached.cache_clear()
     for cached in (local_top_names, project_files):
         cached.cache_clear()
+
+
+def defining_module(qualified: str, importer: Path, read, depth: int = 0) -> tuple[Path, str] | None:
+    """The file that defines what ``qualified`` names (read in ``importer``), and the name there, following
+    ``from .x import name`` re-exports in the text (``read(path)`` gives a file's text); None when the text
+    does not say (a name made some other way)."""
+    found = resolve_name(qualified, importer)
+    if found is None or "." in found[1]:
+        return None
+    path, name = found
+    text = read(path)
+    if text is None:
+        return None
+    if re.search(
+        rf"^(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b|^{re.escape(name)}[ \t]*[:=]", text, re.MULTILINE
+    ):
+        return path, name
+    if depth >= 3:
+        return None
+    for match in IMPORT_LINE.finditer(text):
+        if match.group("plain"):
+            continue
+        names = match.group("names").strip("() \t\n").replace("\n", " ")
+        for item in names.split(","):
+            parts = item.split()
+            if parts and (parts[-1] == name and (len(parts) == 1 or parts[-2] == "as")):
+                source = absolute(match.group("module"), path)
+                return defining_module(f"{source}.{parts[0]}", path, read, depth + 1)
+    return None

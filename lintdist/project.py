@@ -27,6 +27,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.modules import (
     absolute,
     clear_caches,
+    defining_module,
     import_root,
     imported_files,
     local_top_names,
@@ -195,8 +196,10 @@ class Project:
                         return target
         return None
 
-    def callers(self, path: Path, name: str) -> list[Site]:
-        key = (path.resolve(), name)
+    def callers(self, path: Path, name: str, markers: tuple[str, ...] = ()) -> list[Site]:
+        """The calls of ``name`` of ``path`` in other files; with ``markers``, only in files whose text holds
+        one of them (a file that makes no Accelerator, model wrapper or loader passes none it made)."""
+        key = (path.resolve(), name, markers)
         if key not in self._callers:
             self._mentions[key] = []
             self._callers[key] = []  # a question that comes back to this one while it is answered finds none
@@ -208,11 +211,7 @@ class Project:
         """More files call ``name`` than a question follows (``MAX_CALLER_FILES``)."""
         return (path.resolve(), name) in self._too_many
 
-    def mentions(self, path: Path, name: str) -> list[Path]:
-        """The files read while looking for callers of ``name`` (a change to any can change the answer)."""
-        return self._mentions.get((path.resolve(), name), [])
-
-    def _find_callers(self, path: Path, name: str) -> Iterator[Site]:
+    def _find_callers(self, path: Path, name: str, markers: tuple[str, ...] = ()) -> Iterator[Site]:
         """Calls of the module-level ``name`` of ``path`` (a function, or a class: its construction) in the
         other files of its project; ``Cls.method`` names a method called on an instance built there."""
         path = path.resolve()
@@ -220,7 +219,9 @@ class Project:
         targets = {f"{module}.{owner or name}" for module in module_names(path)}
         called = method if owner else name
         candidates = self._importing(path, _call(called))
-        self._mentions[(path, name)].extend(candidates or ())
+        if candidates is not None and markers:
+            candidates = [other for other in candidates if any(m in self._read(other) for m in markers)]
+        self._mentions[(path, name, markers)].extend(candidates or ())
         if candidates is None or len(candidates) > MAX_CALLER_FILES:
             self._too_many.add((path, name))  # a library's helper called all over: not followed
             return
@@ -399,14 +400,21 @@ class ProjectView:
         except (KeyError, ValueError):
             return None
 
-    def definition(self, qualified: str) -> tuple[PythonFacts, cst.CSTNode] | None:
+    def definition(self, qualified: str, markers: tuple[str, ...] = ()) -> tuple[PythonFacts, cst.CSTNode] | None:
+        """What ``qualified`` names in another module of the project. With ``markers``, a module that defines
+        the name itself (``def name``/``class name``/``name =`` in its text) but contains none of them is not
+        parsed: nothing there can be what the question looks for."""
         head = qualified.split(".", 1)[0]
         if head and head not in local_top_names(self.path):
             return None  # an installed library's name (`torch.nn.Module`), or a name of this module
+        if markers:
+            found = defining_module(qualified, self.path, self.project._read)
+            if found is not None and not any(m in self.project._read(found[0]) for m in markers):
+                return None
         return self.project.definition(qualified, self.path)
 
-    def callers(self, name: str) -> list[Site]:
-        return self.project.callers(self.path, name)
+    def callers(self, name: str, markers: tuple[str, ...] = ()) -> list[Site]:
+        return self.project.callers(self.path, name, markers)
 
     def references(self, name: str) -> list[tuple[PythonFacts, cst.Name, Path]]:
         return self.project.references(self.path, name)

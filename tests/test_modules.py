@@ -246,3 +246,15 @@ def test_attributes_set_in_a_base_class_reach_subclass_methods(tmp_path):
     call = next(c for c in facts.calls if facts.method_name(c) == "save_state")
     assert facts.is_accelerator(call.func.value, call)
     assert facts.stand_in_note(facts.origins(call.func.value, call)[0].node) == "set in `base.BaseTrainer`"
+
+
+def test_findings_do_not_depend_on_how_files_are_shared_between_workers():
+    from lintdist.config import resolve_settings
+    from lintdist.runner import run
+
+    projects = Path(__file__).resolve().parent.parent / "fixtures" / "project"
+    settings = resolve_settings(None, projects)
+    alone = run([str(projects)], settings, jobs=1, use_cache=False)
+    shared = run([str(projects)], settings, jobs=2, use_cache=False)
+    assert [f.to_json() for f in alone.findings] == [f.to_json() for f in shared.findings]
+    assert {f.code for f in alone.findings} >= {"LD103", "LD106", "LD201", "LD203", "LD204", "LD405"}
