@@ -400,13 +400,17 @@ class ProjectView:
         except (KeyError, ValueError):
             return None
 
+    def of_project(self, qualified: str) -> bool:
+        """A qualified name read in this module can name something of the project (not ``torch.nn.Module``)."""
+        head = qualified.split(".", 1)[0]
+        return not head or head in local_top_names(self.path)
+
     def definition(self, qualified: str, markers: tuple[str, ...] = ()) -> tuple[PythonFacts, cst.CSTNode] | None:
         """What ``qualified`` names in another module of the project. With ``markers``, a module that defines
         the name itself (``def name``/``class name``/``name =`` in its text) but contains none of them is not
         parsed: nothing there can be what the question looks for."""
-        head = qualified.split(".", 1)[0]
-        if head and head not in local_top_names(self.path):
-            return None  # an installed library's name (`torch.nn.Module`), or a name of this module
+        if not self.of_project(qualified):
+            return None  # an installed library's name (`torch.nn.Module`)
         if markers:
             found = defining_module(qualified, self.path, self.project._read)
             if found is not None and not any(m in self.project._read(found[0]) for m in markers):

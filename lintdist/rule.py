@@ -167,6 +167,11 @@ def _found(trigger: Trigger, text: str) -> bool:
     return trigger in text if isinstance(trigger, str) else bool(trigger.search(text))
 
 
+# An import of a name that says it is a loader (`from data import build_loader`): a loader made in another
+# module of the project (`DataLoader` itself is spelled with a capital L).
+IMPORTED_LOADER = re.compile(r"import[^\n]*loader")
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A trigger that costs about a substring search: one of ``needs`` occurs in the text and then, only then,

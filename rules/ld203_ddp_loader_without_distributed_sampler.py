@@ -18,7 +18,7 @@ from lintdist.facts import (
     wrapped_iterable,
 )
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
 
 ITERABLE_CLASSES = frozenset(
     {
@@ -147,8 +147,8 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     name = "ddp-loader-without-distributed-sampler"
     severity = Severity.ERROR
     fix_kind = "unsafe"
-    # the loader, or a loader made in another module of the project (`loader = data.build_loader(...)`)
-    triggers = ("DataLoader", "loader")
+    # the loader, or a loader made in another module of the project (`from data import build_loader`)
+    triggers = ("DataLoader", Pattern(("loader",), IMPORTED_LOADER))
     # a wrapper needs its import, so its real name is in the text even when it is used as `DDP`/`FSDP`
     also_triggers = (WRAPPER_NAMES,)
 

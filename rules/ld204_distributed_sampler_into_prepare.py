@@ -11,7 +11,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.edits import has_comment
 from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
 
 IMPORTS_ACCELERATE = re.compile(r"^\s*(?:from|import)\s+accelerate\b", re.MULTILINE)
 PREPARE_FUNCTIONS = frozenset({"accelerate.data_loader.prepare_data_loader"})
@@ -104,8 +104,8 @@ class DistributedSamplerIntoPrepare(Rule):
     name = "distributed-sampler-into-prepare"
     severity = Severity.ERROR
     fix_kind = "safe"
-    # the sampler, or a loader made in another module of the project with one
-    triggers = ("Sampler", "loader")
+    # the sampler, or a loader made in another module of the project with one (`from data import build_loader`)
+    triggers = ("Sampler", Pattern(("loader",), IMPORTED_LOADER))
     also_triggers = (("prepare",),)
 
     VALID = (

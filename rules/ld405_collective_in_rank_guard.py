@@ -401,10 +401,11 @@ def save(output_dir):
         for call in facts.calls:
             if not facts.imported_root(call.func) or facts.local_functions(call):
                 continue
-            hit = self._main_only(call, 0)
+            names = sorted(q for q in facts.qualified_names(call.func) if facts.project.of_project(q))
+            hit = self._main_only(call, 0) if names else None
             if hit is None:
                 continue
-            for qualified in sorted(facts.qualified_names(call.func)):
+            for qualified in names:
                 definition = facts.project.definition(qualified)
                 if definition is None or not isinstance(definition[1], cst.FunctionDef):
                     continue
