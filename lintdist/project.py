@@ -1,10 +1,6 @@
-"""The project's own modules: which file an import names, who calls a function from another module, and each
-module's facts on demand, so that facts follow an object across calls, methods and modules.
-
-A file is one module of a project: the files under its import root (the folder above its top package, or its
-own folder for a script that is in no package, with ``src/`` layouts handled the same way). An import of the
-project's own code resolves to a file by the rules Python itself applies (``pkg/mod.py``, ``pkg/mod/__init__.py``,
-a namespace folder, relative imports); installed libraries stay names and are never parsed.
+"""The questions that leave a file: who calls a function from another module, what another module's name is,
+and each module's facts on demand, so that facts follow an object across calls, methods and modules (the
+module graph itself, paths and import lines, is ``lintdist.modules``).
 
 Nothing here is computed before a rule asks: a file whose rules never leave it pays nothing. A module another
 file's question reaches is parsed once per process (the engine reuses that parse when the module is checked
