@@ -202,9 +202,13 @@ class PrepOutsideMainProcessFirst(Rule):
     accelerator in reach but an `Accelerator`/`PartialState` created before
     it runs (earlier in its function or before every call site), it uses
     `lintdist.runtime.main_process_first()` (exception-safe) and adds that
-    import. That fix is unsafe when the helper has no call site in the file:
-    a caller elsewhere might run it on the main process only, where the
-    block's barrier would hang. When the script builds its `Accelerator` (or
+    import. That fix is unsafe when lintdist cannot tell whether the process
+    group exists by then. Every block adds a barrier, so a fix is offered
+    only where every rank provably reaches it: every caller of the enclosing
+    function, in this file and in the project's other modules, is known and
+    none sits under a rank test (a helper no visible code calls gets no fix,
+    and the message says why; one called only under `if is_master(args):`
+    in another module is not reported at all). When the script builds its `Accelerator` (or
     `PartialState`) only after the call, later in the same function or
     module, the fix wraps the call in
     `with PartialState().main_process_first():` (importing `PartialState`

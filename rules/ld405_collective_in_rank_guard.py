@@ -165,7 +165,11 @@ class CollectiveInRankGuard(Rule):
     dataloader state), which `save_state` on every rank writes.
 
     ## Fix safety
-    The fix is unsafe: statements move. It takes the collective out of the
+    The fix is offered only where every rank provably reaches the guard:
+    every caller of its function, in this file and in the project's other
+    modules, is known and none sits under a rank test; otherwise the message
+    says why. A collective in another module's helper called under a guard
+    is reported at the call, with no fix. The fix is unsafe: statements move. It takes the collective out of the
     guard, with the `if` conditions around it and the assignments that set
     up its arguments (`save_path = ...`); a value-returning collective nested
     in a larger statement (`save_pretrained(d,
