@@ -573,9 +573,8 @@ class PythonFacts:
             argument = argument_of(site.call, param.name.value, None if index < 0 else index - offset)
             if argument is None:
                 continue
-            line = _line_of(site.facts, site.call)
-            where = f"{site.path.name}:{line}" if line else site.path.name
-            found.extend(self._stand_ins(site.facts, argument, site.call, param, f"passed at {where}"))
+            note = f"passed at {site.facts._where(site.call)}"
+            found.extend(self._stand_ins(site.facts, argument, site.call, param, note))
         return found
 
     def _imported_value(self, expr: cst.BaseExpression) -> list[Origin]:
@@ -736,9 +735,11 @@ class PythonFacts:
         return found
 
     def _where(self, node: cst.CSTNode) -> str:
-        line = _line_of(self, node)
-        name = self.project.path.name if self.project is not None else "line"
-        return f"{name}:{line}" if self.project is not None else f"line {line}"
+        """``main.py:6``; without a project (a text with no file), the test itself: ``if rank == 0``."""
+        if self.project is not None:
+            return f"{self.project.path.name}:{self.project.line(self, node)}"
+        shown = node.test if isinstance(node, (cst.If, cst.While)) else node
+        return f"`{cst.Module([]).code_for_node(shown).strip().splitlines()[0]}`"
 
     # -- objects known by their API ---------------------------------------------------------------
 
@@ -1204,11 +1205,6 @@ def _exits(body: cst.BaseSuite) -> bool:
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1] if last.body else None
     return isinstance(last, (cst.Return, cst.Continue, cst.Break, cst.Raise))
-
-
-def _line_of(facts: PythonFacts, node: cst.CSTNode) -> int | None:
-    """The 1-based line of a node of a module seen through its project (None without one)."""
-    return facts.project.line(facts, node) if facts.project is not None else None
 
 
 def _handing_call(facts: PythonFacts, name: cst.Name) -> tuple[cst.Call | None, bool]:

@@ -19,6 +19,8 @@ INSTALLED = frozenset({"site-packages", "dist-packages"})
 # A project larger than this is searched no further for callers (the answer is then "unknown").
 MAX_PROJECT_FILES = 4000
 MAX_FOLDER_DEPTH = 6
+# How many ``from .x import name`` re-exports a definition is followed through.
+MAX_REEXPORTS = 3
 SKIPPED_FOLDERS = frozenset(
     {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__", "build", "dist", "site-packages"}
     | {".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".lintdist_cache", ".eggs"}
@@ -103,7 +105,7 @@ def resolve_module(dotted: str, importer: Path) -> Path | None:
 @lru_cache(maxsize=4096)
 def _bases(folder: Path) -> tuple[str, ...]:
     """Where absolute imports of a module in ``folder`` start: its import root, the folder itself, ``src/``."""
-    root = import_root(folder / "__init__.py") if (folder / "__init__.py").is_file() else folder
+    root = import_root(folder / "__init__.py")  # the root of any module in the folder
     bases = [str(root), str(folder)]
     if os.path.isdir(os.path.join(root, "src")):
         bases.append(os.path.join(root, "src"))
@@ -135,10 +137,7 @@ def local_top_names(path: Path) -> frozenset[str]:
     """The names an absolute import from ``path`` can reach in the project: its import root's and its own
     folder's modules and packages (an import of anything else is an installed library's)."""
     names = set()
-    bases = [import_root(path), path.parent]
-    if (import_root(path) / "src").is_dir():
-        bases.append(import_root(path) / "src")
-    for base in dict.fromkeys(bases):
+    for base in _bases(path.parent):
         try:
             for entry in os.scandir(base):
                 if entry.name.endswith(".py"):
@@ -227,7 +226,7 @@ def defining_module(qualified: str, importer: Path, read, depth: int = 0) -> tup
         rf"^(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b|^{re.escape(name)}[ \t]*[:=]", text, re.MULTILINE
     ):
         return path, name
-    if depth >= 3:
+    if depth >= MAX_REEXPORTS:
         return None
     for match in IMPORT_LINE.finditer(text):
         if match.group("plain"):

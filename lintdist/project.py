@@ -21,6 +21,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.modules import (
+    MAX_REEXPORTS,
     absolute,
     clear_caches,
     defining_module,
@@ -36,8 +37,6 @@ from lintdist.modules import (
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
 
-# How many ``from .x import name`` re-exports a definition is followed through.
-MAX_REEXPORTS = 3
 # How many checked modules' parses are kept for other modules' questions.
 MAX_ADOPTED = 4
 # A function called from more files than this (a library's helper) is not followed into its callers, nor is

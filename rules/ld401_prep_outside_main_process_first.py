@@ -657,7 +657,7 @@ with main_process_first(accelerator=accelerator):
         for ancestor in facts.ancestors(node):
             if isinstance(ancestor, cst.With) and any(self._goes_first(item.item) for item in ancestor.items):
                 return True
-            if isinstance(ancestor, cst.If) and child is not ancestor.test and self._rank_dependent(ancestor.test):
+            if isinstance(ancestor, cst.If) and child is not ancestor.test and facts.rank_dependent(ancestor.test):
                 return True
             # `for url in urls[rank::world_size]:` each rank has its own items, and its own number of iterations
             if isinstance(ancestor, cst.For) and child is ancestor.body and _per_rank(facts, ancestor.iter):
@@ -688,11 +688,6 @@ with main_process_first(accelerator=accelerator):
         return all(self._ordered(site, depth + 1) for site in sites) and all(
             site.facts.all_ranks_reach(site.call).value is False for site in elsewhere
         )
-
-    def _rank_dependent(self, test: cst.BaseExpression) -> bool:
-        """Some ranks take the branch and others may not (``rank == 0``, ``rank != 0 and not evaluate``...): the
-        call is already ordered or skipped there, and a barrier-ordered block inside would leave ranks waiting."""
-        return self.facts.rank_dependent(test)
 
     def _goes_first(self, context: cst.BaseExpression) -> bool:
         """``accelerator.main_process_first()``, ``training_args.main_process_first(desc=...)``,
