@@ -240,7 +240,9 @@ model, loader = accelerator.prepare(model, loader)
         if facts.callee_is(call, PREPARE_FUNCTIONS):
             loader = argument_of(call, "dataloader", 0)
             return [loader] if loader is not None else []
-        if not isinstance(call.func, cst.Attribute) or not self._is_accelerator(call.func.value, call):
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in ("prepare", "prepare_data_loader"):
+            return []
+        if not self._is_accelerator(call.func.value, call):
             return []
         method = call.func.attr.value
         if method == "prepare":
