@@ -74,7 +74,23 @@ STAND_INS = {
     ),
 }
 # A module whose text has none of these makes no value a stand-in can stand for (it is not parsed to find out).
-VALUE_MARKERS = ("Accelerator", "DataParallel", "DataLoader", "prepare", "fully_shard", "Sampler", "accelerator")
+# A module whose text holds none of these makes no value another module's questions look for (an Accelerator, a
+# wrapped or prepared model, a loader), nor hands one on under the usual name: it is not parsed for them.
+VALUE_MARKERS = (
+    "Accelerator(",
+    "PartialState(",
+    "DataParallel(",
+    "DDP(",
+    "DataLoader(",
+    "FSDP(",
+    ".prepare(",
+    "prepare_data_loader(",
+    "setup_dataloaders(",
+    "fully_shard(",
+    "Sampler(",
+    "accelerator",
+    "is_main_process",
+)
 # Objects known by their API: (attributes one of which must be used, attributes used with it); with no
 # required attribute, two of the others. One attribute alone identifies nothing.
 API_SIGNATURES = {
@@ -407,7 +423,7 @@ class PythonFacts:
         for owner in self._class_chain(cls):
             for base in owner.bases:
                 for qualified in self.qualified_names(base.value):
-                    definition = self.project.definition(qualified)
+                    definition = self.project.definition(qualified, VALUE_MARKERS)
                     if definition is None or not isinstance(definition[1], cst.ClassDef):
                         continue
                     other, base_class = definition
@@ -585,8 +601,10 @@ class PythonFacts:
         target = expr.func if isinstance(expr, cst.Call) else expr
         if not self.imported_root(target) or self.index.order(target) < 0:
             return []  # only an imported name can come from another module
-        if isinstance(expr, cst.Call) and _last_name(target)[:1].isupper():
-            return []  # `Trainer(...)` builds an instance of the class: no function's return to follow
+        if any(_class_like(part) for part in (get_full_name_for_node(target) or "").split(".")):
+            # `Trainer(...)` builds an instance of the class: no function's return to follow; `PrecisionType.FP8`
+            # and `AcceleratorState` are a class and its attribute, not a value made elsewhere
+            return []
         found: list[Origin] = []
         for qualified in self.qualified_names(target):
             definition = self.project.definition(qualified, VALUE_MARKERS)
@@ -1118,6 +1136,11 @@ def _last_name_lower(expr: cst.BaseExpression) -> str:
     """The last part of a dotted name, lower-cased (``self.accelerator`` -> "accelerator"); "" for other
     expressions."""
     return (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
+
+
+def _class_like(name: str) -> bool:
+    """A CamelCase name (``Trainer``, ``PrecisionType``), not a constant (``ACCELERATOR``) or a function."""
+    return name[:1].isupper() and any(c.islower() for c in name)
 
 
 def _last_name(expr: cst.BaseExpression) -> str | None:

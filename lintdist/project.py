@@ -248,7 +248,7 @@ class Project:
         return [
             other
             for other in candidates
-            if word.search(self._read(other)) and not exporters.isdisjoint(self._imports_of(other))
+            if not exporters.isdisjoint(self._imports_of(other)) and word.search(self._read(other))
         ]
 
     def _exporters(self, path: Path) -> frozenset[Path]:

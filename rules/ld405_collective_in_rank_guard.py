@@ -73,6 +73,16 @@ CHECKPOINT_COLLECTIVES = frozenset(
     }
 )
 BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.monitored_barrier"})
+# Words one of which a module's text holds if a function of it can reach a collective `_collective` knows
+# (`dcp.save` is imported from a module named `checkpoint`): another module with none is not parsed.
+COLLECTIVE_MARKERS = tuple(
+    sorted(
+        {name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES}
+        | ACCELERATOR_COLLECTIVES
+        | ACCELERATOR_SHARD_GATHERS
+        | {"save_checkpoint", "state_dict", "checkpoint"}
+    )
+)
 GATHERING_STATE_DICT_TYPES = frozenset({"FULL_STATE_DICT", "SHARDED_STATE_DICT"})
 SHARDED_BACKENDS = frozenset({"FSDP", "DEEPSPEED"})
 SHARDED_PLUGINS = frozenset(
@@ -227,7 +237,8 @@ class CollectiveInRankGuard(Rule):
                 *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
                 *ACCELERATOR_COLLECTIVES,
                 *ACCELERATOR_SHARD_GATHERS,
-                *("checkpoint", "save_checkpoint", "state_dict", "optim_state_dict"),
+                # `state_dict()` is one only inside `state_dict_type(...)`
+                *("checkpoint", "save_checkpoint", "state_dict_type", "optim_state_dict"),
                 *("full_optim_state_dict", "sharded_optim_state_dict"),
             ),
         ),
@@ -410,7 +421,7 @@ def save(output_dir):
             if hit is None:
                 continue
             for qualified in names:
-                definition = facts.project.definition(qualified)
+                definition = facts.project.definition(qualified, COLLECTIVE_MARKERS)
                 if definition is None or not isinstance(definition[1], cst.FunctionDef):
                     continue
                 other, helper = definition

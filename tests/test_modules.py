@@ -7,6 +7,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import PythonFacts
 from lintdist.modules import absolute, import_root, imported_files, module_names, resolve_module, resolve_name
@@ -258,3 +259,45 @@ def test_findings_do_not_depend_on_how_files_are_shared_between_workers():
     shared = run([str(projects)], settings, jobs=2, use_cache=False)
     assert [f.to_json() for f in alone.findings] == [f.to_json() for f in shared.findings]
     assert {f.code for f in alone.findings} >= {"LD103", "LD106", "LD201", "LD203", "LD204", "LD405"}
+
+
+def test_modules_that_cannot_make_the_value_asked_for_are_not_parsed(tmp_path):
+    """A question parses another module only if its text can make what the question looks for: a base class whose
+    module builds no Accelerator, wrapper or loader, a class used as a value (`Mode.TRAIN`), a helper whose module
+    names no collective. The same shapes with the value in sight are followed."""
+    write(
+        tmp_path,
+        {
+            "base.py": "class Base:\n    def __init__(self):\n        self.device = 'cpu'\n",
+            "modes.py": "import enum\n\nclass Mode(enum.Enum):\n    TRAIN = 1\n",
+            "report.py": "def write(path):\n    open(path, 'w').write('done')\n",
+            "sync.py": "import torch.distributed as dist\n\ndef write(path):\n    dist.barrier()\n",
+            "train.py": (
+                "import torch.distributed as dist\n"
+                "from base import Base\nfrom modes import Mode\nimport report\nimport sync\n\n"
+                "class Trainer(Base):\n"
+                "    def run(self):\n"
+                "        if self.device.is_main_process:\n"
+                "            self.device.save_state('out')\n"
+                "        mode = Mode.TRAIN\n"
+                "        if dist.get_rank() == 0:\n"
+                "            report.write('log')\n"
+                "            sync.write('log')\n"
+            ),
+        },
+    )
+    from lintdist import runner
+    from lintdist.config import resolve_settings
+
+    project = Project()
+    path = (tmp_path / "train.py").resolve()
+    facts = project.facts(path)
+    call = next(c for c in facts.calls if facts.method_name(c) == "save_state")
+    facts.is_accelerator(call.func.value, call)
+    mode = next(c for c in facts.index.nodes(cst.Attribute) if get_full_name_for_node(c) == "Mode.TRAIN")
+    facts.is_accelerator(mode, mode)
+    parsed = {p.name for p, f in project._analysed.items() if f is not None}
+    assert parsed == {"train.py"}, parsed
+    result = runner.run([str(path)], resolve_settings(None, tmp_path), jobs=1)
+    # `self.device` is known by its API (`is_main_process`, `save_state`); `sync.write` reaches a barrier
+    assert [(f.code, f.span.line) for f in result.findings] == [("LD405", 10), ("LD405", 14)]
