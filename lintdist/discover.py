@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from lintdist.config import Settings
+
+if TYPE_CHECKING:
+    import pathspec
 
 KIND_BY_SUFFIX = {
     ".py": "python",
@@ -47,8 +49,11 @@ class _Ignorer:
     """``.gitignore`` files (read once per folder) plus ``exclude``/``extend-exclude`` patterns."""
 
     def __init__(self, settings: Settings) -> None:
+        import pathspec  # only a folder walk matches patterns: a check of named files starts without it
+
         self.root = settings.root
-        self.exclude = pathspec.GitIgnoreSpec.from_lines([*settings.exclude, *settings.extend_exclude])
+        self._spec_class = pathspec.GitIgnoreSpec
+        self.exclude = self._spec_class.from_lines([*settings.exclude, *settings.extend_exclude])
         self._specs: dict[Path, pathspec.PathSpec | None] = {}
         self._chains: dict[Path, list[tuple[Path, pathspec.PathSpec]]] = {}
 
@@ -56,7 +61,7 @@ class _Ignorer:
         if folder not in self._specs:
             try:
                 lines = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace").splitlines()
-                self._specs[folder] = pathspec.GitIgnoreSpec.from_lines(lines)
+                self._specs[folder] = self._spec_class.from_lines(lines)
             except OSError:
                 self._specs[folder] = None
         return self._specs[folder]
@@ -92,7 +97,7 @@ class _Ignorer:
 
 
 def discover(paths: list[str], settings: Settings) -> tuple[list[Candidate], list[DiscoveryError]]:
-    ignorer = _Ignorer(settings)
+    ignorer: _Ignorer | None = None
     candidates: dict[Path, Candidate] = {}
     errors: list[DiscoveryError] = []
     for given in paths:
@@ -104,6 +109,7 @@ def discover(paths: list[str], settings: Settings) -> tuple[list[Candidate], lis
         if not path.exists():
             errors.append(DiscoveryError(given, "no such file or directory"))
             continue
+        ignorer = ignorer or _Ignorer(settings)
         for candidate in _walk(path, given, ignorer, errors):
             candidates.setdefault(candidate.path.absolute(), candidate)
     return sorted(candidates.values(), key=lambda c: c.display), errors

@@ -101,3 +101,15 @@ def test_a_check_imports_only_the_rules_its_file_can_trigger(tmp_path):
     modules, code = _modules_after("check", "--no-cache", "--output-format", "json", str(other), cwd=tmp_path)
     assert code == 0
     assert not any(m.startswith("lintdist.rules.ld") for m in modules)
+
+
+def test_a_check_of_named_files_reads_no_ignore_patterns(tmp_path):
+    """``pathspec`` matches `.gitignore` and `exclude` patterns while a folder is walked: a file named on the command
+    line is checked without it (a pre-commit hook names files), a folder still honours the patterns."""
+    script = tmp_path / "train.py"
+    script.write_text(BROKEN)
+    modules, code = _modules_after("check", "--no-cache", str(script), cwd=tmp_path)
+    assert code == 1 and "pathspec" not in modules
+    (tmp_path / ".gitignore").write_text("train.py\n")
+    modules, code = _modules_after("check", "--no-cache", ".", cwd=tmp_path)
+    assert code == 0 and "pathspec" in modules  # the ignored script is not checked
