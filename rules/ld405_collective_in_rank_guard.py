@@ -96,6 +96,9 @@ SHARDED_PLUGINS = frozenset(
     }
 )
 FSDP_PLUGINS = frozenset(p for p in SHARDED_PLUGINS if "FullyShardedDataParallel" in p)
+PROJECT_CONFIGURATIONS = frozenset(
+    {"accelerate.utils.ProjectConfiguration", "accelerate.utils.dataclasses.ProjectConfiguration"}
+)
 # A model export (weights only): not a training checkpoint, which `save_state` on every rank writes.
 ALL_RANKS_PATTERN = (
     "call it on every rank (`sd = accelerator.get_state_dict(model)`) and keep only the write under the guard "
@@ -127,9 +130,16 @@ class CollectiveInRankGuard(Rule):
     DeepSpeed engine's `save_checkpoint`. One finding per guarded block, at
     the first collective it reaches. A guard such as
     `if accelerator.distributed_type == DistributedType.DEEPSPEED or
-    accelerator.is_main_process:` lets every rank in under DeepSpeed only: it
-    is reported (a warning, an error when FSDP is selected) unless the launch
-    configuration selects DeepSpeed.
+    accelerator.is_main_process:` lets every rank in under DeepSpeed only.
+    A plain collective under it (`wait_for_everyone`, `gather`) hangs under
+    DDP and FSDP and is reported unless the launch selects DeepSpeed.
+    `save_state`, `save_model` and `get_state_dict` under it are right under
+    DeepSpeed and DDP (where they save locally), and hang only under FSDP: they
+    are reported only where something says FSDP (the launch settings, an
+    FSDP plugin built in the script: errors; a `DistributedType.FSDP` test in
+    the script: a warning), or, for `save_state`, where
+    `ProjectConfiguration(automatic_checkpoint_naming=True)` makes it wait
+    for every rank under any backend (an error).
 
     ## Why is this bad?
     A collective completes only when every process of the group joins it.
@@ -217,7 +227,8 @@ class CollectiveInRankGuard(Rule):
       `model.save_checkpoint` at every stage; per-rank
       `random_states_<i>.pkl`), `get_state_dict` and `save_model`
     - accelerate issue #2000: `save_state` under `is_main_process` hangs with FSDP
-    - diffusers issue #2606: `save_state` hangs with DeepSpeed
+    - diffusers issue #2606: `save_state` hangs with DeepSpeed (the reason
+      for the DeepSpeed-or-main guard in diffusers' training scripts)
     - `torch.distributed` collective communication documentation: "all
       processes in the group must call this function"
     """
@@ -277,6 +288,15 @@ if dist.is_initialized() and dist.get_world_size() > 1:
 if rank == 0:
     dist.send(total, dst=1)
     dist.all_reduce(total, group=first_node)
+"""
+        ),
+        Valid(
+            """from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+accelerator = Accelerator()
+if accelerator.is_main_process or accelerator.distributed_type == DistributedType.DEEPSPEED:
+    accelerator.save_state("ckpt")  # every rank under DeepSpeed; a local save under DDP; nothing says FSDP
 """
         ),
     )
@@ -394,7 +414,7 @@ def save(output_dir):
             # one finding per guarded block, at the first collective it reaches
             group.sort(key=lambda item: (order(item[3] or item[0]), order(item[0])))
             call, what, guard, via, either = group[0]
-            if either and not self._either_applies(what):
+            if either and not self._either_applies(call, what):
                 continue
             anchors: list[cst.CSTNode] = []
             for item in group:
@@ -602,13 +622,46 @@ def save(output_dir):
             child = ancestor
         return None
 
-    def _either_applies(self, what: str) -> bool:
-        """Under a DeepSpeed-or-main guard: silent when the launch selects DeepSpeed (every rank enters), or, for
-        `save_state`/`save_model`/`get_state_dict`, a backend other than FSDP (no gather to hang in)."""
+    def _either_applies(self, call: cst.Call, what: str) -> bool:
+        """Under a DeepSpeed-or-main guard: silent when the launch selects DeepSpeed (every rank enters). A plain
+        collective hangs under any other backend. `save_state`/`save_model`/`get_state_dict` gather only under FSDP
+        there (DDP saves locally): reported only where the project says FSDP, or, for `save_state`, where
+        automatic checkpoint naming makes it wait for every rank."""
         backend = self._backend()
         if backend == "DEEPSPEED":
             return False
-        return not (what == "sharded" and backend is not None and backend != "FSDP")
+        if what != "sharded":
+            return True
+        if backend is not None and backend != "FSDP" and not self._waits_for_everyone(call):
+            return False
+        return self._fsdp_evidence() is not None or self._waits_for_everyone(call)
+
+    def _fsdp_evidence(self) -> str | None:
+        """What in the project says FSDP: the launch settings, an FSDP plugin built here, or a test of
+        ``DistributedType.FSDP`` in the script (it expects to run under FSDP)."""
+        if self._backend() == "FSDP":
+            return "the launch settings select FSDP"
+        if self._fsdp_in_code():
+            return "the script builds an FSDP plugin"
+        facts = self.facts
+        for node in facts.index.nodes(cst.Attribute):
+            if node.attr.value == "FSDP" and any(
+                name.endswith("DistributedType.FSDP") for name in facts.qualified_names(node)
+            ):
+                return f"the script tests `DistributedType.FSDP` at line {self.context.span(node).line}"
+        return None
+
+    def _waits_for_everyone(self, call: cst.Call) -> bool:
+        """``save_state`` of an Accelerator built with ``ProjectConfiguration(automatic_checkpoint_naming=True)``:
+        accelerate 1.15 calls ``wait_for_everyone()`` inside it whatever the backend."""
+        if self.facts.method_name(call) != "save_state":
+            return False
+        for other in self.facts.calls:
+            if self.facts.callee_is(other, PROJECT_CONFIGURATIONS):
+                naming = argument_of(other, "automatic_checkpoint_naming", None)
+                if naming is not None and get_full_name_for_node(naming) != "False":
+                    return True
+        return False
 
     # -- the report -------------------------------------------------------------------------
 
@@ -652,11 +705,23 @@ def save(output_dir):
             does += " (it hangs once the script is launched with FSDP or DeepSpeed)"
         does += tail
         if either:
-            where = (
-                f"the guard at line {self.context.span(guard).line} lets every rank in under DeepSpeed only: under "
-                "FSDP (or any other backend) only the main process reaches it"
-            )
-            severity = Severity.ERROR if self._backend() == "FSDP" or self._fsdp_in_code() else Severity.WARNING
+            line = self.context.span(guard).line
+            if what == "sharded":
+                evidence = self._fsdp_evidence()
+                if evidence is not None:
+                    does = f"gathers the model's shards under FSDP ({evidence})" + tail
+                    where = f"the guard at line {line} lets every rank in under DeepSpeed, not under FSDP"
+                else:
+                    does = "waits for every rank (`automatic_checkpoint_naming` calls `wait_for_everyone()`)" + tail
+                    where = f"the guard at line {line} lets every rank in under DeepSpeed only"
+                certain = self._backend() == "FSDP" or self._fsdp_in_code() or evidence is None
+                severity = Severity.ERROR if certain else Severity.WARNING
+            else:
+                where = (
+                    f"the guard at line {line} lets every rank in under DeepSpeed only: under DDP, FSDP or any other "
+                    "backend only the main process reaches it"
+                )
+                severity = None
         fix = None
         helpers = [a for a in anchors if not self._collective_at(a)]  # calls of helpers that reach a collective
         why_not = next((reason for site in helpers if (reason := self._unsafe_helper(site))), "")
