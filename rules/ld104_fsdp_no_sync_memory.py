@@ -571,10 +571,10 @@ for step, batch in enumerate(loader):
     def _trainer(self) -> None:
         facts = self.facts
         for call in facts.calls:
-            if not self._is_training_arguments(call) or self._trainer_syncs_each_batch(call):
+            steps = argument_of(call, "gradient_accumulation_steps", None)  # the keyword first: it costs nothing
+            if steps is None or not self._is_training_arguments(call) or self._trainer_syncs_each_batch(call):
                 continue
-            steps = argument_of(call, "gradient_accumulation_steps", None)
-            if steps is None or _literal_one(steps, facts, call):
+            if _literal_one(steps, facts, call):
                 continue
             deepspeed = argument_of(call, "deepspeed", None)
             if deepspeed is not None and not _is_none(deepspeed):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -910,15 +911,7 @@ with main_process_first(accelerator=accelerator):
         if function is not None:
             params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
             candidates.extend(p.name.value for p in params)
-        for call in facts.calls:
-            if facts.callee_is(call, STATE_CLASSES):
-                assign = facts.parent(call)
-                while isinstance(assign, cst.IfExp):  # `Accelerator(...) if cond else Accelerator()`
-                    assign = facts.parent(assign)
-                if isinstance(assign, cst.Assign):
-                    candidates.extend(get_full_name_for_node(t.target) or "" for t in assign.targets)
-                elif isinstance(assign, cst.AnnAssign):
-                    candidates.append(get_full_name_for_node(assign.target) or "")
+        candidates.extend(self._state_targets)
         for key in dict.fromkeys(c for c in candidates if c):
             kinds = self._state_origins(key, statement)
             if "state" not in kinds:
@@ -931,6 +924,22 @@ with main_process_first(accelerator=accelerator):
             if any(self._bound_before(b.statement, b.function, function, line) for b in bindings):
                 return key, maybe_none
         return None
+
+    @cached_property
+    def _state_targets(self) -> list[str]:
+        """The names the file binds an Accelerator or accelerate state to (`accelerator = Accelerator(...)`)."""
+        facts = self.facts
+        found: list[str] = []
+        for call in facts.calls:
+            if facts.callee_is(call, STATE_CLASSES):
+                assign = facts.parent(call)
+                while isinstance(assign, cst.IfExp):  # `Accelerator(...) if cond else Accelerator()`
+                    assign = facts.parent(assign)
+                if isinstance(assign, cst.Assign):
+                    found.extend(get_full_name_for_node(t.target) or "" for t in assign.targets)
+                elif isinstance(assign, cst.AnnAssign):
+                    found.append(get_full_name_for_node(assign.target) or "")
+        return found
 
     def _state_origins(self, key: str, at: cst.CSTNode) -> set[str]:
         """What an accelerator expression can hold: "state" (an Accelerator or PartialState), "none", "other".
