@@ -135,41 +135,80 @@ BARRIER_METHODS = frozenset({"barrier", "wait_for_everyone"})
 # Lightning runs `prepare_data` on one process per node and orders `setup` after it: not this rule's scope.
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning")
 REMOTE_PREFIXES = ("http://", "https://", "hf://", "s3://", "gs://")
+# Cache folders on a remote filesystem, where datasets 5.2 takes no file lock (`builder.py`: `FileLock` only when local).
+REMOTE_CACHES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")
+# What each kind of call does on every rank at once: (what it does, what that costs, what ordering gives).
+KINDS = {
+    "map": (
+        "recomputes the preprocessing",
+        (
+            "datasets checks its cache file only before computing, so every rank starting together computes it in "
+            "full (duplicate work), each into a temporary file it then moves (nothing is corrupted)"
+        ),
+        "the main process writes the cache file and the other ranks load it",
+    ),
+    "torchvision": (
+        "downloads the dataset",
+        "torchvision downloads and extracts the archive with no lock, so a rank can read it half-written",
+        "the main process downloads it and the other ranks find it complete",
+    ),
+    "hub": (
+        "downloads the repository",
+        "every rank deletes and re-extracts the same repository folder (`torch.hub._get_cache_or_reload`), a race",
+        "the main process fills the hub cache and the other ranks reuse it",
+    ),
+    "url": (
+        "downloads files",
+        "every rank downloads the same file and writes it at the same time",
+        "the main process downloads them and the other ranks find them",
+    ),
+    "remote_cache": (
+        "downloads and prepares the dataset into a cache on a remote filesystem",
+        "datasets takes its file lock only on a local cache, so every rank downloads and prepares it",
+        "the main process prepares it and the other ranks find it",
+    ),
+}
 
 
 class PrepOutsideMainProcessFirst(Rule):
     """
     ## What it does
-    Reports dataset downloads and cache-writing preprocessing that every
-    rank of an accelerate or `torch.distributed` script runs at the same
-    time: `datasets.load_dataset(...)` of a hub or remote dataset (also
-    called through a variable or parameter bound to it, `loader =
-    load_from_disk if cached else load_dataset`, and a local builder such as
-    `"parquet"` given remote `data_files`, `"hf://..."` or an f-string URL),
-    `Dataset.map`/`.filter` on a dataset it loaded (unless
+    Reports dataset preparation that every rank of an accelerate or
+    `torch.distributed` script runs at the same time and that is not safe or
+    not cheap that way: `Dataset.map`/`.filter` on a dataset read with
+    `datasets.load_dataset` (also through a variable or parameter bound to
+    it, `loader = load_from_disk if cached else load_dataset`; unless
     `keep_in_memory=True`), `torchvision`/`torchaudio` datasets built with
     `download=True`, `torch.hub.load`/`list`/`download_url_to_file` and
-    `urllib.request.urlretrieve`. Calls inside `main_process_first()`,
-    `local_main_process_first()`, a main-process branch, or the rank-0-first
-    `dist.barrier()` pair are not reported, nor are helpers called only from
-    there. The report points at the loading or mapping call, once per run of
-    consecutive statements (the message counts the others). A download in a
-    class's constructor (or a method only the constructor calls) with no
-    accelerator in reach there is reported at each unordered construction
-    of that class in the file (`train_set = CaptionDataset(...)`), and in
-    the constructor when the file constructs it nowhere.
+    `urllib.request.urlretrieve`. `load_dataset` itself is reported only
+    with a cache on a remote filesystem (`cache_dir="s3://..."`,
+    `storage_options=`), as information. Calls inside
+    `main_process_first()`, `local_main_process_first()`, a main-process
+    branch, or the rank-0-first `dist.barrier()` pair are not reported, nor
+    are helpers called only from there. The report points at the mapping or
+    downloading call, once per run of consecutive statements (the message
+    counts the others). A call in a class's constructor (or a method only
+    the constructor calls) with no accelerator in reach there is reported at
+    each unordered construction of that class in the file
+    (`train_set = CaptionDataset(...)`), and in the constructor when the file
+    constructs it nowhere.
 
     ## Why is this bad?
-    Each rank downloads the same files and recomputes the same `map`, so the
-    work is duplicated N times, and the ranks race on the shared cache: file
-    locks are unreliable on some network file systems, and torchvision's
-    downloads take no lock at all, so one rank can read a half-written
-    archive. Letting the main process fill the cache first makes the others
-    load it from disk. `load_from_disk`, `load_dataset` of local files
-    (`data_files=`, `data_dir=`), streaming datasets and model or tokenizer
-    `from_pretrained` (file-locked by the hub client) are not reported, nor
-    are per-rank downloads (a rank in the target path, `cache_dir` or the
-    loop's items) and Lightning scripts (`prepare_data` runs once per node).
+    `Dataset.map` checks for its cache file only before it computes, so every
+    rank that starts together computes the whole map: N times the work
+    (each rank writes a temporary file and moves it into place, so nothing is
+    corrupted). torchvision downloads and extracts its archives with no lock,
+    so one rank can read a half-written archive, and `torch.hub` deletes and
+    re-extracts the repository folder on every rank. Letting the main process
+    go first makes the others load the cache from disk. `load_dataset` alone
+    is not reported: datasets 5.2's `DatasetBuilder.download_and_prepare`
+    takes a file lock on a local cache, and a rank that gets it after the
+    data exists logs "Found cached dataset" and returns, so nothing is
+    downloaded or prepared twice. Nor are `load_from_disk`, streaming
+    datasets, model or tokenizer `from_pretrained` (file-locked by the hub
+    client), per-rank downloads (a rank in the target path, `cache_dir` or
+    the loop's items) and Lightning scripts (`prepare_data` runs once per
+    node).
 
     ## Example
     ```python
@@ -181,8 +220,8 @@ class PrepOutsideMainProcessFirst(Rule):
     ## Use instead
     ```python
     accelerator = Accelerator()
+    raw = load_dataset("glue", "mrpc")
     with accelerator.main_process_first():
-        raw = load_dataset("glue", "mrpc")
         tokenized = raw.map(tokenize, batched=True)
     ```
 
@@ -230,7 +269,9 @@ class PrepOutsideMainProcessFirst(Rule):
 
     ## References
     - accelerate `PartialState.main_process_first` and `local_main_process_first`
-    - `datasets` documentation, "Cache management" and "Process" (multiprocess `map`)
+    - `datasets` documentation, "Cache management" and "Process" (multiprocess `map`); datasets 5.2.0
+      `builder.py` (`FileLock(<output_dir>_builder.lock)` in `download_and_prepare`)
+    - `torch.hub._get_cache_or_reload` (removes and re-extracts the repository folder)
     - transformers `TrainingArguments.main_process_first`, used by its examples around `map`
     """
 
@@ -255,6 +296,15 @@ class PrepOutsideMainProcessFirst(Rule):
     # no distributed marker is required in the file itself.
 
     VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator
+from datasets import load_dataset
+
+accelerator = Accelerator()
+raw = load_dataset("glue", "mrpc")  # datasets locks its local cache: the other ranks find it prepared
+"""
+        ),
         Valid(
             """\
 from accelerate import Accelerator
@@ -324,16 +374,16 @@ columns = raw["train"].column_names  # kept beside the data
 tokenized = raw.map(tokenize, batched=True, remove_columns=columns)
 model = accelerator.prepare(model)
 """,
-            lines=(6,),
+            lines=(8,),
             fixed="""\
 from accelerate import Accelerator
 from datasets import load_dataset as ld
 
 accelerator = Accelerator()
 # the GLUE MRPC task
+raw = ld("glue", "mrpc")
+columns = raw["train"].column_names  # kept beside the data
 with accelerator.main_process_first():
-    raw = ld("glue", "mrpc")
-    columns = raw["train"].column_names  # kept beside the data
     tokenized = raw.map(tokenize, batched=True, remove_columns=columns)
 model = accelerator.prepare(model)
 """,
@@ -382,7 +432,7 @@ if __name__ == "__main__":
 from datasets import load_dataset
 from accelerate import Accelerator
 
-raw = load_dataset("imdb")
+tokens = load_dataset("imdb").map(tokenize, batched=True)
 accelerator = Accelerator()
 """,
             lines=(4,),
@@ -391,7 +441,7 @@ from datasets import load_dataset
 from accelerate import PartialState, Accelerator
 
 with PartialState().main_process_first():
-    raw = load_dataset("imdb")
+    tokens = load_dataset("imdb").map(tokenize, batched=True)
 accelerator = Accelerator()
 """,
         ),
@@ -407,14 +457,14 @@ class Captions(Dataset):
         self.rows = self._rows(name)
 
     def _rows(self, name):
-        return list(load_dataset(name, split="train"))
+        return list(load_dataset(name, split="train").filter(has_caption))
 
 
 def main(cached):
     accelerator = Accelerator(log_with="wandb") if cached else Accelerator()
     reader = load_from_disk if cached else load_dataset
     captions = Captions("acme/captions")
-    corpus = reader("acme/corpus")
+    corpus = reader("acme/corpus").map(normalize)
     shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
 
 
@@ -432,7 +482,7 @@ class Captions(Dataset):
         self.rows = self._rows(name)
 
     def _rows(self, name):
-        return list(load_dataset(name, split="train"))
+        return list(load_dataset(name, split="train").filter(has_caption))
 
 
 def main(cached):
@@ -440,8 +490,8 @@ def main(cached):
     reader = load_from_disk if cached else load_dataset
     with accelerator.main_process_first():
         captions = Captions("acme/captions")
-        corpus = reader("acme/corpus")
-        shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
+        corpus = reader("acme/corpus").map(normalize)
+    shards = load_dataset("parquet", data_files={"train": f"hf://datasets/acme/{cached}/0.parquet"})
 
 
 main(cached=False)
@@ -456,8 +506,9 @@ from datasets import load_dataset
 
 accelerator = Accelerator() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 questions = load_dataset("acme/questions", split="test")
+questions = questions.map(to_prompt)
 """,
-            lines=(7,),
+            lines=(8,),
             fixed="""\
 import os
 
@@ -466,8 +517,9 @@ from datasets import load_dataset
 from lintdist.runtime import main_process_first
 
 accelerator = Accelerator() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+questions = load_dataset("acme/questions", split="test")
 with main_process_first(accelerator=accelerator):
-    questions = load_dataset("acme/questions", split="test")
+    questions = questions.map(to_prompt)
 """,
         ),
     )
@@ -548,7 +600,7 @@ with main_process_first(accelerator=accelerator):
     # -- what downloads or preprocesses -------------------------------------------------------
 
     def _preparation(self, call: cst.Call) -> str | None:
-        """How a call downloads or preprocesses a dataset (for the message), or None."""
+        """How a call downloads or preprocesses a dataset (a key of ``KINDS``), or None."""
         facts = self.facts
         if self._is_load_dataset(call):
             # no path: a local module that shadows `datasets` (the real function requires one)
@@ -556,19 +608,25 @@ with main_process_first(accelerator=accelerator):
                 return None
             if _is_true(argument_of(call, "streaming", None)) or self._local_files(call):
                 return None
-            if _per_rank(facts, argument_of(call, "cache_dir", None)):
+            cache = argument_of(call, "cache_dir", None)
+            if _per_rank(facts, cache):
                 return None
-            return "downloads and prepares the dataset"
+            # datasets 5.2 locks a local cache (`DatasetBuilder.download_and_prepare`): a later rank finds the
+            # prepared data and returns, so only a remote cache is prepared by every rank
+            remote = _literal_startswith(cache, REMOTE_CACHES) or argument_of(call, "storage_options", None) is not None
+            return "remote_cache" if remote else None
         names = facts.qualified_names(call.func)
         if names & DOWNLOADS:
             # `urlretrieve(url, f"shard{rank}.tar")`: each rank fetches its own file
-            return None if any(_per_rank(facts, arg.value) for arg in call.args) else "downloads files"
+            if any(_per_rank(facts, arg.value) for arg in call.args):
+                return None
+            return "hub" if any(n in ("torch.hub.load", "torch.hub.list") for n in names) else "url"
         if (
             any(n.startswith(DOWNLOADING_DATASET_PACKAGES) for n in names)
             and _is_true(argument_of(call, "download", None))
             and not _per_rank(facts, argument_of(call, "root", 0))
         ):
-            return "downloads the dataset (torchvision takes no lock while it writes the archive)"
+            return "torchvision"
         method = facts.method_name(call)
         if (
             method in {"map", "filter"}
@@ -576,7 +634,7 @@ with main_process_first(accelerator=accelerator):
             and not _is_true(argument_of(call, "keep_in_memory", None))
             and self._loaded_dataset(call.func.value, call, 0)
         ):
-            return "recomputes the preprocessing and writes the same cache files"
+            return "map"
         return None
 
     def _is_load_dataset(self, call: cst.Call) -> bool:
@@ -734,10 +792,11 @@ with main_process_first(accelerator=accelerator):
             inner = first.inner[0]
             what = (
                 f"`{cls}(...)` runs `{_callee(inner)}()` in its constructor (line "
-                f"{self.context.span(inner).line}), which {first.what}"
+                f"{self.context.span(inner).line}), which {KINDS[first.what][0]}"
             )
         else:
-            what = f"`{_callee(first.anchor)}()` {first.what}"
+            what = f"`{_callee(first.anchor)}()` {KINDS[first.what][0]}"
+        _, cost, ordered = KINDS[first.what]
         if lines:
             more = ", ".join(str(line) for line in lines)
             count = (
@@ -762,11 +821,9 @@ with main_process_first(accelerator=accelerator):
                 fix = self._fix(run, plan)
             else:
                 why_not = f" (no automatic fix: {barrier_unsafe(reach)})"
-        message = (
-            f"{what} (duplicate work, racing on the shared cache); "
-            f"{advice} so the main process fills the cache and the other ranks reuse it{why_not}"
-        )
-        self.report(first.anchor, message, fix=fix)
+        message = f"{what}: {cost}; {advice} so {ordered}{why_not}"
+        severity = Severity.INFO if all(item.what == "remote_cache" for item in group) else None
+        self.report(first.anchor, message, severity=severity, fix=fix)
 
     def _plan(self, anchor: cst.Call, run: list[cst.SimpleStatementLine] | None, framework: str) -> _Plan:
         """Which block orders the run, how safe that is, or why there is no fix (in the advice)."""

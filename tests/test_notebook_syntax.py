@@ -222,7 +222,7 @@ def _notebook_file(tmp_path: Path, *cells: str) -> Path:
 def test_continued_shell_escapes_get_no_syntax_error_and_a_real_one_still_does(tmp_path, lintdist):
     install = "!pip install -q -U \\\n    accelerate \\\n    datasets\n"
     launch = "! python preprocess.py --data_dir raw \\\n                        --output_dir data\n"
-    train = "from datasets import load_dataset\nfrom accelerate import Accelerator\naccelerator = Accelerator()\nraw = load_dataset('imdb')\n"
+    train = "from datasets import load_dataset\nfrom accelerate import Accelerator\naccelerator = Accelerator()\nraw = load_dataset('imdb').map(len)\n"
     path = _notebook_file(tmp_path, install, launch, train)
     found = json.loads(lintdist("check", "--no-cache", "--output-format", "json", str(path)).output)
     assert [f["code"] for f in found] == ["LD401"]
@@ -233,7 +233,7 @@ def test_continued_shell_escapes_get_no_syntax_error_and_a_real_one_still_does(t
 
 def test_fix_leaves_outputs_metadata_and_magics_untouched(tmp_path, lintdist):
     install = "!pip install -q -U \\\n    datasets\n%time x = 1\n"
-    train = "from datasets import load_dataset\nfrom accelerate import Accelerator\naccelerator = Accelerator()\nraw = load_dataset('imdb')\n"
+    train = "from datasets import load_dataset\nfrom accelerate import Accelerator\naccelerator = Accelerator()\nraw = load_dataset('imdb').map(len)\n"
     path = _notebook_file(tmp_path, install, train)
     before = json.loads(path.read_text())
     lintdist("check", "--no-cache", "--fix", str(path))
@@ -243,5 +243,5 @@ def test_fix_leaves_outputs_metadata_and_magics_untouched(tmp_path, lintdist):
         assert {k: v for k, v in old.items() if k != "source"} == {k: v for k, v in new.items() if k != "source"}
     assert after["cells"][0]["source"] == before["cells"][0]["source"]
     assert "".join(after["cells"][1]["source"]).endswith(
-        "with accelerator.main_process_first():\n    raw = load_dataset('imdb')\n"
+        "with accelerator.main_process_first():\n    raw = load_dataset('imdb').map(len)\n"
     )

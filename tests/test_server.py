@@ -192,7 +192,7 @@ def test_a_client_conversation_over_stdio(tmp_path, lintdist):
         cells = [
             "!pip install -q \\\n    datasets\n",
             "from datasets import load_dataset\nfrom accelerate import Accelerator\n",
-            "accelerator = Accelerator()\nraw = load_dataset('imdb')\n",
+            "accelerator = Accelerator()\nraw = load_dataset('imdb').map(len)\n",
         ]
         cell_uris = [f"vscode-notebook-cell:{tmp_path / 'explore.ipynb'}#c{i}" for i in range(len(cells))]
         client.notebook_document_did_open(
