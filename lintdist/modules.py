@@ -16,8 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 
 INSTALLED = frozenset({"site-packages", "dist-packages"})
-# A project larger than this is searched no further for callers (the answer is then "unknown").
-MAX_PROJECT_FILES = 4000
+# A project larger than this is not searched for callers (the answer is then "unknown"): listing stops at one file
+# more, and no file of it is read.
+MAX_PROJECT_FILES = 2000
 MAX_FOLDER_DEPTH = 6
 # How many ``from .x import name`` re-exports a definition is followed through.
 MAX_REEXPORTS = 3
@@ -151,10 +152,11 @@ def local_top_names(path: Path) -> frozenset[str]:
 
 @lru_cache(maxsize=256)
 def project_files(root: Path) -> tuple[Path, ...]:
-    """The Python files under an import root (bounded in depth and number)."""
+    """The Python files under an import root (bounded in depth; at most one more than ``MAX_PROJECT_FILES``:
+    see ``project_too_large``)."""
     found: list[Path] = []
     pending = [(root, 0)]
-    while pending and len(found) < MAX_PROJECT_FILES:
+    while pending and len(found) <= MAX_PROJECT_FILES:
         folder, depth = pending.pop()
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -167,8 +169,14 @@ def project_files(root: Path) -> tuple[Path, ...]:
                 if depth < MAX_FOLDER_DEPTH:
                     pending.append((Path(entry.path), depth + 1))
             elif entry.name.endswith(".py"):
-                found.append(Path(entry.path).resolve())
+                # the root is resolved and linked folders are not entered: only a linked file needs resolving
+                found.append(Path(entry.path).resolve() if entry.is_symlink() else Path(entry.path))
     return tuple(found)
+
+
+def project_too_large(root: Path) -> bool:
+    """More Python files under ``root`` than a question searches (a home folder, a large library's tree)."""
+    return len(project_files(root)) > MAX_PROJECT_FILES
 
 
 IMPORT_LINE = re.compile(

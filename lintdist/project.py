@@ -30,6 +30,7 @@ from lintdist.modules import (
     local_top_names,
     module_names,
     project_files,
+    project_too_large,
     resolve_name,
     top_package,
 )
@@ -242,7 +243,7 @@ class Project:
         re-exports it; import lines are read only for those files and the package's ``__init__.py`` files.
         None when more files than ``MAX_SEARCHED_FILES`` may import it (a large library's module)."""
         candidates = self._may_import(path)
-        if len(candidates) > MAX_SEARCHED_FILES:
+        if candidates is None or len(candidates) > MAX_SEARCHED_FILES:
             return None
         exporters = self._exporters(path)
         return [
@@ -255,7 +256,7 @@ class Project:
         """``path`` and the package ``__init__.py`` files that import it, directly or through one another."""
         if path not in self._exporters_of:
             found = {path}
-            inits = [other for other in self._may_import(path) if other.name == "__init__.py"]
+            inits = [other for other in self._may_import(path) or () if other.name == "__init__.py"]
             grown = True
             while grown:
                 grown = False
@@ -266,13 +267,16 @@ class Project:
             self._exporters_of[path] = frozenset(found)
         return self._exporters_of[path]
 
-    def _may_import(self, target: Path) -> list[Path]:
+    def _may_import(self, target: Path) -> list[Path] | None:
         """The files that may import ``target``: under its import root, those whose text names its top package
         (the module itself, for a script in no package) or that sit in its package and import relatively; and,
         since a script runs with its own folder on ``sys.path``, the files directly in each folder between
         whose text names the rest of the path (``utils`` for ``pkg/utils/data.py`` read from ``pkg/train.py``).
-        One substring scan of the project per package, shared by every module of it."""
+        One substring scan of the project per package, shared by every module of it. None when the project is
+        too large to search (``project_too_large``): nothing is read then."""
         root, package = import_root(target), top_package(target)
+        if project_too_large(root):
+            return None
         word = package.name if package is not None else target.stem
         key = (root, word, package)
         if key not in self._mentioning:
@@ -335,6 +339,7 @@ class Project:
         targets = {f"{module}.{name}" for module in module_names(path)}
         candidates = self._importing(path, _argument(name))
         if candidates is None or len(candidates) > MAX_CALLER_FILES:
+            self._too_many.add((path, name))  # unknown: the function may be handed on where no search looked
             return
         for other in candidates:
             facts = self.facts(other)

@@ -73,6 +73,13 @@ CHECKPOINT_COLLECTIVES = frozenset(
     }
 )
 BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.monitored_barrier"})
+# The last name of every call `_collective` can accept, spelled as it is called.
+COLLECTIVE_NAMES = frozenset(
+    {name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES | CHECKPOINT_COLLECTIVES}
+    | ACCELERATOR_COLLECTIVES
+    | ACCELERATOR_SHARD_GATHERS
+    | {"save_checkpoint", "state_dict"}
+)
 # Words one of which a module's text holds if a function of it can reach a collective `_collective` knows
 # (`dcp.save` is imported from a module named `checkpoint`): another module with none is not parsed.
 COLLECTIVE_MARKERS = tuple(
@@ -478,7 +485,11 @@ def save(output_dir):
     def _collective(self, call: cst.Call) -> str | None:
         """ "always" or "sharded" (collective only under FSDP/DeepSpeed) for a collective call, else None."""
         facts = self.facts
-        names = facts.qualified_names(call.func)
+        func = call.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if last not in COLLECTIVE_NAMES and not (isinstance(func, cst.Name) and last in facts.imported_names):
+            return None  # no collective's name, nor an alias an import binds (`from ... import all_reduce as ar`)
+        names = facts.qualified_names(func)
         if names & (TORCH_COLLECTIVES | CHECKPOINT_COLLECTIVES):
             if _on_sub_group(call) or _is_true(argument_of(call, "no_dist", None)):
                 return None

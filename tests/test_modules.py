@@ -301,3 +301,30 @@ def test_modules_that_cannot_make_the_value_asked_for_are_not_parsed(tmp_path):
     result = runner.run([str(path)], resolve_settings(None, tmp_path), jobs=1)
     # `self.device` is known by its API (`is_main_process`, `save_state`); `sync.write` reaches a barrier
     assert [(f.code, f.span.line) for f in result.findings] == [("LD405", 10), ("LD405", 14)]
+
+
+def test_a_project_too_large_to_search_answers_unknown_and_reads_nothing(tmp_path, monkeypatch):
+    """Past ``MAX_PROJECT_FILES`` (a script in a home folder) no file is read for callers, and the answer is
+    "unknown", never "no caller": a barrier fix needs every caller known."""
+    from lintdist import modules
+
+    files = {
+        "helper.py": "def build(args):\n    return 1\n",
+        "main.py": "import torch.distributed as dist\nfrom helper import build\n\nif dist.get_rank() == 0:\n    build(1)\n",
+    }
+    files.update({f"notes_{i}.py": "x = 1\n" for i in range(4)})
+    write(tmp_path, files)
+    project = Project()
+    helper = project.facts((tmp_path / "helper.py").resolve())
+    build = function(helper, "build")
+    assert [site.path.name for site in helper.external_call_sites(build)] == ["main.py"]
+    assert helper.all_ranks_reach(build.body.body[0]).value is False
+
+    reset_process_project()
+    monkeypatch.setattr(modules, "MAX_PROJECT_FILES", 3)
+    project = Project()
+    helper = project.facts((tmp_path / "helper.py").resolve())
+    build = function(helper, "build")
+    assert helper.external_call_sites(build) == []
+    assert helper.all_ranks_reach(build.body.body[0]).value is None  # unknown, so no barrier fix
+    assert {p.name for p in project._texts} <= {"helper.py"}  # no other file was read
