@@ -178,7 +178,9 @@ class PrepOutsideMainProcessFirst(Rule):
     not cheap that way: `Dataset.map`/`.filter` on a dataset read with
     `datasets.load_dataset` (also through a variable or parameter bound to
     it, `loader = load_from_disk if cached else load_dataset`; unless
-    `keep_in_memory=True`), `torchvision`/`torchaudio` datasets built with
+    `keep_in_memory=True`, or `load_from_cache_file=False`, where every rank
+    computes its own copy whatever the order), `torchvision`/`torchaudio`
+    datasets built with
     `download=True`, `torch.hub.load`/`list`/`download_url_to_file` and
     `urllib.request.urlretrieve`. `load_dataset` itself is reported only
     with a cache on a remote filesystem (`cache_dir="s3://..."`,
@@ -632,6 +634,9 @@ with main_process_first(accelerator=accelerator):
             method in {"map", "filter"}
             and isinstance(call.func, cst.Attribute)
             and not _is_true(argument_of(call, "keep_in_memory", None))
+            # `load_from_cache_file=False`: every rank computes its own copy whatever the order (accelerate's test
+            # scripts): going first would change nothing
+            and not _is_false(argument_of(call, "load_from_cache_file", None))
             and self._loaded_dataset(call.func.value, call, 0)
         ):
             return "map"
@@ -1162,6 +1167,10 @@ def _none(node: cst.CSTNode | None) -> bool:
 
 def _is_true(value: cst.BaseExpression | None) -> bool:
     return isinstance(value, cst.Name) and value.value == "True"
+
+
+def _is_false(value: cst.BaseExpression | None) -> bool:
+    return isinstance(value, cst.Name) and value.value == "False"
 
 
 def _per_rank(facts, expr: cst.BaseExpression | None) -> bool:
