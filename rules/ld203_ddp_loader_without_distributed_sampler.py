@@ -64,7 +64,9 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     (one that wraps its model in `DistributedDataParallel`,
     `FullyShardedDataParallel` or `fully_shard` itself) trains on, when the
     loader has neither a `sampler` nor a `batch_sampler` and its dataset is
-    map-style. The report points at the `DataLoader(...)` call.
+    map-style. The report points at the `DataLoader(...)` call. Also
+    reported, in any such script: a sampler passed as `shuffle=sampler`, a
+    slip for `sampler=sampler` (the report points at the keyword).
 
     ## Why is this bad?
     DDP and FSDP split nothing: each process builds its own loader, and a
@@ -74,6 +76,9 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     times longer than it should be (or W times fewer epochs fit in the
     budget), the effective batch holds the same samples W times, and nothing
     warns. `DistributedSampler` gives each rank its own 1/W of the indices.
+    A sampler given as `shuffle=` is true, so the loader shuffles the whole
+    dataset itself and never uses the sampler: the same outcome, while the
+    script looks sharded (it even calls `sampler.set_epoch`).
 
     Not reported, because the data is split some other way: a loader passed
     to `accelerator.prepare`, Fabric's `setup_dataloaders` or a Lightning
@@ -132,6 +137,10 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     starts is not a loop lintdist sees, so it cannot tell the sampler the
     epoch). The fix does not reformat: a long `DataLoader(...)` line may need
     rewrapping.
+
+    The `shuffle=sampler` slip has a safe fix: the keyword becomes `sampler=`
+    (what the script meant; the loader then shards and stops shuffling by
+    itself).
 
     ## References
     - `torch.utils.data.distributed.DistributedSampler` (its docstring: "useful
@@ -254,6 +263,37 @@ for x, y in loader:
             """\
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+dist.init_process_group("nccl")
+model = DDP(build_model())
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=16, shuffle=sampler)
+for epoch in range(epochs):
+    sampler.set_epoch(epoch)
+    for batch in loader:
+        model(batch).sum().backward()
+""",
+            lines=(8,),
+            fixed="""\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+dist.init_process_group("nccl")
+model = DDP(build_model())
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=16, sampler=sampler)
+for epoch in range(epochs):
+    sampler.set_epoch(epoch)
+    for batch in loader:
+        model(batch).sum().backward()
+""",
+        ),
+        Invalid(
+            """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 dist.init_process_group("gloo")
@@ -338,6 +378,7 @@ for x, y in loader:
         self._reach: dict[int, set[int]] = {}
 
     def finish(self) -> None:
+        typos = {id(call) for call in self.facts.calls if self._sampler_as_shuffle(call)}
         wrappers = self._wrappers()
         if not wrappers:
             return
@@ -348,9 +389,41 @@ for x, y in loader:
                 if any(self._related(use.loop, wrapper) for wrapper in wrappers):
                     found.setdefault(id(loader), (loader, []))[1].append(use)
         for loader, uses in found.values():
-            if self._split_elsewhere(loader):
+            if id(loader) in typos or self._split_elsewhere(loader):
                 continue
             self._report(loader, uses)
+
+    def _sampler_as_shuffle(self, call: cst.Call) -> bool:
+        """``DataLoader(ds, shuffle=sampler)``, a typo for ``sampler=sampler``: a sampler object is true, so the
+        loader shuffles the whole dataset itself on every rank and the sampler is never used."""
+        facts = self.facts
+        shuffle = next((a for a in call.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+        if shuffle is None or not self._plain_loader(call):
+            return False
+        if argument_of(call, "sampler", 3) is not None or argument_of(call, "batch_sampler", 4) is not None:
+            return False
+        samplers = [
+            o.node
+            for o in facts.origins(shuffle.value, call)
+            if isinstance(o.node, cst.Call)
+            and o.index is None
+            and any(_is_sampler_class(name) for name in facts.qualified_names(o.node.func))
+        ]
+        if not samplers:
+            return False
+        code = self.context.module.code_for_node(shuffle.value)
+        message = (
+            f"`shuffle={code}` passes a sampler where a flag belongs: the sampler is true, so the loader shuffles "
+            "the whole dataset itself on every rank and never uses it (each rank trains on all the data); pass "
+            f"`sampler={code}`"
+        )
+        fix = Fix(
+            Applicability.SAFE,
+            f"Pass `sampler={code}`",
+            replacements=((shuffle, shuffle.with_changes(keyword=cst.Name("sampler"))),),
+        )
+        self.report(shuffle, message, fix=fix)
+        return True
 
     def _wrappers(self) -> list[cst.Call]:
         """``facts.wrapped_models()``, asked only when some call is spelled like a wrapper or an imported alias of
@@ -766,6 +839,12 @@ for x, y in loader:
         if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
             return False
         return any(o.node is loader for o in facts.origins(expr, epoch_loop))
+
+
+def _is_sampler_class(qualified: str) -> bool:
+    """torch's samplers (``DistributedSampler``, ``RandomSampler``...), and subclasses named like them."""
+    module, _, name = qualified.rpartition(".")
+    return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))
 
 
 def _attribute_part(name: cst.Name, facts) -> bool:
