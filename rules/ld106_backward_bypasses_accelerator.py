@@ -34,7 +34,10 @@ class BackwardBypassesAccelerator(Rule):
     ## What it does
     Reports `loss.backward()` in an accelerate script when the loss is computed
     from a model that went through `accelerator.prepare` (called directly, through
-    its outputs' `.loss`, a criterion, or a helper function of the same file), and
+    its outputs' `.loss`, a criterion, or a helper function of the same file),
+    any `X.backward()` inside a `with accelerator.accumulate(...):` block,
+    whatever computed `X` (a wrapper class, a helper of another module: the
+    block itself says the run relies on `accelerator.backward`), and
     `scaler.scale(loss).backward()` with the script's own `GradScaler` there. In a
     `LightningModule` with `automatic_optimization = False`, it reports
     `loss.backward()` in place of `self.manual_backward(loss)`. The report points
@@ -176,6 +179,33 @@ class Module(L.LightningModule):
         ),
     )
     INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator
+from towers import DualTower
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+towers = DualTower(model)
+for batch in loader:
+    with accelerator.accumulate(model):
+        towers.loss(batch).backward()
+        optimizer.step()
+""",
+            lines=(9,),
+            fixed="""\
+from accelerate import Accelerator
+from towers import DualTower
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+towers = DualTower(model)
+for batch in loader:
+    with accelerator.accumulate(model):
+        accelerator.backward(towers.loss(batch))
+        optimizer.step()
+""",
+        ),
         Invalid(
             """\
 from accelerate import Accelerator
@@ -335,6 +365,12 @@ class Module(pl.LightningModule):
             prepare = self.loop.loss_model(site.loss, statement)
             if prepare is not None:
                 self._report(site, statement, prepare)
+                continue
+            # whatever computed the loss (a wrapper around the prepared model, a helper of another module),
+            # `accumulate` says the run relies on `accelerator.backward`'s division and scaling
+            block = self.loop.accumulate_block_of(site.call)
+            if block is not None and site.kind == "tensor":
+                self._report(site, statement, block.call, inside=True)
 
     # -- accelerate ---------------------------------------------------------------------------
 
@@ -344,7 +380,9 @@ class Module(pl.LightningModule):
             for o in self.facts.origins(site.receiver, site.call)
         )
 
-    def _report(self, site: BackwardSite, statement: cst.CSTNode, prepare: cst.Call) -> None:
+    def _report(self, site: BackwardSite, statement: cst.CSTNode, prepare: cst.Call, inside: bool = False) -> None:
+        """``prepare``: the prepare call of the loss's model, or (``inside``) the ``accumulate`` call of the block
+        the backward sits in."""
         loop = self.loop
         receiver = prepare.func.value
         acc = loop.accumulation(receiver, site.call)
@@ -395,8 +433,9 @@ class Module(pl.LightningModule):
         if note:  # a snippet: the model and the accelerator are known by what is done with them
             basis = self.facts.identified(receiver, site.call, "accelerator")
             known = f" ({note}" + (f"; {basis}" if basis else "") + ")"
+        where = f"inside `{shown}.accumulate(...)`" if inside else "for a model prepared by accelerate"
         message = (
-            f"`{loss_text}.backward()` bypasses `{shown}.backward` for a model prepared by accelerate{known}: "
+            f"`{loss_text}.backward()` bypasses `{shown}.backward` {where}{known}: "
             f"{consequence}; call `{shown}.backward({loss_text})`"
         )
         if division is not None:
