@@ -99,9 +99,11 @@ class AccumulateMultipleForward(Rule):
     twice on partial gradients; under DDP a backward that follows an already
     synchronised backward of the same forward is not all-reduced, so the ranks
     silently drift apart. With a generator and a discriminator in one
-    `accumulate(gen, disc)` block, `zero_grad()` does nothing while
-    accumulating, so the generator's loss leaks into the discriminator's
-    gradient. Teacher, EMA and reference models, `generate`, calls under
+    `accumulate(gen, disc)` block, the generator's loss, which flows through
+    the discriminator, fills the discriminator's gradients too. They add to
+    its next step unless something clears them in between: a `zero_grad()`
+    after each step does not (the leak needs no accumulation), and while
+    accumulating `zero_grad()` does nothing at all. Teacher, EMA and reference models, `generate`, calls under
     `torch.no_grad()`/`inference_mode()`, GANs that give each model its own
     block, GANs that freeze the discriminator with `requires_grad_(False)`
     for the generator's backward, and blocks of several models where each
@@ -113,8 +115,9 @@ class AccumulateMultipleForward(Rule):
 
     A GAN that gives each model its own block still leaks when the
     generator's loss runs through the discriminator: that backward fills the
-    discriminator's gradients too, and while accumulating its optimizer's
-    `zero_grad()` does nothing, so they reach the discriminator's next step.
+    discriminator's gradients too, and they reach the discriminator's next
+    step, with or without accumulation (while accumulating its optimizer's
+    `zero_grad()` does nothing).
     Freezing the discriminator for the generator's backward, detaching, a
     backward restricted with `inputs=`, or a `zero_grad()` in the training
     loop outside the `accumulate` blocks (it runs on the sync step between
@@ -407,8 +410,9 @@ for real in loader:
                 other, name = leak
                 message = (
                     f"the backward in this {subject} block also fills `{name}`'s gradients (its loss flows through "
-                    f"`{name}`, which trains in its own `accumulate` block); while accumulating, `zero_grad()` does "
-                    f"nothing, so they leak into `{name}`'s next optimizer step; freeze it for this backward "
+                    f"`{name}`, which trains in its own `accumulate` block): they add to `{name}`'s next backward "
+                    "unless cleared in between, which a `zero_grad()` after each step does not do, and while "
+                    f"accumulating `zero_grad()` does nothing at all; freeze it for this backward "
                     f"(`{name}.requires_grad_(False)`, then `True` again after the backward)"
                 )
                 self.report(other, message, severity=Severity.WARNING)
@@ -426,8 +430,9 @@ for real in loader:
         subject = f"`{accelerator}.accumulate(...)`"
         if len(models) > 1:
             message = (
-                f"{count} backward passes run in one {subject} block of several models: while accumulating, "
-                "`zero_grad()` does nothing, so one model's loss leaks into the other's accumulated gradient; "
+                f"{count} backward passes run in one {subject} block of several models: a loss that flows through "
+                "both models fills the other's gradients too, which add to its next step unless cleared in between "
+                "(and while accumulating `zero_grad()` does nothing); "
                 "give each model its own `accumulate` block, or freeze the other model (`requires_grad_(False)`) "
                 "for the second backward"
             )
