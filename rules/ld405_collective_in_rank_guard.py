@@ -72,6 +72,13 @@ CHECKPOINT_COLLECTIVES = frozenset(
         for name in ("optim_state_dict", "full_optim_state_dict", "sharded_optim_state_dict")
     }
 )
+# accelerate's module-level collectives (`from accelerate.utils import gather_object`), defined in
+# `accelerate/utils/operations.py` in 1.15.
+ACCELERATE_FUNCTIONS = frozenset(
+    f"accelerate.utils.{module}{name}"
+    for module in ("", "operations.")
+    for name in ("gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes")
+)
 BARRIERS = frozenset({"torch.distributed.barrier", "torch.distributed.monitored_barrier"})
 # The last name of every call `_collective` can accept, spelled as it is called.
 COLLECTIVE_NAMES = frozenset(
@@ -126,7 +133,10 @@ class CollectiveInRankGuard(Rule):
     decorated with `@accelerator.on_main_process`, or in a local helper
     called from such a place. The collectives are accelerate's `gather`,
     `gather_for_metrics`, `reduce`, `pad_across_processes`,
-    `wait_for_everyone`, `check_trigger`, `save_state` (collective under FSDP,
+    `wait_for_everyone`, `check_trigger` (as methods of an `Accelerator` or
+    `PartialState`, and `gather`, `gather_object`, `broadcast`,
+    `broadcast_object_list`, `reduce`, `pad_across_processes` as functions of
+    `accelerate.utils`), `save_state` (collective under FSDP,
     under DeepSpeed at every ZeRO stage, where it calls the engine's
     `save_checkpoint`, and under any backend with
     `automatic_checkpoint_naming`, where it calls `wait_for_everyone()`),
@@ -135,7 +145,10 @@ class CollectiveInRankGuard(Rule):
     `torch.distributed.checkpoint` `save`/`load` and its state-dict getters,
     FSDP `state_dict()` under a full or sharded `state_dict_type`, and a
     DeepSpeed engine's `save_checkpoint`. One finding per guarded block, at
-    the first collective it reaches. A guard such as
+    the first collective it reaches. The other side is reported too: a
+    collective in the branch that leaves the main process out (the `else:`
+    of `if accelerator.is_main_process:`, `if rank != 0:`) that the main
+    process makes nowhere in the same top-level function. A guard such as
     `if accelerator.distributed_type == DistributedType.DEEPSPEED or
     accelerator.is_main_process:` lets every rank in under DeepSpeed only.
     A plain collective under it (`wait_for_everyone`, `gather`) hangs under
@@ -313,6 +326,18 @@ if accelerator.is_main_process or accelerator.distributed_type == DistributedTyp
 from accelerate import Accelerator
 
 accelerator = Accelerator()
+if accelerator.is_main_process:
+    write_report(results)
+else:
+    accelerator.wait_for_everyone()
+""",
+            lines=(7,),
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
 for batch in loader:
     loss = model(batch)
     if accelerator.is_main_process:
@@ -416,6 +441,7 @@ def save(output_dir):
         for call, guard, collective, helper in self._helpers_elsewhere():
             if id(guard) not in found:
                 self._report_elsewhere(call, collective, helper, guard)
+        self._others_only_collectives()
         order = facts.index.order
         for group in found.values():
             # one finding per guarded block, at the first collective it reaches
@@ -490,7 +516,7 @@ def save(output_dir):
         if last not in COLLECTIVE_NAMES and not (isinstance(func, cst.Name) and last in facts.imported_names):
             return None  # no collective's name, nor an alias an import binds (`from ... import all_reduce as ar`)
         names = facts.qualified_names(func)
-        if names & (TORCH_COLLECTIVES | CHECKPOINT_COLLECTIVES):
+        if names & (TORCH_COLLECTIVES | CHECKPOINT_COLLECTIVES | ACCELERATE_FUNCTIONS):
             if _on_sub_group(call) or _is_true(argument_of(call, "no_dist", None)):
                 return None
             return "always"
@@ -566,6 +592,64 @@ def save(output_dir):
             if found is not None:
                 return found[0], found[1] or site
         return None
+
+    def _others_only_collectives(self) -> None:
+        """A collective in the branch that leaves the main process out (the ``else:`` of ``if
+        accelerator.is_main_process:``, ``if not accelerator.is_main_process:``, ``if rank != 0:``) that the main
+        process never makes in the same top-level function: the other ranks wait in it forever. The rank-0-first idiom
+        (``if rank != 0: dist.barrier()`` ... ``if rank == 0: dist.barrier()``) and a root collective made on
+        both sides are joined, and not reported."""
+        facts = self.facts
+        reported: set[int] = set()
+        for call in facts.calls:
+            branch = self._others_branch(call)
+            if branch is None or id(branch) in reported or self._collective(call) != "always":
+                continue
+            if self._main_joins(call):
+                continue
+            reported.add(id(branch))
+            callee = get_full_name_for_node(call.func) or "this call"
+            message = (
+                f"`{callee}()` is a collective, but the main process never reaches it (the branch at line "
+                f"{self.context.span(branch).line} leaves it out, and it makes no such call elsewhere in this "
+                "function): the other ranks wait in it forever; call it on every rank, outside the rank test"
+            )
+            self.report(call, message)
+
+    def _others_branch(self, node: cst.CSTNode) -> cst.If | None:
+        """The ``if`` whose branch around ``node`` (in its function) only the ranks other than the main one take."""
+        facts = self.facts
+        child = node
+        for ancestor in facts.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.If) and (
+                (child is ancestor.body and facts.excludes_main(ancestor.test, True))
+                or (child is ancestor.orelse and facts.excludes_main(ancestor.test, False))
+            ):
+                return ancestor
+            child = ancestor
+        return None
+
+    def _main_joins(self, call: cst.Call) -> bool:
+        """The main process may make the same collective in the same top-level function, nested functions included
+        (outside any branch that leaves it out): the rank-0-first pair, a root collective on both sides of the rank
+        test, or the main side's call in a closure (transformers' optuna search broadcasts from one)."""
+        key = self._call_key(call)
+        scope = self._outermost_function(call)
+        return any(
+            other is not call
+            and self._call_key(other) == key
+            and self._outermost_function(other) is scope
+            and self._others_branch(other) is None
+            for other in self.facts.calls
+        )
+
+    def _outermost_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        function = self.facts.enclosing_function(node)
+        while function is not None and (outer := self.facts.enclosing_function(function)) is not None:
+            function = outer
+        return function
 
     def _never_with_main(self, node: cst.CSTNode) -> bool:
         """``node`` sits, within its function, in a branch that excludes the main process (``if rank != 0:``) or
