@@ -22,8 +22,10 @@ class SamplerWithShuffle(Rule):
     ## What it does
     Reports `shuffle=True` (or any value that is certainly true) given to a
     `torch.utils.data.DataLoader` together with a `sampler=` or a
-    `batch_sampler=` that is not `None`. The report points at the `shuffle`
-    argument. Aliases (`import torch.utils.data as tud`,
+    `batch_sampler=` that is not `None`, and a `shuffle=` expression that can
+    be true (`shuffle=(split == "train")`, an error; `shuffle=args.shuffle`, a
+    warning) beside a sampler that can be set. The report points at the
+    `shuffle` argument. Aliases (`import torch.utils.data as tud`,
     `from torch.utils.data import DataLoader as DL`), values passed through
     variables and helper parameters, and subclasses of `DataLoader` defined in
     the file without their own `__init__` are followed.
@@ -38,10 +40,13 @@ class SamplerWithShuffle(Rule):
     distributed else None` the crash happens only in the distributed run,
     typically on the cluster, after the job waited in the queue. Reported as a
     warning when the sampler is a helper's parameter that defaults to `None`
-    and has no caller in the file. Not reported: `shuffle=(sampler is None)`,
-    `shuffle=args.shuffle` and any other value that is not certainly true (a
-    flag may be false whenever a sampler is given), a sampler that may come in
-    through `**kwargs`, and loaders of other libraries.
+    and has no caller in the file. Not reported: a flag computed from the
+    sampler or from the test that sets it (`shuffle=(sampler is None)`,
+    `shuffle = is_train and sampler is None`, `shuffle=not distributed` beside
+    `DistributedSampler(ds) if distributed else None`), a helper's `shuffle`
+    and `sampler` parameters that none of its calls in the file passes
+    together (and that no visible call passes at all), a sampler that may come
+    in through `**kwargs`, and loaders of other libraries.
 
     ## Example
     ```python
@@ -68,6 +73,12 @@ class SamplerWithShuffle(Rule):
     only its author knows which one was meant; nor when `shuffle` comes in
     through a parameter (callers out of sight may pass `False`), nor when a
     comment sits on the `shuffle` argument.
+
+    For a `shuffle=` expression that can be true: beside a conditional
+    sampler the fix keeps single-process shuffling,
+    `shuffle=(<expr>) and <sampler> is None` (safe: the same loader without a
+    sampler, no error with one); beside a sampler that is always set it drops
+    `shuffle` (safe: where the flag was true the call raised).
 
     ## References
     - `torch/utils/data/dataloader.py`, `DataLoader.__init__`: "sampler option
@@ -103,7 +114,8 @@ loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=(sampler is
             """\
 from torch.utils.data import DataLoader, DistributedSampler
 
-loader = DataLoader(dataset, shuffle=args.shuffle, sampler=DistributedSampler(dataset))
+sampler = DistributedSampler(dataset) if args.distributed else None
+loader = DataLoader(dataset, shuffle=not args.distributed, sampler=sampler)
 val_loader = DataLoader(val_set, shuffle=False, sampler=DistributedSampler(val_set, shuffle=False))
 """
         ),
@@ -228,16 +240,23 @@ loader = make_loader(dataset, sampler)
             if not self._is_dataloader(call):
                 continue
             shuffle = _argument(call, "shuffle", SHUFFLE)
-            if shuffle is None or self._truth(shuffle.value, call) is not True:
+            truth = self._truth(shuffle.value, call) if shuffle is not None else False
+            if truth is False:
                 continue
             for keyword, position in (("sampler", SAMPLER), ("batch_sampler", BATCH_SAMPLER)):
                 given = _argument(call, keyword, position)
                 if given is None:
                     continue
                 kinds = self._sampler_kinds(given.value, call)
-                if kinds - {"none"}:
+                if not kinds - {"none"}:
+                    continue
+                if truth is True:
                     self._report(call, shuffle, given, keyword, kinds)
-                    break
+                elif not self._coordinated(shuffle.value, given.value, call) and self._together(
+                    shuffle.value, given.value, call
+                ):
+                    self._report_maybe(call, shuffle, given, keyword, kinds)
+                break
 
     # -- what the loader is given -----------------------------------------------------------------
 
@@ -367,7 +386,96 @@ loader = make_loader(dataset, sampler)
                     return True
         return False
 
+    def _coordinated(self, shuffle: cst.BaseExpression, sampler: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``shuffle=`` is computed from the sampler or from the test that sets it (``shuffle=sampler is None``,
+        ``shuffle = is_train and sampler is None`` then ``shuffle=shuffle``, ``shuffle=world == 1`` beside
+        ``sampler = DistributedSampler(ds) if world > 1 else None``): the author keeps the two apart, and
+        lintdist does not try to prove it."""
+        facts = self.facts
+        values = [shuffle, *(o.node for o in facts.origins(shuffle, at) if isinstance(o.node, cst.BaseExpression))]
+        names = {n.value for v in values for n in [*facts.within(v, cst.Name), v] if isinstance(n, cst.Name)}
+        sampler_name = get_full_name_for_node(sampler) if isinstance(sampler, (cst.Name, cst.Attribute)) else None
+        if sampler_name and (sampler_name in names or any(sampler_name in _full_names(facts, v) for v in values)):
+            return True
+        for origin in facts.origins(sampler, at):
+            parent = facts.parent(origin.node)
+            if isinstance(parent, cst.IfExp):
+                tested = {
+                    n.value for n in [*facts.within(parent.test, cst.Name), parent.test] if isinstance(n, cst.Name)
+                }
+                if tested & names:
+                    return True
+        return False
+
+    def _together(self, shuffle: cst.BaseExpression, sampler: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """A true ``shuffle`` and a set sampler can arrive together. Both parameters of one function
+        (``def build(ds, shuffle=True, sampler=None)``): only if one of its calls in this file passes both, and
+        never when its callers are out of sight (keeping them apart is then the callers' contract)."""
+        facts = self.facts
+        names = [e.value for e in (shuffle, sampler) if isinstance(e, cst.Name)]
+        params = [facts.parameter(name, at) for name in names]
+        if len(params) < 2 or None in params or params[0][0] is not params[1][0]:
+            return True
+        function = params[0][0]
+        sites = facts.call_sites(function)
+        if not sites:
+            return False
+        (_, s_index, s_param), (_, p_index, p_param) = params
+        for site in sites:
+            if any(arg.star for arg in site.args):
+                return True
+            flag = facts.argument_for(site, function, s_param.name.value, s_index)
+            given = facts.argument_for(site, function, p_param.name.value, p_index)
+            flag = flag if flag is not None else s_param.default
+            given = given if given is not None else p_param.default
+            if _constant_truth(flag) is not False and not (isinstance(given, cst.Name) and given.value == "None"):
+                return True
+        return False
+
     # -- the report and its fix -------------------------------------------------------------
+
+    def _report_maybe(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, keyword: str, kinds: set[str]) -> None:
+        """``shuffle=<an expression that can be true>`` beside a sampler that can be set."""
+        code = self.context.module.code_for_node
+        shuffle_text = code(shuffle.value)
+        sampler_text = code(given.value)
+        conditional = bool(kinds & {"none", "maybe"})
+        computed = isinstance(shuffle.value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation))
+        if conditional and isinstance(given.value, (cst.Name, cst.Attribute)):
+            bare = isinstance(shuffle.value, (cst.Name, cst.Attribute)) or getattr(shuffle.value, "lpar", ())
+            test = f"{shuffle_text if bare else f'({shuffle_text})'} and {sampler_text} is None"
+            advice = f"shuffle only when there is no sampler: `shuffle={test}`"
+            fix = Fix(
+                Applicability.SAFE,
+                f"Shuffle only without a sampler: `{test}`",
+                replacements=((shuffle.value, cst.parse_expression(test)),),
+            )
+        elif not conditional and shuffle.keyword is not None and keyword == "sampler":
+            new_call = without_argument(call, shuffle)
+            advice = "the sampler decides the order (a `DistributedSampler` shuffles by default), so drop `shuffle`"
+            fix = (
+                Fix(
+                    Applicability.SAFE,
+                    "Drop `shuffle`: the sampler decides the order",
+                    replacements=((call, new_call),),
+                )
+                if new_call is not None
+                else None
+            )
+        else:
+            advice = "pass `shuffle` only when there is no sampler"
+            fix = None
+        error = (
+            "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+            if keyword == "batch_sampler"
+            else "sampler option is mutually exclusive with shuffle"
+        )
+        message = (
+            f"`shuffle={shuffle_text}` can be true while the `{keyword}` is set"
+            + (" (the distributed run)" if conditional else "")
+            + f", and then `DataLoader` raises ValueError ('{error}'); {advice}"
+        )
+        self.report(shuffle, message, fix=fix, severity=None if computed else Severity.WARNING)
 
     def _report(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, keyword: str, kinds: set[str]) -> None:
         shuffle_text = self.context.module.code_for_node(shuffle.value)
@@ -446,6 +554,12 @@ def _argument(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
                 return arg
             positional += 1
     return None
+
+
+def _full_names(facts, expr: cst.BaseExpression) -> set[str]:
+    return {get_full_name_for_node(a) or "" for a in facts.within(expr, cst.Attribute)} | (
+        {get_full_name_for_node(expr) or ""} if isinstance(expr, cst.Attribute) else set()
+    )
 
 
 def _constructs(call: cst.Call) -> bool:
