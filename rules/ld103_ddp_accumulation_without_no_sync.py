@@ -54,6 +54,10 @@ class DdpAccumulationWithoutNoSync(Rule):
     the batch index, so that the last micro-batches of an epoch are never
     stepped, the message says so as well.
 
+    Also reported: `model.require_backward_grad_sync = <gate>` set after the
+    model's forward and before its backward in one block (a hand-made
+    `no_sync`, one line too late).
+
     ## Why is this bad?
     DDP all-reduces the gradients in every backward pass it sees. While
     accumulating, only the last micro-batch before the optimizer step needs
@@ -114,6 +118,11 @@ class DdpAccumulationWithoutNoSync(Rule):
     under that gate, with no gradient clipping or `.grad` read outside it (a
     step after the loop for a last partial window would then see gradients the
     fix left unsynced).
+
+    The late `require_backward_grad_sync` assignment has a safe fix: it moves
+    to just before the statement that runs the forward. torch 2.13's DDP reads
+    the flag in `_pre_forward` and `_post_forward` (where `prepare_for_backward`
+    arms the reducer), so set there it acts on the micro-batch it names.
 
     ## References
     - `torch.nn.parallel.DistributedDataParallel.no_sync` docstring
@@ -371,6 +380,8 @@ for epoch in range(epochs):
         if not self._raw_ddp():
             return
         loop = self.loop
+        for toggle in loop.sync_toggles:
+            self._late_toggle(toggle)
         if loop.sync_each_batch or loop.sync_toggles:
             return
         gated = self._gated_steps()
@@ -381,6 +392,56 @@ for epoch in range(epochs):
             if pairing is None or self._managed(site, pairing):
                 continue
             self._report(site, pairing)
+
+    def _late_toggle(self, toggle: cst.CSTNode) -> None:
+        """``model.require_backward_grad_sync = <gate>`` set between a forward of ``model`` and the backward, in
+        one block: torch 2.13's DDP reads the flag in ``_pre_forward``/``_post_forward`` (where it arms the
+        reducer for the backward), so the value acts one micro-batch late."""
+        facts = self.facts
+        if not isinstance(toggle, cst.Assign) or len(toggle.targets) != 1:
+            return
+        target = toggle.targets[0].target
+        model = get_full_name_for_node(target.value) if isinstance(target, cst.Attribute) else None
+        statement = facts.parent(toggle)
+        block = facts.parent(statement) if statement is not None else None
+        if model is None or not isinstance(block, (cst.IndentedBlock, cst.Module)):
+            return
+        body = list(block.body)
+        index = next((i for i, s in enumerate(body) if s is statement), None)
+        if index is None:
+            return
+        forward = next(
+            (
+                i
+                for i, s in enumerate(body[:index])
+                if any(get_full_name_for_node(c.func) == model for c in facts.within(s, cst.Call))
+            ),
+            None,
+        )
+        backward = any(
+            self.loop.backward_site(c) is not None for s in body[index + 1 :] for c in facts.within(s, cst.Call)
+        )
+        if forward is None or not backward:
+            return
+        first = body[forward]
+        fix = None
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            fix = Fix(
+                Applicability.SAFE,
+                "Set the flag before the forward",
+                replacements=(
+                    (first, cst.FlattenSentinel([statement, first])),
+                    (statement, cst.RemovalSentinel.REMOVE),
+                ),
+            )
+        line = self.context.span(first).line
+        message = (
+            f"`{model}.require_backward_grad_sync` is set after the forward at line {line}: DDP reads it in the "
+            "forward (torch 2.13 `_pre_forward`/`_post_forward`), where it prepares the backward's all-reduce, so "
+            "each value acts one micro-batch late: the first micro-batch of a window syncs and the last does not, "
+            "and the gradients are never averaged across ranks at the step; set it before the forward"
+        )
+        self.report(toggle, message, severity=Severity.ERROR, fix=fix)
 
     # -- scope ---------------------------------------------------------------------------------
 
