@@ -12,6 +12,8 @@ from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 SET_EPOCH = frozenset({"set_epoch"})
+# A function whose name says it evaluates (`evaluate`, `validate`, `run_test`, `predict`...).
+EVALUATION_WORDS = ("eval", "valid", "test", "predict", "infer")
 # Samplers of other libraries named like `OrderedDistributedSampler` (timm) keep the file order and may have no
 # `set_epoch` at all: the name says they do not shuffle.
 UNSHUFFLED_NAME_PARTS = ("Ordered", "Sequential")
@@ -21,8 +23,12 @@ class MissingSetEpoch(Rule):
     """
     ## What it does
     Reports an epoch loop that iterates a loader with a `DistributedSampler`
-    (with shuffling on) and never calls `set_epoch` on it. The report points at
-    the epoch loop (`for` or `while`).
+    (with shuffling on) and never calls `set_epoch` on it. The loader may be
+    walked by `for batch in loader` (through `enumerate`, `tqdm`), through a
+    call the loop wraps around it (a backend's `distribute(loader)`), or by
+    `next(it)` on `it = iter(loader)`; the pass need not train (a mining or
+    statistics pass replays the same order too). The report points at the
+    epoch loop (`for` or `while`).
 
     ## Why is this bad?
     `DistributedSampler` seeds its shuffle with `seed + epoch`. Without
@@ -30,8 +36,10 @@ class MissingSetEpoch(Rule):
     same permutation on every rank: the model sees the data in one fixed order,
     which hurts convergence silently. Loaders passed through
     `accelerator.prepare` (accelerate calls `set_epoch` itself), Lightning and
-    Fabric loaders, `shuffle=False` samplers, evaluation loops and single
-    passes are not reported; nor is a `set_epoch` reached through
+    Fabric loaders, `shuffle=False` samplers, evaluation passes (under
+    `no_grad`/`inference_mode`, after `model.eval()` with no backward, or in
+    a function named for evaluation: `evaluate`, `validate`, `test`,
+    `predict`, `infer`) and single passes are not reported; nor is a `set_epoch` reached through
     `loader.sampler`, `loader.batch_sampler.sampler`, `getattr(...)`, a helper
     function of the same file, or a loop around the reported one (an inner
     loop that repeats passes within one epoch). Nor are a sampler rebuilt each
@@ -298,9 +306,9 @@ for _ in range(3):
         facts = self.facts
         # epoch loop -> the first training loader with a DistributedSampler it runs, and that loader's expression there
         epoch_loops: dict[int, tuple[Loop, SamplerUse, cst.BaseExpression]] = {}
-        for loop, loader in facts.data_loops():
+        for loop, loader in self._passes():
             use = facts.distributed_sampler(loader, loop)
-            if use is None or self._unshuffled_by_name(use) or facts.under_no_grad(loop) or not facts.trains(loop.body):
+            if use is None or self._unshuffled_by_name(use) or self._evaluation(loop):
                 continue
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
                 epoch_loops.setdefault(id(epoch_loop), (epoch_loop, use, loader_there))
@@ -310,6 +318,51 @@ for _ in range(3):
             if self._set_epoch_out_of_sight(epoch_loop):
                 continue
             self._report(epoch_loop, use, loader_there)
+
+    # -- what iterates a loader, and whether it is evaluation --------------------------------
+
+    def _passes(self) -> list[tuple[Loop, cst.BaseExpression]]:
+        """Loops that walk a loader: ``for b in loader`` (through ``enumerate``/``tqdm``/``iter``), ``for b in
+        wrap(loader)`` (a backend's ``distribute(...)``, any call given the loader first), and a loop that calls
+        ``next(it)`` on ``it = iter(loader)`` bound before it."""
+        facts = self.facts
+        found: list[tuple[Loop, cst.BaseExpression]] = list(facts.data_loops())
+        for loop, expr in list(found):
+            if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
+                found.append((loop, expr.args[0].value))
+        for call in facts.calls:
+            if get_full_name_for_node(call.func) != "next" or not call.args:
+                continue
+            loop = facts.enclosing_loop(call)
+            if loop is None:
+                continue
+            for origin in facts.origins(call.args[0].value, call):
+                node = origin.node
+                if (
+                    isinstance(node, cst.Call)
+                    and origin.index is None
+                    and get_full_name_for_node(node.func) == "iter"
+                    and node.args
+                    and all(a is not loop for a in facts.ancestors(node))  # `iter` outside: one pass per loop
+                ):
+                    found.append((loop, node.args[0].value))
+        return found
+
+    def _evaluation(self, loop: Loop) -> bool:
+        """The pass evaluates: it runs under ``no_grad``/``inference_mode``, after ``model.eval()`` with no
+        backward, or in a function named for evaluation. A pass with no backward that is none of these (mining,
+        statistics, a custom update) still walks the sampler's one fixed order every epoch."""
+        facts = self.facts
+        if facts.under_no_grad(loop):
+            return True
+        if facts.trains(loop.body):
+            return False
+        function = facts.enclosing_function(loop)
+        name = function.name.value.lower() if function is not None else ""
+        if any(word in name for word in EVALUATION_WORDS):
+            return True
+        scope = function if function is not None else self.context.module
+        return any(facts.method_name(call) == "eval" and not call.args for call in facts.calls_within(scope))
 
     # -- what already tells the sampler the epoch ---------------------------------------------
 
