@@ -37,7 +37,9 @@ class SkipFirstBatchesReused(Rule):
     the resumed epoch: the call's result bound before the epoch loop, or
     rebound over the loader's own name (`loader = skip_first_batches(loader,
     n)`), or bound under an `if` and never reset in the epoch loop, or built
-    afresh every epoch with the same `n`. The report points at the
+    afresh every epoch with the same `n`, also under a guard that stays true
+    after the resumed epoch (`if resume_step is not None:` with `resume_step`
+    never cleared and no test of the epoch). The report points at the
     `skip_first_batches` call.
 
     ## Why is this bad?
@@ -50,8 +52,8 @@ class SkipFirstBatchesReused(Rule):
     loader. Not reported: the `active_dataloader = ...` pattern of accelerate's
     examples (set to the original loader in the other branch, every epoch), a
     helper whose parameter is rebound for one epoch's call only, an `n` that
-    changes inside the epoch loop, and a skip under a condition that also
-    holds the loop that iterates it.
+    changes inside the epoch loop, and a skip under a condition that changes
+    with the epoch (`epoch == starting_epoch`, a step the loop clears).
 
     ## Example
     ```python
@@ -353,6 +355,13 @@ while epoch < 3:
             return "before"
         gates = [a for a in self._up_to(statement, epoch_loop) if isinstance(a, cst.If)]
         in_place = any(isinstance(a, (cst.IfExp, cst.BooleanOperation)) for a in self._up_to(skip, statement))
+        if (
+            gates
+            and not in_place
+            and all(self._stays(gate.test, epoch_loop) for gate in gates)
+            and self._same_each_epoch(argument_of(skip, "num_batches", 1), epoch_loop)
+        ):
+            return "guarded"  # the `else:` that sets the loader back never runs once the guard holds
         if target is not None:
             if self._rebound_in(target, epoch_loop, statement):
                 return None
@@ -364,6 +373,19 @@ while epoch < 3:
         if gates or in_place or not self._same_each_epoch(argument_of(skip, "num_batches", 1), epoch_loop):
             return None
         return "every"
+
+    def _stays(self, test: cst.BaseExpression, loop: Loop) -> bool:
+        """A guard's test has the same value in every epoch: no call, and no name the loop rebinds (the epoch
+        counter included). `if resume_step is not None:` with `resume_step` never cleared lets the skip through in
+        every epoch after the resumed one too."""
+        facts = self.facts
+        if facts.within(test, cst.Call) or isinstance(test, cst.Call):
+            return False
+        parts = [*facts.within(test, cst.Name, cst.Attribute)]
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            parts.append(test)
+        keys = {get_full_name_for_node(n) for n in parts if not isinstance(facts.parent(n), cst.Attribute)}
+        return bool(keys) and not (keys & self._rebound_keys(loop))
 
     def _up_to(self, node: cst.CSTNode, container: cst.CSTNode) -> list[cst.CSTNode]:
         """The ancestors of ``node`` strictly inside ``container``."""
@@ -433,12 +455,18 @@ while epoch < 3:
             ),
             "rebind": f"{what} is rebound to a skipping loader in every epoch of the loop at line {line}",
             "every": f"{what} is made to skip batches in every epoch of the loop at line {line}",
+            "guarded": (
+                f"{what} is made to skip batches under a guard that nothing in the epoch loop at line {line} "
+                "changes, so it stays true in every epoch after the resumed one"
+            ),
         }[reuse.kind]
         message = (
             f"{situation}: {why}; iterate `skip_first_batches(...)` in the resumed epoch only and "
             f"`{loader}` in the others (`active_dataloader`, as in accelerate's checkpointing example)"
         )
-        self.report(skip, message, fix=self._fix(reuse))
+        if reuse.kind == "guarded":
+            message += " (test the epoch too, `and epoch == starting_epoch`, or clear the resume step after it)"
+        self.report(skip, message, fix=None if reuse.kind == "guarded" else self._fix(reuse))
 
     def _fix(self, reuse: Reuse) -> Fix | None:
         facts = self.facts
