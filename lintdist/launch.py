@@ -132,7 +132,8 @@ def build_project(
     names (``--config_file``); a plain ``python train.py`` line links it to no
     settings at all (one process). A script named by several lines keeps what
     they agree on. Otherwise a config from ``accelerate-config`` in the lintdist
-    configuration; otherwise the single accelerate config beside it.
+    configuration; otherwise the single accelerate config beside it, when the script is the one entry point of
+    its folder (no other script there, helpers aside).
     """
     project = Project()
 
@@ -158,18 +159,43 @@ def build_project(
             project.links[key] = settings if key not in project.links else project.links[key].common(settings)
 
     accelerate_configs = [p for p, d in configs.items() if d.flavour == "accelerate"]
+    entries: dict[Path, list[Path]] = {}
     for script in scripts:
         key = os.path.realpath(script)
         if key in project.links:
             continue
-        beside = [p for p in accelerate_configs if p.parent.resolve() == script.parent.resolve()]
-        chosen = default_configs or (beside if len(beside) == 1 else [])
+        folder = script.parent.resolve()
+        beside = [p for p in accelerate_configs if p.parent.resolve() == folder]
+        if len(beside) == 1 and folder not in entries:
+            entries[folder] = _entry_scripts(folder)
+        # a lone config is the script's only when the script is the folder's one entry point (its helpers
+        # inherit it through their imports): beside several scripts it may be meant for a sibling
+        lone = len(beside) == 1 and [p.resolve() for p in entries[folder]] == [script.resolve()]
+        chosen = default_configs or (beside if lone else [])
         if chosen:
             settings = LaunchSettings()
             for config_path in chosen:
                 add_config(settings, config_path)
             project.links[key] = settings
     return project
+
+
+def _entry_scripts(folder: Path) -> list[Path]:
+    """The folder's Python files that no other file of the folder imports: its scripts, not their helpers."""
+    from lintdist.modules import imported_files
+
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".py" and p.is_file() and p.name != "__init__.py")
+    except OSError:
+        return []
+    imported: set[Path] = set()
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        imported.update(p.resolve() for p in imported_files(path, text))
+    return [p for p in files if p.resolve() not in imported]
 
 
 def resolve_launch_path(name: str, launch_path: Path) -> Path:

@@ -77,7 +77,8 @@ class LocalSgdUnsupportedBackend(Rule):
     The backend is taken from, in this order: a plugin built in the script,
     the launch line's flags, its environment variables, and the accelerate
     config (the one named by `--config_file`, the `accelerate-config` setting
-    of lintdist, or the only accelerate config beside the script). Nothing is
+    of lintdist, or the only accelerate config beside the script when it is
+    the folder's one entry point). Nothing is
     reported when the call sits under a condition about the backend
     (`if accelerator.distributed_type == DistributedType.MULTI_GPU:`,
     `if not args.deepspeed:`), after an early exit on such a condition, when

@@ -162,6 +162,22 @@ def test_accelerate_config_setting_and_a_single_config_beside_the_script(tmp_pat
     assert "backend DEEPSPEED" in lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path)).output
 
 
+def test_a_lone_config_beside_several_scripts_is_not_theirs(tmp_path, lintdist):
+    """peft's seq2seq folder: a DeepSpeed config beside a DeepSpeed script and an FSDP script. The config is
+    linked only to a folder's one entry script (helpers it imports do not count), or through a launch line."""
+    (tmp_path / "ds.yaml").write_text("distributed_type: DEEPSPEED\n")
+    (tmp_path / "train.py").write_text("import helpers\nfrom accelerate.local_sgd import LocalSGD\n")
+    (tmp_path / "helpers.py").write_text("import torch\n")
+    result = lintdist("check", "--no-cache", "--select", "LD904", str(tmp_path / "train.py"))
+    assert "backend DEEPSPEED" in result.output, "one entry script and its helper: the config is the script's"
+    (tmp_path / "fsdp_train.py").write_text("from accelerate.local_sgd import LocalSGD\n")
+    result = lintdist("check", "--no-cache", "--select", "LD904", "--output-format", "concise", str(tmp_path))
+    assert "backend" not in result.output, "two scripts beside one config: it may be meant for either"
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file ds.yaml train.py\n")
+    result = lintdist("check", "--no-cache", "--select", "LD904", "--output-format", "concise", str(tmp_path))
+    assert "train.py:1:1: LD904 [info] backend DEEPSPEED" in result.output and "fsdp_train.py" not in result.output
+
+
 def test_a_crashing_rule_is_named_and_exits_2(tmp_path, lintdist):
     (tmp_path / "a.py").write_text("import torch\ncrash_me()\n")
     (tmp_path / "b.py").write_text("import torch\nfoo()\n")
