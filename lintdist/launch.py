@@ -41,7 +41,7 @@ class Setting:
     path: str
     line: int
     column: int
-    spelling: str  # "yaml", "flag" or "env"
+    spelling: str  # "yaml", "flag", "env", or "launcher" (a plain `python` line: one process)
 
 
 @dataclass
@@ -129,8 +129,8 @@ def build_project(
     """Link scripts to their settings.
 
     A script named by a launch line takes that line's flags and the config it
-    names (``--config_file``); a plain ``python train.py`` line links it to no
-    settings at all (one process). A script named by several lines keeps what
+    names (``--config_file``); a plain ``python train.py`` line links it to one
+    process (``num_processes`` 1) and nothing else. A script named by several lines keeps what
     they agree on. Otherwise a config from ``accelerate-config`` in the lintdist
     configuration; otherwise the single accelerate config beside it, when the script is the one entry point of
     its folder (no other script there, helpers aside).
@@ -154,6 +154,12 @@ def build_project(
                 add_config(settings, resolve_launch_path(config_flag.value, launch_path))
             for setting in command_settings(command, launch, text, display.get(launch_path, str(launch_path))):
                 settings.set(setting)
+            if command.launcher == "python":
+                # `python train.py` runs one process (unless the script spawns its own: rules check for that)
+                line, column = line_col(text, command.script.start)
+                settings.set(
+                    Setting("num_processes", 1, display.get(launch_path, str(launch_path)), line, column, "launcher")
+                )
             key = os.path.realpath(script)
             # A script run by several launch lines keeps only what they all agree on.
             project.links[key] = settings if key not in project.links else project.links[key].common(settings)

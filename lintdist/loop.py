@@ -62,6 +62,10 @@ CE_MODULES = frozenset(
     }
 )
 CE_FUNCTIONS = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.cross_entropy"})
+# Calls that start the job's processes from inside the script.
+SPAWNS = frozenset(
+    {"torch.multiprocessing.spawn", "accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"}
+)
 DISTRIBUTED_CALLS = frozenset(
     {
         "torch.distributed.init_process_group",
@@ -812,6 +816,15 @@ class TrainingLoop:
             return True
         processes = self.settings.get("num_processes") if self.settings else None
         return processes is not None and str(processes.value).strip().isdigit() and int(processes.value) > 1
+
+    @cached_property
+    def surely_single(self) -> bool:
+        """The linked launch runs one process (`num_processes: 1`, `--num_processes 1`, a plain `python train.py`
+        line) and the script starts no processes of its own (`mp.spawn`, `notebook_launcher`)."""
+        processes = self.settings.get("num_processes") if self.settings else None
+        if processes is None or str(processes.value).strip() != "1":
+            return False
+        return not any(self.facts.callee_is(call, SPAWNS) for call in self.facts.calls)
 
     @cached_property
     def fp16(self) -> bool:

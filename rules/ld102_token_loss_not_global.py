@@ -66,7 +66,9 @@ class TokenLossNotGlobal(Rule):
     or with sure signs of several processes (a DDP/FSDP wrapper,
     `init_process_group`, a launch with `num_processes` above 1), and a warning
     when the only sign is an `Accelerator`, which single-device scripts build
-    too.
+    too. Not reported without accumulation when the linked launch runs one
+    process (`num_processes: 1`, `--num_processes 1`, a plain `python
+    train.py` line): the micro-batch mean is then the step's mean.
 
     ## Example
     ```python
@@ -409,6 +411,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         accumulating = self._accumulating(chain)
         if not (distributed or accumulating):
             return
+        if not accumulating and self.loop.surely_single:
+            return  # one process, one micro-batch per step: its own token mean is the step's mean
         # An Accelerator alone does not say the job runs on several processes (it is also used for mixed precision
         # on one device): without accumulation that is only a warning.
         certain = not chain.assumed and (accumulating or self.loop.surely_distributed)
