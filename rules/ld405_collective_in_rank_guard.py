@@ -602,8 +602,10 @@ def save(output_dir):
         facts = self.facts
         reported: set[int] = set()
         for call in facts.calls:
+            if self._collective(call) != "always":
+                continue
             branch = self._others_branch(call)
-            if branch is None or id(branch) in reported or self._collective(call) != "always":
+            if branch is None or id(branch) in reported:
                 continue
             if self._main_joins(call):
                 continue
