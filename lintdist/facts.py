@@ -73,7 +73,6 @@ STAND_INS = {
         "torch.utils.data.DataLoader(dataset, sampler=torch.utils.data.DistributedSampler(dataset, shuffle=shuffle))"
     ),
 }
-# A module whose text has none of these makes no value a stand-in can stand for (it is not parsed to find out).
 # A module whose text holds none of these makes no value another module's questions look for (an Accelerator, a
 # wrapped or prepared model, a loader), nor hands one on under the usual name: it is not parsed for them.
 VALUE_MARKERS = (
