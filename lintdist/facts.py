@@ -841,6 +841,26 @@ class PythonFacts:
                     result.append((loop, iterated))
         return result
 
+    def iterator_passes(self) -> list[tuple[Loop, cst.BaseExpression]]:
+        """Loops that pull batches with ``next(it)`` from ``it = iter(loader)`` (or ``enumerate``/``tqdm`` of it),
+        with the loader's expression: a pass over the loader that is no ``for batch in loader``."""
+        if "iterator_passes" in self._memo:
+            return self._memo["iterator_passes"]
+        result = self._memo["iterator_passes"] = []
+        for call in self.calls:
+            if get_full_name_for_node(call.func) != "next" or not call.args:
+                continue
+            loop = self.enclosing_loop(call)
+            if loop is None:
+                continue
+            for origin in self.origins(call.args[0].value, call):
+                node = origin.node
+                if isinstance(node, cst.Call) and origin.index is None and wrapped_iterable(node) is not None:
+                    inner = iterated_expression(node)
+                    if inner is not None:
+                        result.append((loop, inner))
+        return result
+
     def reaches_method(self, node: cst.CSTNode, names: frozenset[str]) -> bool:
         """A call of one of these method (or function) names runs inside ``node``, directly or via local calls."""
         return any(self.method_name(call) in names for call in self.reachable_calls(node))

@@ -324,29 +324,13 @@ for _ in range(3):
     def _passes(self) -> list[tuple[Loop, cst.BaseExpression]]:
         """Loops that walk a loader: ``for b in loader`` (through ``enumerate``/``tqdm``/``iter``), ``for b in
         wrap(loader)`` (a backend's ``distribute(...)``, any call given the loader first), and a loop that calls
-        ``next(it)`` on ``it = iter(loader)`` bound before it."""
+        ``next(it)`` on ``it = iter(loader)`` (``facts.iterator_passes``, shared with LD203)."""
         facts = self.facts
         found: list[tuple[Loop, cst.BaseExpression]] = list(facts.data_loops())
         for loop, expr in list(found):
             if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
                 found.append((loop, expr.args[0].value))
-        for call in facts.calls:
-            if get_full_name_for_node(call.func) != "next" or not call.args:
-                continue
-            loop = facts.enclosing_loop(call)
-            if loop is None:
-                continue
-            for origin in facts.origins(call.args[0].value, call):
-                node = origin.node
-                if (
-                    isinstance(node, cst.Call)
-                    and origin.index is None
-                    and get_full_name_for_node(node.func) == "iter"
-                    and node.args
-                    and all(a is not loop for a in facts.ancestors(node))  # `iter` outside: one pass per loop
-                ):
-                    found.append((loop, node.args[0].value))
-        return found
+        return found + facts.iterator_passes()
 
     def _evaluation(self, loop: Loop) -> bool:
         """The pass evaluates: it runs under ``no_grad``/``inference_mode``, after ``model.eval()`` with no

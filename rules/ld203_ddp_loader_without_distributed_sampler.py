@@ -14,7 +14,6 @@ from lintdist.facts import (
     SAMPLER_CLASSES,
     Loop,
     argument_of,
-    iterated_expression,
     wrapped_iterable,
 )
 from lintdist.model import Applicability, Fix, Severity
@@ -450,18 +449,9 @@ for x, y in loader:
         for loop, expr in facts.data_loops():
             if self._trains_everywhere(loop):
                 result.append(Use(loop, expr, stepped=False))
-        for call in facts.calls:
-            if get_full_name_for_node(call.func) != "next" or not call.args:
-                continue
-            loop = facts.enclosing_loop(call)
-            if loop is None or not self._trains_everywhere(loop):
-                continue
-            for origin in facts.origins(call.args[0].value, call):
-                node = origin.node
-                if isinstance(node, cst.Call) and origin.index is None and wrapped_iterable(node) is not None:
-                    inner = iterated_expression(node)
-                    if inner is not None:
-                        result.append(Use(loop, inner, stepped=True))
+        for loop, inner in facts.iterator_passes():
+            if self._trains_everywhere(loop):
+                result.append(Use(loop, inner, stepped=True))
         return result
 
     def _trains_everywhere(self, loop: Loop) -> bool:
