@@ -239,8 +239,11 @@ class CollectiveInRankGuard(Rule):
     condition or set-up reads the rank, when the rank-0 code can leave the
     block early, or when a name the moved code binds is read elsewhere.
     `save_state`, `save_model` and `get_state_dict` are errors when the
-    script or its launch configuration selects FSDP or DeepSpeed, warnings
-    otherwise.
+    script or its launch configuration selects FSDP or DeepSpeed (and
+    `save_state` when `ProjectConfiguration(automatic_checkpoint_naming=True)`
+    makes it wait for every rank under any backend), warnings otherwise:
+    under DDP without automatic naming, `save_state` on the main process only
+    loses the other ranks' RNG state.
 
     ## References
     - accelerate `Accelerator.save_state` (FSDP: `save_fsdp_model`; DeepSpeed:
@@ -785,7 +788,8 @@ def save(output_dir):
                 "and under any backend with `automatic_checkpoint_naming` (it calls `wait_for_everyone()`)"
             )
             tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
-            sharded = self._sharded_backend()
+            # with automatic checkpoint naming it waits for every rank whatever the backend
+            sharded = self._sharded_backend() or self._waits_for_everyone(call)
             remedy = (
                 "call it on every rank (it writes the model and optimizer files on the main process only) and keep "
                 "only the rank-0 file work (checkpoint rotation, logging, uploads) under the guard"
