@@ -681,20 +681,13 @@ def save(output_dir):
         facts = self.facts
         key = self._call_key(call)
         scope = facts.enclosing_function(call)
-        for other in facts.calls:
-            if other is call or facts.enclosing_function(other) is not scope or self._call_key(other) != key:
-                continue
-            child = other
-            for ancestor in facts.ancestors(other):
-                if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                    break
-                if isinstance(ancestor, cst.If) and (
-                    (child is ancestor.body and facts.excludes_main(ancestor.test, True))
-                    or (child is ancestor.orelse and facts.excludes_main(ancestor.test, False))
-                ):
-                    return True
-                child = ancestor
-        return False
+        return any(
+            other is not call
+            and facts.enclosing_function(other) is scope
+            and self._call_key(other) == key
+            and self._others_branch(other) is not None
+            for other in facts.calls
+        )
 
     def _call_key(self, call: cst.Call) -> str | None:
         """What makes two calls the same collective: every barrier spelling is one, otherwise the callee's name."""
