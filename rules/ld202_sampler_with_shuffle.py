@@ -465,11 +465,7 @@ loader = make_loader(dataset, sampler)
         else:
             advice = "pass `shuffle` only when there is no sampler"
             fix = None
-        error = (
-            "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
-            if keyword == "batch_sampler"
-            else "sampler option is mutually exclusive with shuffle"
-        )
+        error = _error(keyword)
         message = (
             f"`shuffle={shuffle_text}` can be true while the `{keyword}` is set"
             + (" (the distributed run)" if conditional else "")
@@ -480,11 +476,7 @@ loader = make_loader(dataset, sampler)
     def _report(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, keyword: str, kinds: set[str]) -> None:
         shuffle_text = self.context.module.code_for_node(shuffle.value)
         batched = keyword == "batch_sampler"
-        error = (
-            "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
-            if batched
-            else "sampler option is mutually exclusive with shuffle"
-        )
+        error = _error(keyword)
         may_be_none = bool(kinds & {"none", "maybe"})
         when = " whenever the sampler is not None (the distributed run)" if may_be_none else ""
         keeps_order = self._keeps_order(given.value, call, batched)
@@ -554,6 +546,13 @@ def _argument(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
                 return arg
             positional += 1
     return None
+
+
+def _error(keyword: str) -> str:
+    """The ValueError ``DataLoader.__init__`` raises for ``shuffle`` beside a sampler or a batch sampler."""
+    if keyword == "batch_sampler":
+        return "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+    return "sampler option is mutually exclusive with shuffle"
 
 
 def _full_names(facts, expr: cst.BaseExpression) -> set[str]:

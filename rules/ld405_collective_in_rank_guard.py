@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -747,14 +749,18 @@ def save(output_dir):
     def _waits_for_everyone(self, call: cst.Call) -> bool:
         """``save_state`` of an Accelerator built with ``ProjectConfiguration(automatic_checkpoint_naming=True)``:
         accelerate 1.15 calls ``wait_for_everyone()`` inside it whatever the backend."""
-        if self.facts.method_name(call) != "save_state":
-            return False
-        for other in self.facts.calls:
-            if self.facts.callee_is(other, PROJECT_CONFIGURATIONS):
-                naming = argument_of(other, "automatic_checkpoint_naming", None)
-                if naming is not None and get_full_name_for_node(naming) != "False":
-                    return True
-        return False
+        return self.facts.method_name(call) == "save_state" and self._automatic_naming
+
+    @cached_property
+    def _automatic_naming(self) -> bool:
+        """The file builds a ``ProjectConfiguration`` with automatic checkpoint naming (read once per file)."""
+        facts = self.facts
+        return any(
+            facts.callee_is(call, PROJECT_CONFIGURATIONS)
+            and (naming := argument_of(call, "automatic_checkpoint_naming", None)) is not None
+            and get_full_name_for_node(naming) != "False"
+            for call in facts.calls
+        )
 
     # -- the report -------------------------------------------------------------------------
 
