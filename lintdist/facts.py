@@ -319,7 +319,13 @@ class PythonFacts:
                 for f in self.functions.get("__init__", ())
                 if self.enclosing_class(f) is cls
             ]
-            return constructors or [f for f in self.functions.get(func.value, ()) if self.enclosing_class(f) is None]
+            if constructors:
+                return constructors
+            return [
+                f
+                for f in self.functions.get(func.value, ())
+                if self.enclosing_class(f) is None and self._name_reaches(call, func.value, f)
+            ]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"}:
             cls = self.enclosing_class(call)
             return [
@@ -341,6 +347,19 @@ class PythonFacts:
                 }
                 return [f for f in methods if id(self.enclosing_class(f)) in classes]
         return []
+
+    def _name_reaches(self, call: cst.Call, name: str, function: cst.FunctionDef) -> bool:
+        """Whether the bare ``name`` at ``call`` can mean ``function`` by Python's scoping: a function nested in
+        another is seen only inside it, and a parameter of a function between the call and the definition hides it
+        (accelerate's ``pippy_forward(forward, ...)`` calls its parameter, not the ``def forward`` of
+        ``prepare_pippy``)."""
+        owner = self.enclosing_function(function)
+        for scope in self.ancestors(call):
+            if scope is owner:
+                return True
+            if isinstance(scope, (cst.FunctionDef, cst.Lambda)) and _has_parameter(scope.params, name):
+                return False
+        return owner is None
 
     def _classes_by_name(self) -> dict[str, list[cst.ClassDef]]:
         if "classes_by_name" not in self._memo:
@@ -1256,3 +1275,8 @@ def _handing_call(facts: PythonFacts, name: cst.Name) -> tuple[cst.Call | None, 
     if isinstance(call, cst.Call) and argument.value is name:
         return call, _last_name(call.func) in MAIN_ONLY_DECORATORS
     return None, False
+
+
+def _has_parameter(params: cst.Parameters, name: str) -> bool:
+    star = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params, *star))
