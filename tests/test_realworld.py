@@ -1,0 +1,74 @@
+"""The real-world set (benchmarks/realworld.tsv) is well formed, and its scorer counts what it says it counts.
+
+The files themselves are public code fetched outside the project, so the scores are not run here; the closing
+notes and benchmarks/RESULTS.md give them."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from rules._manifest import RULES
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("realworld", ROOT / "benchmarks" / "realworld.py")
+realworld = importlib.util.module_from_spec(_spec)
+sys.modules["realworld"] = realworld  # dataclasses look their module up while the class is made
+_spec.loader.exec_module(realworld)
+
+
+def test_the_set_names_real_reports_for_known_rules() -> None:
+    cases = realworld.read_cases()
+    assert len(cases) >= 40
+    codes = {rule["code"] for rule in RULES}
+    for case in cases:
+        assert case.rule in codes, case
+        assert re.fullmatch(r"[0-9a-f]{40}", case.commit), case
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", case.repo), case
+        assert case.report.startswith("https://"), case
+        assert case.evidence.strip(), case
+    assert sum(case.expect == "bug" for case in cases) >= 30
+    assert sum(case.expect == "clean" for case in cases) >= 20
+    assert len({(c.repo, c.commit, c.path, c.rule) for c in cases}) == len(cases), "a case is listed twice"
+
+
+def test_a_malformed_row_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "set.tsv"
+    bad.write_text("\t".join(realworld.COLUMNS) + "\n" + "a/b\tabc\tx.py\tLD201\t3\tbug\thttps://x\twhy\n")
+    with pytest.raises(ValueError, match="40 hex"):
+        realworld.read_cases(bad)
+
+
+def test_scores_count_found_missed_and_false_alarms() -> None:
+    commit = "0" * 40
+    case = realworld.Case
+    cases = [
+        case("o/r", commit, "a.py", "LD201", 10, "bug", "https://r", "e"),
+        case("o/r", commit, "b.py", "LD201", 5, "bug", "https://r", "e"),
+        case("o/r", commit, "c.py", "LD201", 0, "clean", "https://r", "e"),
+        case("o/r", commit, "c.py", "LD202", 0, "clean", "https://r", "e"),
+    ]
+    finding = realworld.Finding
+    findings = {
+        f"o+r/{commit}": [
+            finding("a.py", "LD201", 12, 12),  # within the tolerance of line 10
+            finding("a.py", "LD201", 40, 40),  # another line of a bug file: listed, not scored
+            finding("b.py", "LD201", 30, 31),  # too far from line 5: missed
+            finding("c.py", "LD201", 7, 9),  # a clean file: false alarm
+            finding("c.py", "LD203", 7, 9),  # a rule the set says nothing of in that file
+        ]
+    }
+    scores, lines = realworld.score(cases, findings)
+    assert (scores["LD201"].found, scores["LD201"].missed, scores["LD201"].false_alarms) == (1, 1, 1)
+    assert scores["LD201"].recall == 0.5 and scores["LD201"].precision == 0.5
+    assert scores["LD202"].precision is None
+    assert "found (also at 40, not scored)" in lines[0]
+    assert (
+        lines[1].endswith("MISSED (also at 30, not scored)")
+        and lines[2].endswith("FALSE ALARM at 7")
+        and lines[3].endswith("clean")
+    )
