@@ -472,6 +472,10 @@ class PythonFacts:
         key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
         if key:
             found = self.bindings(key, at)
+            if found and isinstance(expr, cst.Name):
+                # `loader = repeat(loader)`: the right side reads the name's earlier value, not this binding
+                around = {id(a) for a in self.ancestors(at)} | {id(at)}
+                found = [b for b in found if id(b.value) not in around]
             if found:
                 return [o for binding in found for o in self._binding_origins(binding, depth)]
             if isinstance(expr, cst.Name):
@@ -888,7 +892,9 @@ class PythonFacts:
         """A backward pass runs inside ``node``."""
         return self.reaches_method(node, BACKWARD_METHODS)
 
-    def distributed_sampler(self, loader: cst.BaseExpression, at: cst.CSTNode) -> SamplerUse | None:
+    def distributed_sampler(
+        self, loader: cst.BaseExpression, at: cst.CSTNode, _wrappers: frozenset[int] = frozenset()
+    ) -> SamplerUse | None:
         """The shuffling ``DistributedSampler`` behind a loader expression, unless the loader was prepared
         by accelerate or Fabric (they set the epoch themselves)."""
         facts = self
@@ -900,7 +906,9 @@ class PythonFacts:
             if not isinstance(node, cst.Call) or origin.index is not None:
                 continue
             if wrapped_iterable(node) is not None:  # `progress = tqdm(loader)` ... `for batch in progress`
-                return self.distributed_sampler(wrapped_iterable(node), node)
+                if id(node) in _wrappers:  # `loader = iter(loader)`: bindings are not ordered, so it names itself
+                    continue
+                return self.distributed_sampler(wrapped_iterable(node), node, _wrappers | {id(node)})
             is_dataloader = facts.is_instance_of(node, DATALOADER_CLASSES)
             sampler_arg = argument_of(node, "sampler", 3 if is_dataloader else None)
             candidates = [sampler_arg] if sampler_arg is not None else []
