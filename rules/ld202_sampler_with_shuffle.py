@@ -43,7 +43,9 @@ class SamplerWithShuffle(Rule):
     and has no caller in the file. Not reported: a flag computed from the
     sampler or from the test that sets it (`shuffle=(sampler is None)`,
     `shuffle = is_train and sampler is None`, `shuffle=not distributed` beside
-    `DistributedSampler(ds) if distributed else None`), a helper's `shuffle`
+    `DistributedSampler(ds) if distributed else None`, a sampler built only
+    under `if not shuffle_flag:`, a branch that builds the sampler and sets
+    the flag to `False`), a helper's `shuffle`
     and `sampler` parameters that none of its calls in the file passes
     together (and that no visible call passes at all), a sampler that may come
     in through `**kwargs`, and loaders of other libraries.
@@ -389,7 +391,8 @@ loader = make_loader(dataset, sampler)
     def _coordinated(self, shuffle: cst.BaseExpression, sampler: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """``shuffle=`` is computed from the sampler or from the test that sets it (``shuffle=sampler is None``,
         ``shuffle = is_train and sampler is None`` then ``shuffle=shuffle``, ``shuffle=world == 1`` beside
-        ``sampler = DistributedSampler(ds) if world > 1 else None``): the author keeps the two apart, and
+        ``sampler = DistributedSampler(ds) if world > 1 else None``, ``if not is_shuffle: sampler = ...``, or
+        ``sampler = ...`` beside ``shuffle = False`` in one branch): the author keeps the two apart, and
         lintdist does not try to prove it."""
         facts = self.facts
         values = [shuffle, *(o.node for o in facts.origins(shuffle, at) if isinstance(o.node, cst.BaseExpression))]
@@ -397,13 +400,24 @@ loader = make_loader(dataset, sampler)
         sampler_name = get_full_name_for_node(sampler) if isinstance(sampler, (cst.Name, cst.Attribute)) else None
         if sampler_name and (sampler_name in names or any(sampler_name in _full_names(facts, v) for v in values)):
             return True
+        dotted = set().union(*(_dotted(facts, v) for v in values))
+        off = [b for name in names for b in facts.bindings(name, at) if _constant_truth(b.value) is False]
         for origin in facts.origins(sampler, at):
             parent = facts.parent(origin.node)
-            if isinstance(parent, cst.IfExp):
-                tested = {
-                    n.value for n in [*facts.within(parent.test, cst.Name), parent.test] if isinstance(n, cst.Name)
-                }
-                if tested & names:
+            if isinstance(parent, cst.IfExp) and _names_in(facts, parent.test) & names:
+                return True
+            if not isinstance(origin.node, cst.Call):
+                continue
+            # `if not is_shuffle: sampler = DistributedSampler(ds)`, or `sampler = ...` and `shuffle = False` in one block
+            for ancestor in facts.ancestors(origin.node):
+                if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                    break
+                if isinstance(ancestor, cst.If) and _dotted(facts, ancestor.test) & dotted:
+                    return True
+                branch = isinstance(ancestor, cst.IndentedBlock) and isinstance(
+                    facts.parent(ancestor), (cst.If, cst.Else)
+                )
+                if branch and any(facts.is_within(b.statement, ancestor) for b in off):
                     return True
         return False
 
@@ -553,6 +567,16 @@ def _error(keyword: str) -> str:
     if keyword == "batch_sampler":
         return "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
     return "sampler option is mutually exclusive with shuffle"
+
+
+def _names_in(facts, expr: cst.BaseExpression) -> set[str]:
+    return {n.value for n in [*facts.within(expr, cst.Name), expr] if isinstance(n, cst.Name)}
+
+
+def _dotted(facts, expr: cst.BaseExpression) -> set[str]:
+    """The whole dotted names read in ``expr`` (``config.multi_gpu``, not ``config``)."""
+    nodes = facts.within(expr, cst.Name, cst.Attribute)
+    return {get_full_name_for_node(n) or "" for n in nodes if not isinstance(facts.parent(n), cst.Attribute)} - {""}
 
 
 def _full_names(facts, expr: cst.BaseExpression) -> set[str]:
