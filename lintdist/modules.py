@@ -105,9 +105,13 @@ def resolve_module(dotted: str, importer: Path) -> Path | None:
 
 @lru_cache(maxsize=4096)
 def _bases(folder: Path) -> tuple[str, ...]:
-    """Where absolute imports of a module in ``folder`` start: its import root, the folder itself, ``src/``."""
+    """Where absolute imports of a module in ``folder`` start: its import root, the folder itself, ``src/``, and
+    for a script in no package the folder above (``python scripts/train.py`` run from the repository, which
+    imports the repository's own package: ``from transcoder.data.loader import ...``)."""
     root = import_root(folder / "__init__.py")  # the root of any module in the folder
     bases = [str(root), str(folder)]
+    if root == folder and folder.parent != folder:
+        bases.append(str(folder.parent))
     if os.path.isdir(os.path.join(root, "src")):
         bases.append(os.path.join(root, "src"))
     return tuple(dict.fromkeys(bases))

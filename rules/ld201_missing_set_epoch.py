@@ -44,8 +44,11 @@ class MissingSetEpoch(Rule):
     function of the same file, or a loop around the reported one (an inner
     loop that repeats passes within one epoch). Nor are a sampler rebuilt each
     epoch with a seed that follows the epoch, a sampler of another library
-    whose name says it keeps the order (`OrderedDistributedSampler`), and a
-    file where a callback or hook lintdist cannot follow calls `set_epoch`.
+    whose name says it keeps the order (`OrderedDistributedSampler`), a
+    file where a callback or hook lintdist cannot follow calls `set_epoch`,
+    and a loop over a wrapper of the project's own (a class or function, in
+    this module or another) that calls `set_epoch` or assigns
+    `sampler.epoch` itself, as endless loaders do at each restart.
 
     ## Example
     ```python
@@ -310,6 +313,8 @@ for _ in range(3):
             use = facts.distributed_sampler(loader, loop)
             if use is None or self._unshuffled_by_name(use) or self._evaluation(loop):
                 continue
+            if self._wrapper_tells_epoch(loader, loop):
+                continue
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
                 epoch_loops.setdefault(id(epoch_loop), (epoch_loop, use, loader_there))
         for epoch_loop, use, loader_there in epoch_loops.values():
@@ -378,6 +383,27 @@ for _ in range(3):
                     and not facts.is_within(epoch_loop, function)
                     and not facts.call_sites(function)
                 ):
+                    return True
+        return False
+
+    def _wrapper_tells_epoch(self, loader: cst.BaseExpression, loop: Loop) -> bool:
+        """The loop walks a wrapper built from the loader by a class or function of the project that tells the
+        sampler the epoch itself: calls ``set_epoch`` or assigns ``.epoch`` (bsq-vit's ``InfiniteDataLoader``
+        bumps ``loader.sampler.epoch`` each time it restarts the loader)."""
+        facts = self.facts
+        for origin in facts.origins(loader, loop):
+            node = origin.node
+            if not isinstance(node, cst.Call) or origin.index is not None:
+                continue
+            name = get_full_name_for_node(node.func) or ""
+            local = [*(c for c in facts.classes if c.name.value == name), *facts.functions.get(name, ())]
+            if any(_tells_epoch(facts, definition) for definition in local):
+                return True
+            if facts.project is None or local or not facts.imported_root(node.func):
+                continue
+            for qualified in facts.qualified_names(node.func):
+                found = facts.project.definition(qualified, ("epoch",))
+                if found is not None and _tells_epoch(*found):
                     return True
         return False
 
@@ -452,6 +478,17 @@ for _ in range(3):
                     return None, False
                 return key, helper
         return None, False
+
+
+def _tells_epoch(facts, definition: cst.CSTNode) -> bool:
+    """``set_epoch(...)`` is called, or an ``.epoch`` attribute assigned, inside ``definition``."""
+    if any(facts.method_name(call) in SET_EPOCH for call in facts.calls_within(definition)):
+        return True
+    for statement in facts.within(definition, cst.Assign, cst.AugAssign):
+        targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
+        if any(isinstance(t, cst.Attribute) and t.attr.value == "epoch" for t in targets):
+            return True
+    return False
 
 
 def _getattr_set_epoch(func: cst.BaseExpression) -> bool:

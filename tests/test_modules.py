@@ -54,6 +54,9 @@ def test_packages_src_layout_and_scripts_resolve(tmp_path):
     run = (tmp_path / "scripts/run.py").resolve()
     assert resolve_name("helpers.save", run) == ((tmp_path / "scripts/helpers.py").resolve(), "save")
     assert resolve_name("data.loaders.build", run) == ((tmp_path / "scripts/data/loaders.py").resolve(), "build")
+    # a script in no package also sees the folder above it (run from the repository): `src` here
+    assert resolve_module("src.pkg.utils", run) == (tmp_path / "src/pkg/utils/__init__.py").resolve()
+    assert resolve_module("pkg.utils", run) is None
 
 
 def test_imports_found_in_the_text_resolve_to_files(tmp_path):
