@@ -903,11 +903,21 @@ class PythonFacts:
             return None  # accelerate and Fabric loaders set the epoch themselves
         for origin in origins:
             node = origin.node
-            if not isinstance(node, cst.Call) or origin.index is not None:
+            if not isinstance(node, cst.Call) or id(node) in _wrappers:
+                continue
+            if origin.index is not None:
+                # `model, opt, loader, sched = backend.distribute(model=..., training_data=dl)`: the one loader
+                # going in is the one coming out
+                uses = [
+                    use
+                    for arg in node.args
+                    if not arg.star
+                    and (use := self.distributed_sampler(arg.value, node, _wrappers | {id(node)})) is not None
+                ]
+                if len(uses) == 1:
+                    return uses[0]
                 continue
             if wrapped_iterable(node) is not None:  # `progress = tqdm(loader)` ... `for batch in progress`
-                if id(node) in _wrappers:  # `loader = iter(loader)`: bindings are not ordered, so it names itself
-                    continue
                 return self.distributed_sampler(wrapped_iterable(node), node, _wrappers | {id(node)})
             is_dataloader = facts.is_instance_of(node, DATALOADER_CLASSES)
             sampler_arg = argument_of(node, "sampler", 3 if is_dataloader else None)

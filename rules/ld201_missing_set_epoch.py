@@ -76,7 +76,11 @@ class MissingSetEpoch(Rule):
     the epoch loop when the sampler has a name there. When it has none (it was
     built inline in `DataLoader(...)`, or in a helper), the fix calls
     `lintdist.runtime.set_epoch(loader, epoch)`, which finds the sampler, and
-    adds that import. A `while` loop is fixed when it increments an epoch
+    adds that import. A sampler name that may also hold `None` or a sampler
+    without `set_epoch` (`RandomSampler(ds) if local_rank == -1 else
+    DistributedSampler(ds)`) gets `set_epoch(sampler, epoch)` from the same
+    module, which skips what has no `set_epoch`: a plain method call would
+    raise AttributeError in the single-process run. A `while` loop is fixed when it increments an epoch
     counter (`epoch += 1`) in its body. There is no fix when the loop variable
     is `_` or a tuple, or when the sampler is rebuilt inside the loop.
 
@@ -473,7 +477,11 @@ for _ in range(3):
             key = get_full_name_for_node(expr)
             if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
                 continue
-            if any(o.node is target for o in facts.origins(expr, epoch_loop)):
+            origins = facts.origins(expr, epoch_loop)
+            if any(o.node is target for o in origins):
+                # a sampler that may be None elsewhere (`sampler = None` in the single-process branch) goes through
+                # the helper, which skips what has no `set_epoch`
+                helper = helper or any(o.node is not target for o in origins)
                 if helper and not self.context.runtime_name_free("set_epoch"):
                     return None, False
                 return key, helper
