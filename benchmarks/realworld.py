@@ -2,11 +2,13 @@
 
 The set holds references, not code: each row names a repository, a commit, a path, a rule, and either the line
 where that rule should report (``bug``) or ``clean`` (the file is right for that rule, so any finding of the rule
-in it is a false alarm). The files themselves are fetched outside the project (the search tool's ``fetch`` and
-``git show COMMIT:PATH``, or ``read_file``) into a folder laid out as ``<owner>+<name>/<commit>/<path>``; a
-row's other modules (a guard in ``main.py``, a DDP wrap in another file) sit beside it under the same commit.
+in it is a false alarm), and in ``also`` the other modules of that commit the case needs (a guard in ``main.py``,
+a DDP wrap in another file). The files live outside the project, in a folder laid out as
+``<owner>+<name>/<commit>/<path>``. ``--mirror`` writes them there from git snapshots of the repositories (the
+search tool's ``fetch`` puts one at ``<mirror>/<owner>+<name>/repo``), with the ``__init__.py`` of every package
+folder above them, as a checkout has them.
 
-    python benchmarks/realworld.py --files /tmp/realworld/files [--lintdist PATH] [--json OUT]
+    python benchmarks/realworld.py --files /tmp/realworld/files [--mirror /work/.mirror] [--lintdist PATH]
 
 Each commit folder is checked once, as a project, with every rule on (``--select ALL``). A ``bug`` row is found
 when a finding of its rule in its file starts within ``TOLERANCE`` lines of the row's line (or spans it). A false
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOLERANCE = 3
-COLUMNS = ("repo", "commit", "path", "rule", "line", "expect", "report", "evidence")
+COLUMNS = ("repo", "commit", "path", "rule", "line", "expect", "report", "evidence", "also")
 DEFAULT_SET = Path(__file__).with_name("realworld.tsv")
 
 
@@ -41,6 +43,7 @@ class Case:
     expect: str
     report: str
     evidence: str
+    also: tuple[str, ...] = ()
 
     @property
     def folder(self) -> str:
@@ -66,7 +69,7 @@ def read_cases(path: Path = DEFAULT_SET) -> list[Case]:
         for number, row in enumerate(rows, start=2):
             if len(row) != len(COLUMNS):
                 raise ValueError(f"{path}:{number}: {len(row)} columns, expected {len(COLUMNS)}")
-            case = Case(*row[:4], int(row[4]), *row[5:])  # type: ignore[arg-type]
+            case = Case(*row[:4], int(row[4]), *row[5:8], tuple(row[8].split()))  # type: ignore[arg-type]
             if (
                 len(case.commit) != 40
                 or case.expect not in ("bug", "clean")
@@ -122,6 +125,36 @@ def score(cases: list[Case], findings: dict[str, list[Finding]]) -> tuple[dict[s
     return dict(scores), lines
 
 
+def materialize(cases: list[Case], files: Path, mirror: Path) -> list[str]:
+    """Write each case's files, and the ``__init__.py`` of the package folders above them, from the git snapshots
+    under ``mirror``; returns what could not be had."""
+    missing = []
+    wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for case in cases:
+        for path in (case.path, *case.also):
+            wanted[(case.repo, case.commit)].add(path)
+            parts = Path(path).parts[:-1]
+            wanted[(case.repo, case.commit)].update(
+                str(Path(*parts[:i], "__init__.py")) for i in range(1, len(parts) + 1)
+            )
+    for (repo, commit), paths in sorted(wanted.items()):
+        git_dir = mirror / repo.replace("/", "+") / "repo"
+        for path in sorted(paths):
+            target = files / repo.replace("/", "+") / commit / path
+            if target.is_file():
+                continue
+            shown = subprocess.run(
+                ["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True, check=False
+            )
+            if shown.returncode != 0:
+                if not path.endswith("__init__.py"):  # a folder that is no package has none
+                    missing.append(f"{repo}@{commit[:10]}:{path}")
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(shown.stdout)
+    return missing
+
+
 def run_lintdist(executable: str, folder: Path) -> list[Finding]:
     """Every finding of every rule in ``folder``, checked from inside it as one project."""
     result = subprocess.run(
@@ -171,10 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=Path, required=True, help="folder of <owner>+<name>/<commit>/<path> files")
     parser.add_argument("--set", type=Path, default=DEFAULT_SET, help="the cases (default: realworld.tsv beside this)")
+    parser.add_argument("--mirror", type=Path, help="write missing files from <mirror>/<owner>+<name>/repo git dirs")
     parser.add_argument("--lintdist", default=shutil.which("lintdist") or "lintdist", help="the lintdist to score")
     parser.add_argument("--json", type=Path, help="also write the per-rule scores and per-case lines here")
     args = parser.parse_args(argv)
     cases = read_cases(args.set)
+    if args.mirror is not None:
+        for name in materialize(cases, args.files, args.mirror):
+            print(f"not in the mirror: {name}", file=sys.stderr)
     missing = sorted({c.folder + "/" + c.path for c in cases if not (args.files / c.folder / c.path).is_file()})
     if missing:
         print(f"{len(missing)} file(s) of the set are not under {args.files}, fetch them first:", file=sys.stderr)

@@ -38,7 +38,7 @@ def test_the_set_names_real_reports_for_known_rules() -> None:
 
 def test_a_malformed_row_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "set.tsv"
-    bad.write_text("\t".join(realworld.COLUMNS) + "\n" + "a/b\tabc\tx.py\tLD201\t3\tbug\thttps://x\twhy\n")
+    bad.write_text("\t".join(realworld.COLUMNS) + "\n" + "a/b\tabc\tx.py\tLD201\t3\tbug\thttps://x\twhy\t\n")
     with pytest.raises(ValueError, match="40 hex"):
         realworld.read_cases(bad)
 
