@@ -9,6 +9,7 @@ instead of re-deriving them. Everything here is read from the file's syntax inde
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -441,7 +442,10 @@ class PythonFacts:
         for owner in self._class_chain(cls):
             for base in owner.bases:
                 for qualified in self.qualified_names(base.value):
-                    definition = self.project.definition(qualified, VALUE_MARKERS)
+                    # a base module that makes a value, or assigns the attribute from a call (an imported helper
+                    # that wraps the model: LoongForge's `self.model = wrap_model(self.model, ...)`)
+                    assigned = re.compile(rf"{re.escape(key)}\s*(?::[^=\n]*)?=\s*[\w.]+\(")
+                    definition = self.project.definition(qualified, VALUE_MARKERS, assigned)
                     if definition is None or not isinstance(definition[1], cst.ClassDef):
                         continue
                     other, base_class = definition

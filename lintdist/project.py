@@ -405,16 +405,20 @@ class ProjectView:
         head = qualified.split(".", 1)[0]
         return not head or head in local_top_names(self.path)
 
-    def definition(self, qualified: str, markers: tuple[str, ...] = ()) -> tuple[PythonFacts, cst.CSTNode] | None:
-        """What ``qualified`` names in another module of the project. With ``markers``, a module that defines
-        the name itself (``def name``/``class name``/``name =`` in its text) but contains none of them is not
-        parsed: nothing there can be what the question looks for."""
+    def definition(
+        self, qualified: str, markers: tuple[str, ...] = (), pattern: re.Pattern[str] | None = None
+    ) -> tuple[PythonFacts, cst.CSTNode] | None:
+        """What ``qualified`` names in another module of the project. With ``markers`` (or ``pattern``), a module
+        that defines the name itself (``def name``/``class name``/``name =`` in its text) but contains none of
+        them (and no match) is not parsed: nothing there can be what the question looks for."""
         if not self.of_project(qualified):
             return None  # an installed library's name (`torch.nn.Module`)
-        if markers:
+        if markers or pattern is not None:
             found = defining_module(qualified, self.path, self.project._read)
-            if found is not None and not any(m in self.project._read(found[0]) for m in markers):
-                return None
+            if found is not None:
+                text = self.project._read(found[0])
+                if not any(m in text for m in markers) and (pattern is None or pattern.search(text) is None):
+                    return None
         return self.project.definition(qualified, self.path)
 
     def callers(self, name: str, markers: tuple[str, ...] = ()) -> list[Site]:
