@@ -26,7 +26,13 @@ class DoubleLossScaling(Rule):
     `accelerator.gradient_accumulation_steps`, a name that says accumulation
     (`args.gradient_accumulation_steps`, `accum_iter`), or the literal the
     Accelerator is built with. The report points at the division. It is a
-    warning, without a fix, when no setting of the steps is in sight.
+    warning, without a fix, when no setting of the steps is in sight, and
+    when the Accelerator has one step but the divisor is read from the
+    DeepSpeed config (`deepspeed_plugin.deepspeed_config[
+    "gradient_accumulation_steps"]`): under DeepSpeed the engine divides by
+    those steps itself (accelerate 1.15 `Accelerator.backward` leaves the
+    division to it), so the hand division is a second one there and the
+    only one elsewhere.
 
     ## Why is this bad?
     `accelerator.backward` already divides every loss by
@@ -254,6 +260,7 @@ for batch in loader:
                 continue
             acc = self.loop.accumulation(site.receiver, site.call)
             if acc.state == "none":
+                self._deepspeed_steps(site, statement, seen)
                 continue
             division = self.loop.accumulation_division(site.loss, statement, acc)
             if division is None or id(division.term.expr) in seen:
@@ -289,6 +296,43 @@ for batch in loader:
                 f"(`Accelerator(gradient_accumulation_steps={divisor})`) and delete the division"
             )
             self.report(node, message, severity=Severity.WARNING)
+
+    def _deepspeed_steps(self, site, statement: cst.CSTNode, seen: set[int]) -> None:
+        """An Accelerator with one step, and a loss divided by steps read from the DeepSpeed config
+        (``args.gradient_accumulation_steps = accelerator.state.deepspeed_plugin.deepspeed_config[...]``): under
+        DeepSpeed the engine's backward divides by those same steps again (accelerate's own DeepSpeed example,
+        fixed by accelerate PR 1775)."""
+        division = self.loop.accumulation_division(site.loss, statement, Accumulation("unknown"))
+        if division is None or id(division.term.expr) in seen:
+            return
+        if not any(_deepspeed_steps_read(o.node) for o in self.facts.origins(division.term.expr, statement)):
+            return
+        seen.add(id(division.term.expr))
+        divisor = _operand_text(division.term.expr)
+        where = self.facts.parent(division.term.expr)
+        node = where if isinstance(where, (cst.BinaryOperation, cst.AugAssign)) else division.term.expr
+        self.report(
+            node,
+            f"the loss is divided by `{divisor}`, the accumulation steps of the DeepSpeed config, and under DeepSpeed "
+            "the engine's backward (`accelerator.backward`) divides by the same steps again, so every optimizer step's "
+            "gradient is that many times too small; delete the division for DeepSpeed runs",
+            severity=Severity.WARNING,
+        )
+
+
+def _deepspeed_steps_read(node: cst.CSTNode) -> bool:
+    """``<...>.deepspeed_config["gradient_accumulation_steps"]`` or ``<...>.deepspeed_plugin.gradient_accumulation_steps``."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        key = (
+            index.value.evaluated_value
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
+            else None
+        )
+        return key == "gradient_accumulation_steps" and "deepspeed" in (get_full_name_for_node(node.value) or "")
+    if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
+        return "deepspeed" in (get_full_name_for_node(node.value) or "")
+    return False
 
 
 def _operand_text(expr: cst.CSTNode) -> str:
