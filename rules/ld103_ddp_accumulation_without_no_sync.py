@@ -50,7 +50,9 @@ class DdpAccumulationWithoutNoSync(Rule):
     compared with the accumulation steps, or only after an inner
     `for micro_step in range(accum_steps):` loop) when neither the forward nor
     the backward runs under `model.no_sync()` (or `lintdist.runtime.grad_sync`).
-    The report points at the backward call. When the gate is a plain modulo of
+    The report points at the backward call, or, when a helper runs the
+    backward, at the helper's call in the accumulation loop (once, however
+    many backwards the helper holds). When the gate is a plain modulo of
     the batch index, so that the last micro-batches of an epoch are never
     stepped, the message says so as well.
 
@@ -285,7 +287,7 @@ def train(ddp_model, loader, optimizer, grad_accum):
 
 train(torch.nn.parallel.DistributedDataParallel(model), loader, optimizer, 4)
 """,
-            lines=(6,),
+            lines=(13,),
             fixed="""\
 import torch.nn.parallel
 from lintdist.runtime import grad_sync
@@ -379,6 +381,7 @@ for epoch in range(epochs):
     def finish(self) -> None:
         if not self._raw_ddp():
             return
+        self._reported: set[int] = set()
         loop = self.loop
         for toggle in loop.sync_toggles:
             self._late_toggle(toggle)
@@ -619,10 +622,19 @@ for epoch in range(epochs):
         else:
             inner = pairing.inner.node
             where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
+        anchor = pairing.anchor if pairing.helpers else site.call
+        if id(anchor) in self._reported:
+            return  # one finding per call in the window, however many backwards its helper holds
+        self._reported.add(id(anchor))
         fix, model = self._fix(site, pairing)
         model_text = model or "model"
+        this = (
+            f"the backward this call runs (line {self.context.span(site.call).line})"
+            if pairing.helpers
+            else "this backward"
+        )
         message = (
-            f"DDP all-reduces the gradients in this backward on every micro-batch, but the optimizer steps only "
+            f"DDP all-reduces the gradients in {this} on every micro-batch, but the optimizer steps only "
             f"{where}; run the forward and backward of the other micro-batches under `{model_text}.no_sync()`, "
             f"e.g. `with grad_sync({model_text}, sync=<last micro-batch of the step>):` from `lintdist.runtime`"
         )
@@ -637,7 +649,7 @@ for epoch in range(epochs):
                 f"of each pass over `{_short(code(_iterated(pairing.loop)))}` are never stepped: their gradients carry "
                 "over into the next epoch's first step"
             )
-        self.report(site.call, message, fix=fix)
+        self.report(anchor, message, fix=fix)
 
     def _partial_window(self, pairing: Pairing) -> bool:
         """A plain ``(i + 1) % k == 0`` gate over a loader loop, and no optimizer step after that loop."""
