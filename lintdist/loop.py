@@ -1050,9 +1050,13 @@ class TrainingLoop:
             # A non-negative literal (`ignore_index=255`) is a segmentation void label, not token padding.
             if (
                 node.keyword is not None
-                and node.keyword.value in {"ignore_index", "label_pad_token_id"}
+                and node.keyword.value in {"ignore_index", "ignore_idx", "label_pad_token_id"}
                 and not isinstance(node.value, cst.Integer)
             ):
+                return True
+        for node in facts.index.nodes(cst.Attribute):
+            # the padding label read off a loss object (`self._loss_fn.ignore_index`, torchtune's recipes)
+            if node.attr.value == "ignore_index" and "loss" in (get_full_name_for_node(node.value) or "").lower():
                 return True
         for node in facts.calls:
             names = facts.qualified_names(node.func) | {get_full_name_for_node(node.func) or ""}
@@ -1336,6 +1340,14 @@ class TrainingLoop:
         if "loss" not in name or facts.local_functions(expr) or not self.token_evidence:
             return False
         qualified = facts.qualified_names(expr.func)
+        if not qualified and isinstance(expr.func, cst.Attribute):
+            # `self._loss_fn = config.instantiate(cfg.loss)`: a loss object built by an imported factory
+            origins = facts.origins(expr.func, expr)
+            if not origins or not all(
+                isinstance(o.node, cst.Call) and o.index is None and not facts.local_functions(o.node) for o in origins
+            ):
+                return False
+            qualified = frozenset(q for o in origins for q in facts.qualified_names(o.node.func))
         if not qualified or any(q.startswith(("torch.", "builtins.")) or "." not in q for q in qualified):
             return False  # torch's functions are read directly; a local name may hold anything
         if any(

@@ -48,7 +48,10 @@ class TokenLossNotGlobal(Rule):
     A loss returned by an imported helper that lintdist cannot read, given the
     micro-batch's `-100` labels (`loss, parts = token_loss(logits, labels)`),
     is taken for a token mean, the default of losses, and reported as a
-    warning; so is a sum of two such means (two masked views of a batch).
+    warning; so is a sum of two such means (two masked views of a batch),
+    and a loss object built by an imported factory
+    (`self._loss_fn = config.instantiate(cfg.loss)`, torchtune's recipes,
+    where the padding label is read off it as `self._loss_fn.ignore_index`).
 
     ## Why is this bad?
     `outputs.loss` and `CrossEntropyLoss()` return the mean over the
