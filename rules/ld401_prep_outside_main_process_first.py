@@ -245,7 +245,12 @@ class PrepOutsideMainProcessFirst(Rule):
     it runs (earlier in its function or before every call site), it uses
     `lintdist.runtime.main_process_first()` (exception-safe) and adds that
     import. That fix is unsafe when lintdist cannot tell whether the process
-    group exists by then. Every block adds a barrier, so a fix is offered
+    group exists by then. For a class whose constructor downloads or maps,
+    the fix wraps that call in the constructor (once, however many
+    constructions are reported), not the construction (unless the
+    construction sits in a run with other reported calls): the rest of the
+    constructor, which may decode every example into memory, then runs on
+    all ranks at once. Every block adds a barrier, so a fix is offered
     only where every rank provably reaches it: every caller of the enclosing
     function, in this file and in the project's other modules, is known and
     none sits under a rank test (a helper no visible code calls gets no fix,
@@ -527,6 +532,7 @@ with main_process_first(accelerator=accelerator):
     )
 
     def finish(self) -> None:
+        self._fixed: set[int] = set()
         framework = self._framework()
         if framework is None and self.facts.project is None:
             return
@@ -790,7 +796,17 @@ with main_process_first(accelerator=accelerator):
 
     def _report(self, group: list[_Item], run: list[cst.SimpleStatementLine] | None, framework: str) -> None:
         first = group[0]
-        plan = self._plan(first.anchor, run, framework)
+        inside = first.constructed is not None and len(group) == 1
+        if inside:
+            # order the download and the map inside the constructor, not the whole construction (which may also
+            # decode every example into memory, on the main process while the others wait, then on each of them);
+            # a construction in a run with other reported calls is wrapped with them, by one block
+            statement = self._statement(first.inner[0])
+            flagged = {id(s) for s in (self._statement(c) for c in first.inner) if s is not None}
+            run = self._run(statement, flagged) if statement is not None else None
+            plan = self._plan(first.inner[0], run, framework)
+        else:
+            plan = self._plan(first.anchor, run, framework)
         lines = [self.context.span(item.anchor).line for item in group[1:]]
         if first.constructed is not None:
             cls = get_full_name_for_node(first.anchor.func) or "the class"
@@ -815,15 +831,18 @@ with main_process_first(accelerator=accelerator):
             what += " on every rank at once"
         if plan.context is None:
             advice = plan.advice
+        elif inside:
+            advice = f"wrap that call in the constructor in `with {plan.display}:`"
         elif lines and run:
             advice = f"wrap these statements in one `with {plan.display}:` block"
         else:
             advice = f"wrap it in `with {plan.display}:`"
         fix, why_not = None, ""
-        if plan.context is not None and run:
+        if plan.context is not None and run and id(run[0]) not in self._fixed:
             reach = self.facts.all_ranks_reach(run[0])
             if reach.value is True:
                 fix = self._fix(run, plan)
+                self._fixed.add(id(run[0]))  # each construction is reported; the constructor is fixed once
             else:
                 why_not = f" (no automatic fix: {barrier_unsafe(reach)})"
         message = f"{what}: {cost}; {advice} so {ordered}{why_not}"
