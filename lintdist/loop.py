@@ -1054,6 +1054,10 @@ class TrainingLoop:
                 and not isinstance(node.value, cst.Integer)
             ):
                 return True
+        for node in facts.index.nodes(cst.Assign):
+            # targets masked with -1 by hand (`targets = torch.full(shape, -1)`, `row_targets[mask == 0] = -1`)
+            if _masks_targets(facts, node):
+                return True
         for node in facts.index.nodes(cst.Attribute):
             # the padding label read off a loss object (`self._loss_fn.ignore_index`, torchtune's recipes)
             if node.attr.value == "ignore_index" and "loss" in (get_full_name_for_node(node.value) or "").lower():
@@ -1119,6 +1123,9 @@ class TrainingLoop:
             elif isinstance(expr.operator, cst.Divide):
                 self._walk(expr.left, at, sign, chain, depth + 1)
                 self._walk(expr.right, at, -sign, chain, depth + 1)
+            elif isinstance(expr.operator, cst.FloorDivide):
+                # integer arithmetic is a factor (`grad_accum_steps = per_step // per_micro_batch`), never the loss
+                (chain.num if sign > 0 else chain.den).append(Term(expr, at))
             elif isinstance(expr.operator, cst.Add) and sign > 0:
                 # two token means added (two views of a batch, two heads) are still a per-micro-batch mean
                 left, right = Chain(), Chain()
@@ -1337,7 +1344,22 @@ class TrainingLoop:
         if not isinstance(expr, cst.Call) or not isinstance(expr.func, (cst.Name, cst.Attribute)):
             return False
         name = (get_full_name_for_node(expr.func) or "").rsplit(".", 1)[-1].lower()
-        if "loss" not in name or facts.local_functions(expr) or not self.token_evidence:
+        if facts.local_functions(expr) or not self.token_evidence:
+            return False
+        if any(
+            arg.keyword is not None and arg.keyword.value in {"reduction", "num_items_in_batch"} for arg in expr.args
+        ):
+            return False
+        if "model" in name and "loss" not in name:
+            # `loss = model(inputs, targets)`: a model whose forward returns its own loss (nanoGPT-style
+            # `forward(idx, targets)`, nanochat's `GPT`), given the micro-batch's masked targets
+            code = facts.index.module.code_for_node
+            return any(
+                any(word in code(arg.value).lower() for word in ("label", "target"))
+                for arg in expr.args
+                if not arg.star
+            )
+        if "loss" not in name:
             return False
         qualified = facts.qualified_names(expr.func)
         if not qualified and isinstance(expr.func, cst.Attribute):
@@ -1473,6 +1495,11 @@ class TrainingLoop:
                 for n in nodes
             )
             return Factor("count", gathered=bool(methods & GATHER_METHODS) or in_place, shifted=shifted)
+        own = (get_full_name_for_node(expr) or "").lower() if isinstance(expr, (cst.Name, cst.Attribute)) else ""
+        if "accum" in own:
+            # named for accumulation, whatever it is computed from (nanochat: `grad_accum_steps = target_examples_per_step
+            # // (device_batch_size * ddp_world_size)`)
+            return Factor("accum")
         # `dist.get_world_size()`, Megatron's `get_data_parallel_world_size()`, `args.dp_world_size`,
         # `accelerator.num_processes`, `int(os.environ["WORLD_SIZE"])`
         if (
@@ -1675,3 +1702,23 @@ def in_method(facts: PythonFacts, at: cst.CSTNode) -> bool:
         return False
     params = function.params.params
     return bool(params) and params[0].name.value == "self"
+
+
+def _masks_targets(facts, assign: cst.Assign) -> bool:
+    """``<label or target name>[...] = -1`` or ``<label or target name> = torch.full(shape, -1)``."""
+    names = [
+        (get_full_name_for_node(t.target.value if isinstance(t.target, cst.Subscript) else t.target) or "").lower()
+        for t in assign.targets
+    ]
+    if not any("target" in n or "label" in n for n in names):
+        return False
+    value = assign.value
+    if isinstance(value, cst.Call) and (get_full_name_for_node(value.func) or "").endswith("full"):
+        fill = keyword(value, "fill_value") or (value.args[1].value if len(value.args) > 1 else None)
+        value = fill
+    return (
+        isinstance(value, cst.UnaryOperation)
+        and isinstance(value.operator, cst.Minus)
+        and isinstance(value.expression, cst.Integer)
+        and value.expression.value in {"1", "100"}
+    )

@@ -51,7 +51,10 @@ class TokenLossNotGlobal(Rule):
     warning; so is a sum of two such means (two masked views of a batch),
     and a loss object built by an imported factory
     (`self._loss_fn = config.instantiate(cfg.loss)`, torchtune's recipes,
-    where the padding label is read off it as `self._loss_fn.ignore_index`).
+    where the padding label is read off it as `self._loss_fn.ignore_index`),
+    and a model whose forward returns its own loss, given targets masked by
+    hand (`targets[mask == 0] = -1`, then `loss = model(inputs, targets)`:
+    nanoGPT-style SFT scripts such as nanochat's).
 
     ## Why is this bad?
     `outputs.loss` and `CrossEntropyLoss()` return the mean over the
@@ -162,7 +165,8 @@ class TokenLossNotGlobal(Rule):
     # a backward call (`loss.backward(`, `accelerator.backward(`, `self.manual_backward(`), or a Trainer's
     # compute_loss / Lightning's training_step
     triggers = (re.compile(r"backward\s*\("), "compute_loss", "training_step")
-    also_triggers = (("-100", "ignore_index", "label_pad_token_id", *sorted(TOKEN_COLLATORS)),)  # token evidence
+    # token evidence; "= -1": targets masked by hand (`targets[mask == 0] = -1`)
+    also_triggers = (("-100", "ignore_index", "label_pad_token_id", "= -1", *sorted(TOKEN_COLLATORS)),)
 
     VALID = (
         Valid(
