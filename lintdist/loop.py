@@ -135,6 +135,7 @@ COUNT_NAME_HINTS = ("num_items", "num_tokens", "n_tokens", "ntokens", "token_cou
 WINDOW_METHODS = frozenset({"scale_mean", "scale_sum"})
 SCHEDULER_FACTORIES = ("get_scheduler", "schedule", "lr_scheduler", "LambdaLR", "StepLR", "CosineAnnealing", "OneCycle")
 MAX_WALK = 12
+WRAPPER_MARKERS = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "DDP(", "FSDP(")
 MAX_DEPTH = 6
 PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
 # Calls that hand back the model they are called on (or its parameters' owner): `model.to(device)`, `.train()`...
@@ -287,6 +288,7 @@ class TrainingLoop:
         self._roles: dict[int, str | None] = {}
         self._heads: dict[int, str | None] = {}
         self._factors: dict[int, Factor] = {}
+        self._totals: dict[str, list[cst.AugAssign]] | None = None
 
     @classmethod
     def of(cls, context) -> TrainingLoop:
@@ -773,7 +775,22 @@ class TrainingLoop:
                 facts.method_name(call) in {"all_reduce", "reduce", "reduce_scatter"}
                 and any(n.attr.value == "grad" for n in facts.within(call, cst.Attribute))
             )
+            or self._wraps_elsewhere(call)
         ]
+
+    def _wraps_elsewhere(self, call: cst.Call) -> bool:
+        """A function of another project module that wraps a model in DDP or FSDP (torchtune's
+        ``training.shard_model``, which calls ``fully_shard``), followed one level."""
+        facts = self.facts
+        if facts.project is None or not facts.imported_root(call.func):
+            return False
+        for qualified in facts.qualified_names(call.func):
+            found = facts.project.definition(qualified, WRAPPER_MARKERS)
+            if found is not None and isinstance(found[1], cst.FunctionDef):
+                other, function = found
+                if any(other.callee_is(inner, DDP_CLASSES) for inner in other.calls_within(function)):
+                    return True
+        return False
 
     def averages_gradients(self, node: cst.CSTNode) -> bool:
         """Gradients computed at ``node`` are averaged over ranks as far as this file tells: an averaging call at
@@ -1177,8 +1194,7 @@ class TrainingLoop:
                 self._walk(expr, binding, sign, chain, depth + 1)
                 inverse = isinstance(binding.operator, cst.DivideAssign)
                 self._walk(binding.value, binding, -sign if inverse else sign, chain, depth + 1)
-            else:
-                chain.set_base("other", expr, binding)
+            # a running total (`num_tokens += n`, `loss += part`) is no loss base: the name stays a factor
             return
         value, unpacked = binding
         if unpacked:
@@ -1543,7 +1559,21 @@ class TrainingLoop:
             for origin in facts.origins(name, at):
                 if origin.node is not name:
                     nodes.extend(self._closure(origin.node, origin.node, depth + 1))
+            if isinstance(name, cst.Name):
+                # a running total: `tokens += (labels != -100).sum()`
+                for total in self._running_totals().get(name.value, ()):
+                    if facts.enclosing_function(total) is facts.enclosing_function(at):
+                        nodes.extend(self._closure(total.value, total, depth + 1))
         return nodes
+
+    def _running_totals(self) -> dict[str, list[cst.AugAssign]]:
+        """``name += value`` statements of the file, by name."""
+        if self._totals is None:
+            self._totals = {}
+            for node in self.facts.index.nodes(cst.AugAssign):
+                if isinstance(node.operator, cst.AddAssign) and isinstance(node.target, cst.Name):
+                    self._totals.setdefault(node.target.value, []).append(node)
+        return self._totals
 
 
 # The nodes of a loss factor that ``_classify`` reads (a ``ComparisonTarget`` for its ``!=`` operator).

@@ -54,7 +54,12 @@ class TokenLossNotGlobal(Rule):
     where the padding label is read off it as `self._loss_fn.ignore_index`),
     and a model whose forward returns its own loss, given targets masked by
     hand (`targets[mask == 0] = -1`, then `loss = model(inputs, targets)`:
-    nanoGPT-style SFT scripts such as nanochat's).
+    nanoGPT-style SFT scripts such as nanochat's). A token sum whose
+    gradients are scaled after the backward (`scale_grads(model, 1 /
+    num_tokens)`, torchtune's recipes) is reported when the count is this
+    rank's only, or when it is summed over ranks but DDP/FSDP (also applied by
+    a helper of another module) already average the gradients and the scale
+    has no world-size factor (torchtune PR 2172).
 
     ## Why is this bad?
     `outputs.loss` and `CrossEntropyLoss()` return the mean over the
@@ -445,6 +450,44 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return
         if counts_den:
             self._check_normalised(chain, counts_den[0], head, receiver if accelerated else None, distributed, call)
+        elif chain.base == "sum":
+            self._check_grad_scaling(call, distributed)
+
+    def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
+        """A token-sum loss whose gradients are divided by the token count after the backward (torchtune's
+        ``training.scale_grads(model, 1 / num_tokens)``): the count must span every rank, and where DDP or FSDP
+        average the gradients over ranks the scale must also multiply by their number (torchtune PR 2172)."""
+        facts = self.facts
+        function = facts.enclosing_function(call)
+        for scale in facts.calls_within(function if function is not None else facts.index.module):
+            if "scale_grad" not in (facts.method_name(scale) or ""):
+                continue
+            for arg in scale.args:
+                value = arg.value
+                if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)):
+                    continue
+                count = Term(value.right, scale)
+                if self.loop.factor(count).kind != "count":
+                    continue
+                if not self.loop.factor(count).gathered:
+                    problem = (
+                        "by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
+                        "ranks (`dist.all_reduce`)"
+                    )
+                elif distributed and self.loop.factor(Term(value.left, scale)).kind != "world":
+                    problem = (
+                        "by the global token count, but DDP/FSDP have already averaged them over ranks: the step's "
+                        "gradient is 1/world_size of the global token mean's; scale by `world_size / num_tokens`"
+                    )
+                else:
+                    return
+                self._report_once(
+                    count.at,
+                    count.expr,
+                    f"the summed token losses' gradients are scaled {problem}; or use `TokenLossWindow.scale_sum` from "
+                    "`lintdist.runtime`",
+                )
+                return
 
     def _report_mean(
         self, call: cst.Call, chain: Chain, head: str | None, accelerated: bool, distributed: bool
