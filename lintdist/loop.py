@@ -1481,7 +1481,8 @@ class TrainingLoop:
     def _classify(self, expr: cst.BaseExpression, at: cst.CSTNode) -> Factor:
         facts = self.facts
         value = integer_literal(expr, facts, at)
-        if value is not None:
+        total = isinstance(expr, cst.Name) and expr.value in self._running_totals()
+        if value is not None and value > 0 and not total:  # `num_tokens = 0` then `num_tokens += n` is a count
             return Factor("accum", literal=value)
         nodes = self._closure(expr, at, 0)
         text = facts.index.module.code_for_node(expr).lower()

@@ -450,8 +450,20 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return
         if counts_den:
             self._check_normalised(chain, counts_den[0], head, receiver if accelerated else None, distributed, call)
+            if self._conditional(counts_den[0], call):
+                # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
+                self._check_grad_scaling(call, distributed)
         elif chain.base == "sum":
             self._check_grad_scaling(call, distributed)
+
+    def _conditional(self, term: Term, call: cst.Call) -> bool:
+        """The division by ``term`` sits in an ``if`` that does not hold the backward ``call``."""
+        facts = self.facts
+        return any(
+            isinstance(a, cst.If) and not facts.is_within(call, a)
+            for a in facts.ancestors(term.at)
+            if not isinstance(a, cst.FunctionDef)
+        ) and facts.enclosing_function(term.at) is facts.enclosing_function(call)
 
     def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
         """A token-sum loss whose gradients are divided by the token count after the backward (torchtune's
@@ -556,8 +568,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
         elif distributed and not worlds:
             problem = (
-                "divides by the global token count but is not multiplied by the number of processes, and DDP then "
-                "averages over ranks: the gradient is 1/world_size of the global token mean's; multiply by "
+                "divides by the global token count but is not multiplied by the number of processes, and DDP or FSDP then "
+                "average over ranks: the gradient is 1/world_size of the global token mean's; multiply by "
                 "`accelerator.num_processes` (or `dist.get_world_size()`)"
             )
         else:
