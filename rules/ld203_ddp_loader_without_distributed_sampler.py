@@ -531,7 +531,8 @@ for x, y in loader:
         """The dataset is iterable, or already holds one rank's part, as far as lintdist can follow it."""
         if depth > MAX_DEPTH:
             return False
-        for origin in self.facts.origins(expr, at):
+        facts = self.facts
+        for origin in facts.origins(expr, at):
             node = origin.node
             if id(node) in seen:
                 continue
@@ -544,7 +545,9 @@ for x, y in loader:
             elif isinstance(node, cst.Call):
                 if self._iterable_call(node):
                     return True
-                parts = [arg.value for arg in node.args]  # `Subset(dataset, indices)`, `ConcatDataset([a, b])`
+                # `Subset(dataset, indices)`, `ConcatDataset([a, b])`; not the device of `.to(device)`, which may be
+                # the rank's GPU (`torch.device(f"cuda:{rank}")`) without choosing any data
+                parts = [] if facts.method_name(node) in DEVICE_METHODS else [arg.value for arg in node.args]
                 if isinstance(node.func, cst.Attribute):
                     parts.append(node.func.value)  # `dataset.shard(...)`, `dataset.with_format("torch")`
             elif isinstance(node, (cst.List, cst.Tuple)):
