@@ -688,6 +688,9 @@ def save(output_dir):
             and facts.enclosing_function(other) is scope
             and self._call_key(other) == key
             and self._others_branch(other) is not None
+            # the other ranks' side must be reachable by them: under an outer main-process guard it is dead code
+            # (microsoft/Oscar's `if local_rank not in [-1, 0]: barrier()` inside `if local_rank in [-1, 0] and ...:`)
+            and facts.rank_guard(other) is None
             for other in facts.calls
         )
 
