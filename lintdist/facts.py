@@ -902,6 +902,16 @@ class PythonFacts:
         """The shuffling ``DistributedSampler`` behind a loader expression, unless the loader was prepared
         by accelerate or Fabric (they set the epoch themselves)."""
         facts = self
+        key = _string_key(loader)
+        if key is not None:
+            # `self.data_loader["train"]` of `data_loader = {"train": DataLoader(...), "dev": ...}`
+            for origin in facts.origins(loader.value, at):
+                if isinstance(origin.node, cst.Dict) and id(origin.node) not in _wrappers:
+                    for element in origin.node.elements:
+                        if isinstance(element, cst.DictElement) and _string_key_of(element.key) == key:
+                            use = self.distributed_sampler(element.value, element, _wrappers | {id(origin.node)})
+                            if use is not None:
+                                return use
         origins = facts.origins(loader, at)
         if any(facts.is_prepare_call(o.node) for o in origins):
             return None  # accelerate and Fabric loaders set the epoch themselves
@@ -1186,10 +1196,10 @@ def wrapped_iterable(call: cst.Call) -> cst.BaseExpression | None:
 
 
 def iterated_expression(expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    """``loader`` from ``loader``, ``enumerate(loader)``, ``tqdm(DataLoader(...))``..."""
+    """``loader`` from ``loader``, ``enumerate(loader)``, ``tqdm(DataLoader(...))``, ``loaders["train"]``..."""
     while isinstance(expr, cst.Call) and wrapped_iterable(expr) is not None:
         expr = wrapped_iterable(expr)
-    return expr if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)) else None
+    return expr if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else None
 
 
 def _last_name_lower(expr: cst.BaseExpression) -> str:
@@ -1302,3 +1312,17 @@ def _handing_call(facts: PythonFacts, name: cst.Name) -> tuple[cst.Call | None, 
 def _has_parameter(params: cst.Parameters, name: str) -> bool:
     star = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
     return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params, *star))
+
+
+def _string_key(expr: cst.BaseExpression) -> str | None:
+    """``"train"`` of ``loaders["train"]``."""
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        return _string_key_of(expr.slice[0].slice.value)
+    return None
+
+
+def _string_key_of(expr: cst.BaseExpression | None) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
