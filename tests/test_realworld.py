@@ -36,6 +36,13 @@ def test_the_set_names_real_reports_for_known_rules() -> None:
     assert len({(c.repo, c.commit, c.path, c.rule) for c in cases}) == len(cases), "a case is listed twice"
 
 
+def test_the_held_out_set_shares_no_repository_with_the_set() -> None:
+    """realworld_holdout.tsv was collected after the rules were tuned on realworld.tsv, from other repositories."""
+    held_out = realworld.read_cases(ROOT / "benchmarks" / "realworld_holdout.tsv")
+    assert len(held_out) >= 10
+    assert {c.repo for c in held_out}.isdisjoint({c.repo for c in realworld.read_cases()})
+
+
 def test_a_malformed_row_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "set.tsv"
     bad.write_text("\t".join(realworld.COLUMNS) + "\n" + "a/b\tabc\tx.py\tLD201\t3\tbug\thttps://x\twhy\t\n")
