@@ -15,7 +15,7 @@ from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
-FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "deepspeed")
+FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
 # What turns DDP's all-reduce off or on, however it is spelled: seeing one near the loop means the script manages it.
 SYNC_ATTRIBUTES = frozenset(
     {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync", "no_backward_sync", "grad_sync"}
@@ -50,6 +50,11 @@ class DdpAccumulationWithoutNoSync(Rule):
     compared with the accumulation steps, or only after an inner
     `for micro_step in range(accum_steps):` loop) when neither the forward nor
     the backward runs under `model.no_sync()` (or `lintdist.runtime.grad_sync`).
+    The model may be wrapped in the file or by a helper of another project
+    module (`model, optimizer = wrap_for_run(...)` whose function builds the
+    `DistributedDataParallel`); a script that also runs under DeepSpeed is
+    reported on its plain `backward` path only (the engine's
+    `model.backward` manages its own accumulation).
     The report points at the backward call, or, when a helper runs the
     backward, at the helper's call in the accumulation loop (once, however
     many backwards the helper holds). When the gate is a plain modulo of
@@ -449,11 +454,13 @@ for epoch in range(epochs):
     # -- scope ---------------------------------------------------------------------------------
 
     def _raw_ddp(self) -> bool:
-        """The file wraps a model in DistributedDataParallel and hands the loop to no framework."""
+        """The file wraps a model in DistributedDataParallel (itself, or through a helper of another project
+        module) and hands the loop to no framework."""
         facts = self.facts
         if (
             not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models())
             and not self._ddp_passed_in()
+            and not self._ddp_elsewhere()
         ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
@@ -461,6 +468,23 @@ for epoch in range(epochs):
         if any(not facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
             return False  # FSDP in the same file: its no_sync is LD104's concern
         return not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
+
+    def _ddp_elsewhere(self) -> bool:
+        """A function of another project module called here wraps a model in DistributedDataParallel
+        (h2o-llmstudio's ``wrap_model_distributed``)."""
+        facts = self.facts
+        if facts.project is None:
+            return False
+        for call in facts.calls:
+            if not facts.imported_root(call.func) or facts.local_functions(call):
+                continue
+            for qualified in facts.qualified_names(call.func):
+                found = facts.project.definition(qualified, ("DistributedDataParallel", "DDP("))
+                if found is not None and isinstance(found[1], cst.FunctionDef):
+                    other, function = found
+                    if any(other.callee_is(inner, DDP_WRAPPERS) for inner in other.calls_within(function)):
+                        return True
+        return False
 
     def _ddp_passed_in(self) -> bool:
         """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
