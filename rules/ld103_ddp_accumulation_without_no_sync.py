@@ -460,7 +460,7 @@ for epoch in range(epochs):
         if (
             not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models())
             and not self._ddp_passed_in()
-            and not self._ddp_elsewhere()
+            and not (self._accumulates_by_hand() and self._ddp_elsewhere())
         ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
@@ -468,6 +468,12 @@ for epoch in range(epochs):
         if any(not facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
             return False  # FSDP in the same file: its no_sync is LD104's concern
         return not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
+
+    def _accumulates_by_hand(self) -> bool:
+        """A plain backward and an optimizer step under an accumulation gate: what is worth asking other modules
+        about (most files of a library have neither)."""
+        raw = [site for site in self.loop.backward_sites if site.kind in RAW_BACKWARDS]
+        return bool(raw) and (bool(self._gated_steps()) or any(self._inner_pairing(site) for site in raw))
 
     def _ddp_elsewhere(self) -> bool:
         """A function of another project module called here wraps a model in DistributedDataParallel
