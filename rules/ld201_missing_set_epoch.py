@@ -80,9 +80,10 @@ class MissingSetEpoch(Rule):
     without `set_epoch` (`RandomSampler(ds) if local_rank == -1 else
     DistributedSampler(ds)`) gets `set_epoch(sampler, epoch)` from the same
     module, which skips what has no `set_epoch`: a plain method call would
-    raise AttributeError in the single-process run. A `while` loop is fixed when it increments an epoch
-    counter (`epoch += 1`) in its body. There is no fix when the loop variable
-    is `_` or a tuple, or when the sampler is rebuilt inside the loop.
+    raise AttributeError in the single-process run. A `while` loop is fixed
+    when it increments an epoch counter (`epoch += 1`) in its body. There is
+    no fix when the loop variable is `_` or a tuple, or when the sampler is
+    rebuilt inside the loop.
 
     ## References
     - `torch.utils.data.distributed.DistributedSampler` docstring: "calling the
