@@ -902,13 +902,13 @@ class PythonFacts:
         """The shuffling ``DistributedSampler`` behind a loader expression, unless the loader was prepared
         by accelerate or Fabric (they set the epoch themselves)."""
         facts = self
-        key = _string_key(loader)
+        key = string_key(loader)
         if key is not None:
             # `self.data_loader["train"]` of `data_loader = {"train": DataLoader(...), "dev": ...}`
             for origin in facts.origins(loader.value, at):
                 if isinstance(origin.node, cst.Dict) and id(origin.node) not in _wrappers:
                     for element in origin.node.elements:
-                        if isinstance(element, cst.DictElement) and _string_key_of(element.key) == key:
+                        if isinstance(element, cst.DictElement) and string_value(element.key) == key:
                             use = self.distributed_sampler(element.value, element, _wrappers | {id(origin.node)})
                             if use is not None:
                                 return use
@@ -1314,14 +1314,15 @@ def _has_parameter(params: cst.Parameters, name: str) -> bool:
     return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params, *star))
 
 
-def _string_key(expr: cst.BaseExpression) -> str | None:
+def string_key(expr: cst.BaseExpression) -> str | None:
     """``"train"`` of ``loaders["train"]``."""
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-        return _string_key_of(expr.slice[0].slice.value)
+        return string_value(expr.slice[0].slice.value)
     return None
 
 
-def _string_key_of(expr: cst.BaseExpression | None) -> str | None:
+def string_value(expr: cst.BaseExpression | None) -> str | None:
+    """The text of a plain string literal (not bytes), else None."""
     if isinstance(expr, cst.SimpleString):
         value = expr.evaluated_value
         return value if isinstance(value, str) else None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DATALOADER_CLASSES, DDP_CLASSES, PythonFacts, argument_of
+from lintdist.facts import DATALOADER_CLASSES, DDP_CLASSES, PythonFacts, argument_of, string_key, string_value
 
 # The dictionary keys of a batch these facts track.
 TRACKED_KEYS = frozenset({"labels", "shift_labels", "input_ids"})
@@ -376,12 +376,12 @@ class LabelFacts:
         for node in facts.index.nodes(cst.Dict):
             for element in node.elements:
                 if isinstance(element, cst.DictElement):
-                    key = _string(element.key)
+                    key = string_value(element.key)
                     if key in TRACKED_KEYS:
                         self._add(LabelStore(key, element.value, element, facts.enclosing_function(node), None))
         for statement in facts.index.nodes(cst.Assign):
             for target in statement.targets:
-                key = _string_key(target.target)
+                key = string_key(target.target)
                 if key in TRACKED_KEYS:
                     container = get_full_name_for_node(target.target.value)
                     function = facts.enclosing_function(statement)
@@ -469,7 +469,7 @@ class LabelFacts:
             if form is not None and form[0] == "shift":
                 cut = self._cut_beside(expr, form[1])
                 return [Shift(expr, cut)] if cut is not None else []
-            if _string_key(expr) == "labels":  # batch["labels"] of a batch built elsewhere
+            if string_key(expr) == "labels":  # batch["labels"] of a batch built elsewhere
                 return self._built_shifts(self.builders(expr.value, at, depth + 1), depth)
             return []
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
@@ -837,27 +837,13 @@ class LabelFacts:
                 padding = _keyword(call, "padding")
                 if padding is None:
                     continue
-                if _string(padding) != "max_length" or _keyword(call, "max_length") is None:
+                if string_value(padding) != "max_length" or _keyword(call, "max_length") is None:
                     return False
                 found = True
         return found
 
 
 # -- small helpers -----------------------------------------------------------------------------------
-
-
-def _string(expr: cst.BaseExpression | None) -> str | None:
-    if isinstance(expr, cst.SimpleString):
-        value = expr.evaluated_value
-        return value if isinstance(value, str) else None
-    return None
-
-
-def _string_key(expr: cst.BaseExpression) -> str | None:
-    """``x["labels"]`` -> "labels"."""
-    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-        return _string(expr.slice[0].slice.value)
-    return None
 
 
 def _key(function: cst.CSTNode | None) -> int:
