@@ -1060,6 +1060,20 @@ class PythonFacts:
             return True
         return any(not self.local_classes().get(part, set()).isdisjoint(classes) for part in last_parts)
 
+    def wraps_in_another_module(self, call: cst.Call, classes: frozenset[str], markers: tuple[str, ...]) -> bool:
+        """``call`` runs a function of another project module that wraps a model in one of ``classes`` itself
+        (torchtune's ``training.shard_model`` calls ``fully_shard``; h2o-llmstudio's ``wrap_model_distributed``
+        builds the ``DistributedDataParallel``), followed one level; ``markers`` spare modules that cannot."""
+        if self.project is None or not self.imported_root(call.func) or self.local_functions(call):
+            return False
+        for qualified in self.qualified_names(call.func):
+            found = self.project.definition(qualified, markers)
+            if found is not None and isinstance(found[1], cst.FunctionDef):
+                other, function = found
+                if any(other.callee_is(inner, classes) for inner in other.calls_within(function)):
+                    return True
+        return False
+
     def wrapped_models(self) -> list[cst.Call]:
         """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""
         if "wrapped_models" not in self._memo:

@@ -775,22 +775,8 @@ class TrainingLoop:
                 facts.method_name(call) in {"all_reduce", "reduce", "reduce_scatter"}
                 and any(n.attr.value == "grad" for n in facts.within(call, cst.Attribute))
             )
-            or self._wraps_elsewhere(call)
+            or facts.wraps_in_another_module(call, DDP_CLASSES, WRAPPER_MARKERS)
         ]
-
-    def _wraps_elsewhere(self, call: cst.Call) -> bool:
-        """A function of another project module that wraps a model in DDP or FSDP (torchtune's
-        ``training.shard_model``, which calls ``fully_shard``), followed one level."""
-        facts = self.facts
-        if facts.project is None or not facts.imported_root(call.func):
-            return False
-        for qualified in facts.qualified_names(call.func):
-            found = facts.project.definition(qualified, WRAPPER_MARKERS)
-            if found is not None and isinstance(found[1], cst.FunctionDef):
-                other, function = found
-                if any(other.callee_is(inner, DDP_CLASSES) for inner in other.calls_within(function)):
-                    return True
-        return False
 
     def averages_gradients(self, node: cst.CSTNode) -> bool:
         """Gradients computed at ``node`` are averaged over ranks as far as this file tells: an averaging call at

@@ -479,18 +479,8 @@ for epoch in range(epochs):
         """A function of another project module called here wraps a model in DistributedDataParallel
         (h2o-llmstudio's ``wrap_model_distributed``)."""
         facts = self.facts
-        if facts.project is None:
-            return False
-        for call in facts.calls:
-            if not facts.imported_root(call.func) or facts.local_functions(call):
-                continue
-            for qualified in facts.qualified_names(call.func):
-                found = facts.project.definition(qualified, ("DistributedDataParallel", "DDP("))
-                if found is not None and isinstance(found[1], cst.FunctionDef):
-                    other, function = found
-                    if any(other.callee_is(inner, DDP_WRAPPERS) for inner in other.calls_within(function)):
-                        return True
-        return False
+        markers = ("DistributedDataParallel", "DDP(")
+        return any(facts.wraps_in_another_module(call, DDP_WRAPPERS, markers) for call in facts.calls)
 
     def _ddp_passed_in(self) -> bool:
         """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
