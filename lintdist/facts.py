@@ -478,8 +478,7 @@ class PythonFacts:
             found = self.bindings(key, at)
             if found and isinstance(expr, cst.Name):
                 # `loader = repeat(loader)`: the right side reads the name's earlier value, not this binding
-                around = {id(a) for a in self.ancestors(at)} | {id(at)}
-                found = [b for b in found if id(b.value) not in around]
+                found = [b for b in found if b.value is not at and not self.is_within(at, b.value)]
             if found:
                 return [o for binding in found for o in self._binding_origins(binding, depth)]
             if isinstance(expr, cst.Name):
