@@ -60,6 +60,35 @@ def without_argument(call: cst.Call, dropped: cst.Arg) -> cst.Call | None:
 # -- deleting a division of the loss ----------------------------------------------------------------
 
 
+def with_arg_changes(call: cst.Call, changes: dict[int, cst.Arg | None]) -> cst.Call:
+    """The call with some arguments replaced (by id) or dropped (None), keeping the comma layout."""
+    args = []
+    for arg in call.args:
+        if id(arg) in changes:
+            if changes[id(arg)] is not None:
+                args.append(changes[id(arg)])
+        else:
+            args.append(arg)
+    if args and call.args and changes.get(id(call.args[-1]), call.args[-1]) is None:
+        # the last argument went: its comma (or the lack of one) moves to the new last argument
+        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
+    return call.with_changes(args=args)
+
+
+def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with a new keyword argument ``name=value`` first, spaced as the call's arguments are."""
+    new_arg = cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if call.args:
+        spacing = call.whitespace_before_args
+        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
+        new_arg = new_arg.with_changes(comma=cst.Comma(whitespace_after=after))
+    return call.with_changes(args=(new_arg, *call.args))
+
+
 def remove_division(
     facts: PythonFacts, division: Division, site: cst.Call, new_call: cst.Call | None = None
 ) -> tuple[Replacements | None, str]:

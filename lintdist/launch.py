@@ -1,20 +1,43 @@
-"""One table of launch settings, whichever of the four spellings said them, and the project pass.
+"""One table of launch settings, whichever spelling said them, their edits, and the project pass.
 
-A setting (``fsdp_version``, ``use_orig_params``...) can be written as a plugin
-keyword, an accelerate config YAML key, an ``accelerate launch`` flag or an
-``FSDP_*`` environment variable. The code-side spelling is read by rules from
-the facts; the other three are normalised here into ``Setting``s that remember
-the file and position that said them, so a rule reports at the right place.
+A setting (``fsdp_version``, ``cp_size``, ``gradient_accumulation_steps``...) can be
+written as a plugin keyword in code, an accelerate config YAML key, an ``accelerate
+launch`` flag (either spelling) or an environment variable. Each spelling is
+normalised here into ``Setting``s that remember the file, the position and the
+words that said them, so a rule reports at the right place and repairs the setting
+in its own spelling with one call (``edit_setting``, ``add_setting``): YAML edits
+touch only the key's line (comments, order and quoting of the rest are kept),
+shell edits keep continuations and quoting, Python edits are keyword edits
+(``lintdist.edits``).
+
+Precedence, as accelerate 1.15 applies it: a plugin built in code wins over a
+launch flag, a flag over an environment variable, and a variable over the YAML
+config (``PRECEDENCE``); a plugin built in code without a keyword reads the
+launcher's ``FSDP_*``/``ACCELERATE_*`` environment, so it inherits the launch's value.
 The project pass links each script to the configs and launch lines that run it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lintdist.sources import ConfigDocument, LaunchCommand, LaunchFile, line_col
+from lintdist.model import TextEdit
+from lintdist.sources import (
+    ConfigDocument,
+    LaunchCommand,
+    LaunchFile,
+    SourceError,
+    Token,
+    line_col,
+    parse_config,
+    read_source,
+)
+
+# Lowest first: a later spelling overrides an earlier one.
+PRECEDENCE = ("default-config", "yaml", "env", "flag", "python")
 
 ENV_NAMES = {
     "ACCELERATE_USE_FSDP": "use_fsdp",
@@ -36,12 +59,19 @@ BACKEND_FLAGS = (
 
 @dataclass(frozen=True)
 class Setting:
-    name: str
+    """One setting as one file says it, with what an edit in its own spelling needs."""
+
+    name: str  # normalised: the flag name (``fsdp_use_orig_params``, ``parallelism_config_cp_size``)
     value: object
     path: str
     line: int
     column: int
-    spelling: str  # "yaml", "flag", "env", or "launcher" (a plain `python` line: one process)
+    spelling: str  # "yaml", "flag", "env", "python", or "launcher" (a plain `python` line: one process)
+    raw: str = ""  # as written: the YAML key, the flag word's name, the variable, the keyword
+    keys: tuple[str, ...] = ()  # YAML: the key path (``("fsdp_config", "fsdp_version")``)
+    token: Token | None = None  # flag or environment word (``--fsdp_version``, ``FSDP_VERSION=2``)
+    value_token: Token | None = None  # a flag's value given as the next word
+    editable: bool = True  # False for a key of a flow mapping (``{a: 1}``) or one merged from an anchor
 
 
 @dataclass
@@ -79,32 +109,300 @@ class LaunchSettings:
         return tuple(sorted((k, repr(s.value), s.path, s.line, s.column) for k, s in self.values.items()))
 
 
+# Nested sections of an accelerate config and the prefix the launcher gives their keys (``launch.py``:
+# ``defaults.fsdp_config.x`` becomes ``args.fsdp_x``); ``parallelism_config`` keys are copied as written.
+SECTION_PREFIX = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}
+SECTIONS = (*SECTION_PREFIX, "deepspeed_config", "parallelism_config")
+
+
+def section_key(section: str, key: str) -> str:
+    prefix = SECTION_PREFIX.get(section, "")
+    return key if key.startswith(prefix) else f"{prefix}{key}"
+
+
 def config_settings(document: ConfigDocument, path: str) -> list[Setting]:
-    """Settings of an accelerate config; ``fsdp_config`` keys get the ``fsdp_`` prefix as the launcher adds it."""
+    """Settings of an accelerate config, nested keys named as the launcher names them."""
     if document.flavour != "accelerate":
         return []
     result = []
     for key, value in document.data.items():
-        if key in {"fsdp_config", "deepspeed_config"} and isinstance(value, dict):
+        if key in SECTIONS and isinstance(value, dict):
+            flow = bool(getattr(getattr(value, "fa", None), "flow_style", lambda: False)())
             for inner, inner_value in value.items():
-                name = inner if key == "deepspeed_config" or inner.startswith("fsdp_") else f"fsdp_{inner}"
-                line, column = document.key_position(key, inner) or (1, 1)
-                result.append(Setting(name, inner_value, path, line, column, "yaml"))
+                position = document.key_position(key, inner)
+                line, column = position or (1, 1)
+                result.append(
+                    Setting(
+                        section_key(key, str(inner)),
+                        inner_value,
+                        path,
+                        line,
+                        column,
+                        "yaml",
+                        raw=str(inner),
+                        keys=(key, str(inner)),
+                        editable=position is not None and not flow,
+                    )
+                )
         else:
-            line, column = document.key_position(key) or (1, 1)
-            result.append(Setting(str(key), value, path, line, column, "yaml"))
+            position = document.key_position(key)
+            line, column = position or (1, 1)
+            result.append(
+                Setting(
+                    str(key), value, path, line, column, "yaml", raw=str(key), keys=(str(key),), editable=bool(position)
+                )
+            )
     return result
 
 
 def command_settings(command: LaunchCommand, launch: LaunchFile, text: str, path: str) -> list[Setting]:
+    """The environment and flags of one launch line; later entries override earlier ones."""
     result = []
     for name, value, token in [*launch.exports, *command.env]:
         normalised = ENV_NAMES.get(name) or (name.lower() if name.startswith("FSDP_") else None)
         if normalised:
-            result.append(Setting(normalised, value, path, *line_col(text, token.start), "env"))
+            result.append(Setting(normalised, value, path, *line_col(text, token.start), "env", raw=name, token=token))
     for flag in command.flags:
-        result.append(Setting(flag.name, flag.value, path, *line_col(text, flag.token.start), "flag"))
+        written = flag.token.text.lstrip("-").partition("=")[0]
+        result.append(
+            Setting(
+                flag.name,
+                flag.value,
+                path,
+                *line_col(text, flag.token.start),
+                "flag",
+                raw=written,
+                token=flag.token,
+                value_token=flag.value_token,
+            )
+        )
     return result
+
+
+# `accelerate launch` flags that pick a backend other than FSDP (`--cpu` runs no FSDP launcher either).
+OTHER_BACKEND_FLAGS = frozenset({"multi_gpu", "use_deepspeed", "use_megatron_lm", "tpu", "cpu"})
+
+
+def linked_config(command: LaunchCommand, launch_path: Path) -> tuple[ConfigDocument | None, str]:
+    """The accelerate config a launch line names with ``--config_file`` (parsed), and its path as written."""
+    flag = next((f for f in reversed(command.flags) if f.name == "config_file" and f.value), None)
+    if flag is None:
+        return None, ""
+    try:
+        return parse_config(read_source(resolve_launch_path(flag.value, launch_path), "config").text), flag.value
+    except SourceError:
+        return None, flag.value
+
+
+def launcher_owns_env(command: LaunchCommand | None, document: ConfigDocument | None) -> bool:
+    """``accelerate launch`` running FSDP re-exports every ``FSDP_*`` variable from its own flags and
+    config, so the shell's values never reach the script."""
+    return command is not None and command.launcher == "accelerate" and accelerate_runs_fsdp(command, document)
+
+
+def accelerate_runs_fsdp(command: LaunchCommand, document: ConfigDocument | None) -> bool | None:
+    """Whether an ``accelerate launch`` line runs FSDP; None when only a default config file could tell.
+
+    As in ``_validate_launch_command``: a backend flag decides, else the named config's ``distributed_type``.
+    """
+    switches = {f.name for f in command.flags if str(f.value).lower() in {"none", "true", "1"}}
+    if "use_fsdp" in switches:
+        return True
+    if switches & OTHER_BACKEND_FLAGS:
+        return False
+    if document is not None and document.flavour == "accelerate":
+        return str(document.data.get("distributed_type", "")).upper() == "FSDP"
+    return None
+
+
+def launched_version(settings: LaunchSettings | None) -> Setting | None:
+    """The ``FSDP_VERSION`` a script's plugin reads from its environment, where the launch spelled it.
+
+    ``accelerate launch`` exports it only when it runs FSDP (YAML or flag), and then
+    overwrites any value exported by the shell; a shell export reaches the script
+    only under other launchers.
+    """
+    if settings is None:
+        return None
+    version = settings.get("fsdp_version")
+    backend = settings.distributed_type
+    if version is None:
+        return None
+    launcher_fsdp = backend is not None and backend.spelling != "env" and str(backend.value).upper() == "FSDP"
+    if version.spelling == "env":
+        return None if launcher_fsdp else version
+    return version if launcher_fsdp else None
+
+
+def nothing_launched(settings: LaunchSettings | None) -> bool:
+    """No spelling of the FSDP version anywhere: accelerate's default, 1."""
+    return settings is None or settings.get("fsdp_version") is None
+
+
+# -- edits in each setting's own spelling ------------------------------------------------------------
+
+
+def render(value: object) -> str:
+    """A value as YAML, a flag and a variable write it (``true``, ``2``, ``FULL_SHARD``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def edit_setting(
+    text: str, setting: Setting, *, remove: bool = False, value: object = None, rename: str | None = None
+) -> tuple[TextEdit, ...]:
+    """The edits that delete ``setting`` or give it a new value (under the normalised name ``rename``), in
+    the file and spelling that said it. Empty where that cannot be done cleanly; Python keywords are edited
+    as nodes (``lintdist.edits``), not here."""
+    if setting.spelling == "yaml":
+        return _yaml_edit(text, setting, remove, value, rename)
+    if setting.spelling == "flag" and setting.token is not None:
+        return _flag_edit(text, setting, remove, value, rename)
+    if setting.spelling == "env" and setting.token is not None:
+        if remove:
+            return (remove_words(text, setting.token.start, setting.token.end),)
+        name = rename.upper() if rename else setting.raw
+        return (TextEdit(setting.token.start, setting.token.end, f"{name}={render(value)}"),)
+    return ()
+
+
+def add_setting(text: str, beside: Setting, name: str, value: object, *, before: bool = False) -> tuple[TextEdit, ...]:
+    """A new setting ``name`` written right after ``beside`` (a YAML key: or right before it), in its spelling:
+    a YAML key of the same mapping and indentation, a flag in the same style, a variable on the same command."""
+    if beside.spelling == "yaml":
+        entry = key_line(text, beside.line) if beside.editable else None
+        if entry is None:
+            return ()
+        key = name if len(beside.keys) < 2 else _yaml_name(beside, name)
+        indent = text[entry.start : entry.key[0]]
+        newline = "\r\n" if text.startswith("\r", entry.end) else "\n"
+        if before:
+            return (TextEdit(entry.start, entry.start, f"{indent}{key}: {render(value)}{newline}"),)
+        return (TextEdit(entry.end, entry.end, f"{newline}{indent}{key}: {render(value)}"),)
+    if beside.spelling == "flag" and beside.token is not None:
+        end = beside.value_token.end if beside.value_token is not None else beside.token.end
+        return (TextEdit(end, end, f" {flag_spelling(beside.token, name)} {render(value)}"),)
+    if beside.spelling == "env" and beside.token is not None:
+        return (TextEdit(beside.token.end, beside.token.end, f" {name.upper()}={render(value)}"),)
+    return ()
+
+
+def setting_span(text: str, setting: Setting):
+    """The span a finding about ``setting`` covers: the key and its value, or the flag and its value word."""
+    from lintdist.model import Span
+
+    if setting.token is not None:
+        end = setting.value_token.end if setting.value_token is not None else setting.token.end
+        return Span(*line_col(text, setting.token.start), *line_col(text, end))
+    entry = key_line(text, setting.line) if setting.spelling == "yaml" else None
+    end = entry.value[1] - entry.start + 1 if entry else setting.column + len(setting.raw or setting.name)
+    return Span(setting.line, setting.column, setting.line, end)
+
+
+def _yaml_name(setting: Setting, name: str) -> str:
+    """A normalised name as this mapping writes its keys: ``fsdp_config`` keys with or without the prefix."""
+    prefix = SECTION_PREFIX.get(setting.keys[0], "")
+    return name if setting.raw.startswith(prefix) else name.removeprefix(prefix)
+
+
+def _yaml_edit(text: str, setting: Setting, remove: bool, value: object, rename: str | None) -> tuple[TextEdit, ...]:
+    entry = key_line(text, setting.line) if setting.editable else None
+    if entry is None:
+        return ()
+    if remove:
+        return (TextEdit(entry.start, entry.next_line, ""),)
+    if rename:
+        name = _yaml_name(setting, rename) if len(setting.keys) > 1 else rename
+        colon = text[entry.key[1] : entry.value[0]]
+        return (TextEdit(entry.key[0], entry.value[1], f"{name}{colon}{render(value)}"),)
+    return (TextEdit(entry.value[0], entry.value[1], render(value)),)
+
+
+def _flag_edit(text: str, setting: Setting, remove: bool, value: object, rename: str | None) -> tuple[TextEdit, ...]:
+    token, value_token = setting.token, setting.value_token
+    if remove:
+        return (remove_words(text, token.start, value_token.end if value_token is not None else token.end),)
+    name = flag_spelling(token, rename) if rename else None
+    if value_token is None:  # --name=value (or a bare switch, which gets its value the same way)
+        head = name or token.text.partition("=")[0]
+        return (TextEdit(token.start, token.end, f"{head}={render(value)}"),)
+    edits = [TextEdit(value_token.start, value_token.end, render(value))]
+    if name:
+        edits.append(TextEdit(token.start, token.end, name))
+    return tuple(edits)
+
+
+# YAML text: one ``key: value`` line.
+KEY_LINE = re.compile(
+    r"(?P<indent>[ \t]*)(?P<key>[^\s:#][^:#\r\n]*?)(?P<colon>[ \t]*:[ \t]*)(?P<value>[^#\r\n]*?)[ \t]*(?:#[^\r\n]*)?$"
+)
+
+
+@dataclass(frozen=True)
+class KeyLine:
+    """Offsets of one ``key: value`` line of a YAML text (the end excludes the line break)."""
+
+    start: int
+    end: int
+    next_line: int
+    key: tuple[int, int]
+    value: tuple[int, int]
+
+
+def key_line(text: str, line: int) -> KeyLine | None:
+    """The ``key: scalar`` on a 1-based line, or None when it is not a simple one-line entry."""
+    start = 0
+    for _ in range(line - 1):
+        start = text.find("\n", start) + 1
+        if start == 0:
+            return None
+    end = text.find("\n", start)
+    next_line = len(text) if end < 0 else end + 1
+    end = len(text) if end < 0 else end
+    if text[start:end].endswith("\r"):
+        end -= 1
+    match = KEY_LINE.fullmatch(text, start, end)
+    if match is None or not match["value"].strip() or match["value"].strip()[0] in "{[|>&*!":
+        return None
+    return KeyLine(start, end, next_line, match.span("key"), match.span("value"))
+
+
+# Shell text: `export ` right before a word, as its own command (the start of the line or after `;`/`&&`),
+# and the list separators after which the next command starts.
+LONE_EXPORT = re.compile(r"(?:^[ \t]*|[ \t]*(?:;|&&)[ \t]*)(export)[ \t]+$")
+LIST_SEPARATOR = re.compile(r"(?:;|&&)[ \t]*")
+
+
+def remove_words(text: str, start: int, end: int) -> TextEdit:
+    """Delete the shell words in [start, end) with one neighbouring separator.
+
+    A word alone on a continued line (``  --flag value \\``) takes its whole line, so the
+    command keeps its shape; ``export NAME=1`` alone on a line goes entirely, and so does
+    ``export NAME=1;`` among other commands (a bare ``export`` would print the environment).
+    """
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    before, after = text[line_start:start], text[end:line_end].rstrip("\r")
+    alone = before.strip() in {"", "export"} and after.strip() in {"", "\\"}
+    if alone:
+        return TextEdit(line_start, min(line_end + 1, len(text)), "")
+    if (export := LONE_EXPORT.search(before)) is not None:
+        rest = after.lstrip(" \t")
+        if (separator := LIST_SEPARATOR.match(rest)) is not None:  # `export NAME=1; next`
+            return TextEdit(line_start + export.start(1), end + len(after) - len(rest) + separator.end(), "")
+        if not rest.strip("\\ \t") and export[0].lstrip(" \t")[:1] in {";", "&"}:  # `cmd; export NAME=1`
+            return TextEdit(line_start + export.start(), end, "")
+    trailing = len(after) - len(after.lstrip(" \t"))
+    if trailing and after.strip():
+        return TextEdit(start, end + trailing, "")
+    leading = len(before) - len(before.rstrip(" \t"))
+    return TextEdit(start - leading, end, "")
+
+
+def flag_spelling(token: Token, name: str) -> str:
+    """``--name`` written in the token's style (underscores or dashes)."""
+    dashed = "-" in token.text.lstrip("-").partition("=")[0]
+    return "--" + (name.replace("_", "-") if dashed else name)
 
 
 @dataclass

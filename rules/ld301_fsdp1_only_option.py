@@ -9,26 +9,33 @@ for its conversion, so the two rules can never disagree about a converted file.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import libcst as cst
 
+from lintdist.edits import with_arg_changes
 from lintdist.facts import PythonFacts, argument_of
-from lintdist.launch import LaunchSettings, Setting, resolve_launch_path
-from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
+from lintdist.launch import (
+    LaunchSettings,
+    Setting,
+    accelerate_runs_fsdp,
+    command_settings,
+    config_settings,
+    edit_setting,
+    flag_spelling,
+    launched_version,
+    launcher_owns_env,
+    linked_config,
+    nothing_launched,
+    setting_span,
+)
+from lintdist.model import Applicability, Fix, Severity, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sources import (
     ConfigDocument,
     LaunchCommand,
     LaunchFile,
-    SourceError,
-    Token,
-    line_col,
-    parse_config,
-    read_source,
 )
 
 PLUGIN_CLASSES = frozenset(
@@ -64,9 +71,6 @@ RESHARD_FOR = {
 }
 # What accelerate's str_to_bool accepts.
 BOOL_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
-
-# `accelerate launch` flags that pick a backend other than FSDP (`--cpu` runs no FSDP launcher either).
-OTHER_BACKEND_FLAGS = frozenset({"multi_gpu", "use_deepspeed", "use_megatron_lm", "tpu", "cpu"})
 
 # Launch-side options (normalised to the flag name) that FSDP2 ignores, and why.
 IGNORED_LAUNCH_OPTIONS = {
@@ -219,74 +223,6 @@ def _truthy_in_launcher(options: dict[str, object]) -> bool:
     return bool(options.get("fsdp_cpu_ram_efficient_loading", "true"))
 
 
-# -- YAML text edits -------------------------------------------------------------------------
-
-KEY_LINE = re.compile(
-    r"(?P<indent>[ \t]*)(?P<key>[^\s:#][^:#\r\n]*?)(?P<colon>[ \t]*:[ \t]*)(?P<value>[^#\r\n]*?)[ \t]*(?:#[^\r\n]*)?$"
-)
-
-
-@dataclass(frozen=True)
-class KeyLine:
-    """Offsets of one ``key: value`` line of a YAML text (the end excludes the line break)."""
-
-    start: int
-    end: int
-    next_line: int
-    key: tuple[int, int]
-    value: tuple[int, int]
-
-
-def key_line(text: str, line: int) -> KeyLine | None:
-    """The ``key: scalar`` on a 1-based line, or None when it is not a simple one-line entry."""
-    start = 0
-    for _ in range(line - 1):
-        start = text.find("\n", start) + 1
-        if start == 0:
-            return None
-    end = text.find("\n", start)
-    next_line = len(text) if end < 0 else end + 1
-    end = len(text) if end < 0 else end
-    if text[start:end].endswith("\r"):
-        end -= 1
-    match = KEY_LINE.fullmatch(text, start, end)
-    if match is None or not match["value"].strip() or match["value"].strip()[0] in "{[|>&*!":
-        return None
-    return KeyLine(start, end, next_line, match.span("key"), match.span("value"))
-
-
-def key_position(document: ConfigDocument, *keys: str) -> tuple[int, int] | None:
-    """A key's line and column; None for a key merged in from an anchor (``<<: *base``), which has none here."""
-    try:
-        return document.key_position(*keys)
-    except KeyError:  # ruamel keeps positions for a mapping's own keys only
-        return None
-
-
-def yaml_span(text: str, document: ConfigDocument, keys: tuple[str, ...]) -> Span:
-    """The span of a key and its value on its line."""
-    line, column = key_position(document, *keys) or (1, 1)
-    entry = key_line(text, line)
-    end = entry.value[1] - entry.start + 1 if entry else column + len(keys[-1])
-    return Span(line, column, line, end)
-
-
-def yaml_edits(text: str, document: ConfigDocument, section: str, raw: str, problem: Problem) -> tuple[TextEdit, ...]:
-    """The edits that repair one ``fsdp_config`` key; empty when the key is not a simple one-line entry."""
-    position = key_position(document, section, raw)
-    entry = key_line(text, position[0]) if position else None
-    if entry is None or not problem.fixable or document.data[section].fa.flow_style():
-        return ()  # a flow mapping (`{a: 1, b: 2}`) shares its lines: a line edit could break it
-    if problem.remove:
-        return (TextEdit(entry.start, entry.next_line, ""),)
-    value = str(problem.value).lower()
-    if problem.rename:
-        name = problem.rename if raw.startswith("fsdp_") else problem.rename.removeprefix("fsdp_")
-        colon = text[entry.key[1] : entry.value[0]]
-        return (TextEdit(entry.key[0], entry.value[1], f"{name}{colon}{value}"),)
-    return (TextEdit(entry.value[0], entry.value[1], value),)
-
-
 def fsdp_section(document: ConfigDocument | None) -> dict | None:
     """The ``fsdp_config`` mapping of an accelerate config that runs FSDP, else None.
 
@@ -300,6 +236,11 @@ def fsdp_section(document: ConfigDocument | None) -> dict | None:
     return section if isinstance(section, dict) and backend == "FSDP" else None
 
 
+def config_options(document: ConfigDocument | None) -> dict[str, object]:
+    section = fsdp_section(document)
+    return {normalised_key(str(k)): v for k, v in section.items()} if section else {}
+
+
 def config_version(section: dict) -> object:
     """The ``fsdp_version`` of an ``fsdp_config`` mapping (either spelling of the key), or None."""
     for key, value in section.items():
@@ -308,116 +249,26 @@ def config_version(section: dict) -> object:
     return None
 
 
-# -- launch-file text edits -----------------------------------------------------------------------
-
-
-# `export ` right before a word, as its own command (the start of the line or after `;`/`&&`), and
-# the list separators after which the next command starts.
-LONE_EXPORT = re.compile(r"(?:^[ \t]*|[ \t]*(?:;|&&)[ \t]*)(export)[ \t]+$")
-LIST_SEPARATOR = re.compile(r"(?:;|&&)[ \t]*")
-
-
-def remove_words(text: str, start: int, end: int) -> TextEdit:
-    """Delete the shell words in [start, end) with one neighbouring separator.
-
-    A word alone on a continued line (``  --flag value \\``) takes its whole line, so the
-    command keeps its shape; ``export NAME=1`` alone on a line goes entirely, and so does
-    ``export NAME=1;`` among other commands (a bare ``export`` would print the environment).
-    """
-    line_start = text.rfind("\n", 0, start) + 1
-    line_end = text.find("\n", end)
-    line_end = len(text) if line_end < 0 else line_end
-    before, after = text[line_start:start], text[end:line_end].rstrip("\r")
-    alone = before.strip() in {"", "export"} and after.strip() in {"", "\\"}
-    if alone:
-        return TextEdit(line_start, min(line_end + 1, len(text)), "")
-    if (export := LONE_EXPORT.search(before)) is not None:
-        rest = after.lstrip(" \t")
-        if (separator := LIST_SEPARATOR.match(rest)) is not None:  # `export NAME=1; next`
-            return TextEdit(line_start + export.start(1), end + len(after) - len(rest) + separator.end(), "")
-        if not rest.strip("\\ \t") and export[0].lstrip(" \t")[:1] in {";", "&"}:  # `cmd; export NAME=1`
-            return TextEdit(line_start + export.start(), end, "")
-    trailing = len(after) - len(after.lstrip(" \t"))
-    if trailing and after.strip():
-        return TextEdit(start, end + trailing, "")
-    leading = len(before) - len(before.rstrip(" \t"))
-    return TextEdit(start - leading, end, "")
-
-
-def flag_end(flag) -> int:
-    return flag.value_token.end if flag.value_token is not None else flag.token.end
-
-
-def flag_spelling(token: Token, name: str) -> str:
-    """``--name`` written in the token's style (underscores or dashes)."""
-    dashed = "-" in token.text.lstrip("-").partition("=")[0]
-    return "--" + (name.replace("_", "-") if dashed else name)
-
-
-def flag_edits(text: str, flag, problem: Problem) -> tuple[TextEdit, ...]:
+def repair(text: str, setting: Setting, problem: Problem) -> tuple[TextEdit, ...]:
+    """The edits that repair one option in its own spelling; empty when there is no repair or it cannot be made."""
     if not problem.fixable:
         return ()
-    if problem.remove:
-        return (remove_words(text, flag.token.start, flag_end(flag)),)
-    value = str(problem.value).lower()
-    name = flag_spelling(flag.token, problem.rename) if problem.rename else None
-    if flag.value_token is None:  # --name=value
-        head = name or flag.token.text.partition("=")[0]
-        return (TextEdit(flag.token.start, flag.token.end, f"{head}={value}"),)
-    edits = [TextEdit(flag.value_token.start, flag.value_token.end, value)]
-    if name:
-        edits.append(TextEdit(flag.token.start, flag.token.end, name))
-    return tuple(edits)
+    return edit_setting(text, setting, remove=problem.remove, value=problem.value, rename=problem.rename)
 
 
-def env_edits(text: str, token: Token, problem: Problem) -> tuple[TextEdit, ...]:
-    if not problem.fixable:
-        return ()
-    if problem.remove:
-        return (remove_words(text, token.start, token.end),)
-    name = problem.rename.upper() if problem.rename else token.text.partition("=")[0]
-    return (TextEdit(token.start, token.end, f"{name}={str(problem.value).lower()}"),)
+def fsdp_config_settings(document: ConfigDocument, path: str) -> dict[str, Setting]:
+    """The ``fsdp_config`` keys of a config as settings, by normalised name; keys merged in from an anchor
+    (``<<: *base``) are left out: other sections may share them, so they are the user's to change."""
+    return {
+        s.name: s
+        for s in config_settings(document, path)
+        if s.keys[:1] == ("fsdp_config",) and document.key_position(*s.keys) is not None
+    }
 
 
-def linked_config(command: LaunchCommand, launch_path: Path) -> tuple[ConfigDocument | None, str]:
-    """The accelerate config a launch line names with ``--config_file`` (parsed), and its path as written."""
-    flag = next((f for f in reversed(command.flags) if f.name == "config_file" and f.value), None)
-    if flag is None:
-        return None, ""
-    try:
-        return parse_config(read_source(resolve_launch_path(flag.value, launch_path), "config").text), flag.value
-    except SourceError:
-        return None, flag.value
-
-
-def config_options(document: ConfigDocument | None) -> dict[str, object]:
-    section = fsdp_section(document)
-    return {normalised_key(str(k)): v for k, v in section.items()} if section else {}
-
-
-def command_env(launch: LaunchFile, command: LaunchCommand | None) -> list[tuple[str, str, Token]]:
-    return [*launch.exports, *(command.env if command else ())]
-
-
-def launcher_owns_env(command: LaunchCommand | None, document: ConfigDocument | None) -> bool:
-    """``accelerate launch`` running FSDP re-exports every ``FSDP_*`` variable from its own flags and
-    config, so the shell's values never reach the script."""
-    return command is not None and command.launcher == "accelerate" and accelerate_runs_fsdp(command, document)
-
-
-def accelerate_runs_fsdp(command: LaunchCommand, document: ConfigDocument | None) -> bool | None:
-    """Whether an ``accelerate launch`` line runs FSDP; None when only a default config file could tell.
-
-    As in ``_validate_launch_command``: a backend flag decides, else the named config's ``distributed_type``.
-    """
-    switches = {f.name for f in command.flags if str(f.value).lower() in {"none", "true", "1"}}
-    if "use_fsdp" in switches:
-        return True
-    if switches & OTHER_BACKEND_FLAGS:
-        return False
-    if document is not None and document.flavour == "accelerate":
-        return str(document.data.get("distributed_type", "")).upper() == "FSDP"
-    return None
+def launch_settings(text: str, launch: LaunchFile, command: LaunchCommand | None, path: str) -> list[Setting]:
+    """The environment and flags of a launch line (the file's exports alone where it has no command)."""
+    return command_settings(command or LaunchCommand("none"), launch, text, path)
 
 
 # -- the Python plugin ------------------------------------------------------------------------
@@ -598,21 +449,6 @@ def _offload_flag(call: cst.Call) -> bool | None:
     return value if isinstance(value, bool) and len(call.args) == 1 else None
 
 
-def with_arg_changes(call: cst.Call, changes: dict[int, cst.Arg | None]) -> cst.Call:
-    """The call with some arguments replaced (by id) or dropped (None), keeping the comma layout."""
-    args = []
-    for arg in call.args:
-        if id(arg) in changes:
-            if changes[id(arg)] is not None:
-                args.append(changes[id(arg)])
-        else:
-            args.append(arg)
-    if args and call.args and changes.get(id(call.args[-1]), call.args[-1]) is None:
-        # the last argument went: its comma (or the lack of one) moves to the new last argument
-        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
-    return call.with_changes(args=args)
-
-
 def plugin_version(
     facts: PythonFacts, call: cst.Call, settings: LaunchSettings | None, source: str
 ) -> tuple[int | None, Setting | None]:
@@ -633,33 +469,9 @@ def plugin_version(
         return None, None
     setting = launched_version(settings)
     if setting is None:
-        return (1, None) if _nothing_launched(settings) else (None, None)
+        return (1, None) if nothing_launched(settings) else (None, None)
     version = str(setting.value).strip()
     return (int(version) if version in {"1", "2"} else None), setting
-
-
-def launched_version(settings: LaunchSettings | None) -> Setting | None:
-    """The ``FSDP_VERSION`` a script's plugin reads from its environment, where the launch spelled it.
-
-    ``accelerate launch`` exports it only when it runs FSDP (YAML or flag), and then
-    overwrites any value exported by the shell; a shell export reaches the script
-    only under other launchers.
-    """
-    if settings is None:
-        return None
-    version = settings.get("fsdp_version")
-    backend = settings.distributed_type
-    if version is None:
-        return None
-    launcher_fsdp = backend is not None and backend.spelling != "env" and str(backend.value).upper() == "FSDP"
-    if version.spelling == "env":
-        return None if launcher_fsdp else version
-    return version if launcher_fsdp else None
-
-
-def _nothing_launched(settings: LaunchSettings | None) -> bool:
-    """No spelling of the FSDP version anywhere: accelerate's default, 1."""
-    return settings is None or settings.get("fsdp_version") is None
 
 
 # -- the rule ---------------------------------------------------------------------------------------
@@ -928,21 +740,8 @@ torchrun --nproc_per_node 2 train.py
         section = fsdp_section(document)
         if section is None or str(config_version(section)).strip() != "2":
             return
-        raw = {normalised_key(str(k)): str(k) for k in section}
-        options = {name: section[key] for name, key in raw.items()}
-        text = self.context.text
-        for problem in judge_launch_options(options, raw.__getitem__, yaml=True):
-            key = raw[problem.name]
-            if key_position(document, "fsdp_config", key) is None:
-                continue  # merged in from an anchor that other sections may share: left to the user
-            edits = yaml_edits(text, document, "fsdp_config", key, problem)
-            self.report(
-                None,
-                problem.message,
-                fix=_text_fix(problem, edits),
-                severity=problem.severity,
-                span=yaml_span(text, document, ("fsdp_config", key)),
-            )
+        settings = fsdp_config_settings(document, self.context.display_name)
+        self._report_settings(settings, {name: s.raw for name, s in settings.items()}.get, yaml=True)
 
     # -- launch files -----------------------------------------------------------------------------
 
@@ -951,58 +750,57 @@ torchrun --nproc_per_node 2 train.py
         reported: set[int] = set()
         for command in launch.commands or [None]:
             document, config_name = (None, "") if command is None else linked_config(command, self.context.path)
-            config = config_options(document)
+            settings = launch_settings(self.context.text, launch, command, self.context.display_name)
             # FSDP flags do nothing on a line that runs another backend
             accelerate = command is not None and command.launcher == "accelerate"
             if accelerate and accelerate_runs_fsdp(command, document) is not False:
-                self._check_flags(command, config, config_name, reported)
+                flags = {s.name: s for s in settings if s.spelling == "flag" and s.name.startswith("fsdp_")}
+                self._check_flags(flags, config_options(document), config_name, reported)
             if not launcher_owns_env(command, document):
-                self._check_env(command_env(launch, command), reported)
+                env = {s.name: s for s in settings if s.spelling == "env" and s.raw.startswith("FSDP_")}
+                if str(env.get("fsdp_version", Setting("", None, "", 0, 0, "")).value).strip() == "2":
+                    self._report_settings(env, str.upper, yaml=False, reported=reported)
 
-    def _check_flags(self, command: LaunchCommand, config: dict, config_name: str, reported: set[int]) -> None:
-        flags = {f.name: f for f in command.flags if f.name.startswith("fsdp_")}
+    def _check_flags(self, flags: dict[str, Setting], config: dict, config_name: str, reported: set[int]) -> None:
         version = flags["fsdp_version"].value if "fsdp_version" in flags else config.get("fsdp_version")
         if str(version).strip() != "2":
             return
         origin = "" if "fsdp_version" in flags else f" (FSDP2 comes from {config_name})"
+        # the config's keys join the judgement (a flag may conflict with one) but are reported in the config
         options = {**config, **{name: flag.value for name, flag in flags.items()}}
         spelled = {name: flag_spelling(flag.token, name) for name, flag in flags.items()}
-        for problem in judge_launch_options(options, lambda n: spelled.get(n, n), yaml=False):
-            flag = flags.get(problem.name)
-            if flag is None or flag.token.start in reported or not problem.certain:
-                continue  # a config key: reported in the config itself
-            reported.add(flag.token.start)
-            edits = flag_edits(self.context.text, flag, problem)
+        self._report_settings(
+            flags, lambda n: spelled.get(n, n), yaml=False, reported=reported, origin=origin, options=options
+        )
+
+    def _report_settings(
+        self,
+        settings: dict[str, Setting],
+        written,
+        *,
+        yaml: bool,
+        reported: set[int] | None = None,
+        origin: str = "",
+        options: dict[str, object] | None = None,
+    ) -> None:
+        """Judge the options these settings say and report each problem at its setting, with its repair."""
+        options = options if options is not None else {name: s.value for name, s in settings.items()}
+        text = self.context.text
+        for problem in judge_launch_options(options, written, yaml=yaml):
+            setting = settings.get(problem.name)
+            if setting is None or not problem.certain:
+                continue
+            if reported is not None:
+                if setting.token.start in reported:
+                    continue
+                reported.add(setting.token.start)
             self.report(
                 None,
                 problem.message + origin,
-                fix=_text_fix(problem, edits),
+                fix=_text_fix(problem, repair(text, setting, problem)),
                 severity=problem.severity,
-                span=self._span(flag.token.start, flag_end(flag)),
+                span=setting_span(text, setting),
             )
-
-    def _check_env(self, env: list[tuple[str, str, Token]], reported: set[int]) -> None:
-        variables = {name.lower(): (value, token) for name, value, token in env if name.startswith("FSDP_")}
-        version = variables.get("fsdp_version", (None, None))[0]
-        if str(version).strip() != "2":
-            return
-        options = {name: value for name, (value, _) in variables.items()}
-        for problem in judge_launch_options(options, str.upper, yaml=False):
-            token = variables[problem.name][1]
-            if token.start in reported or not problem.certain:
-                continue
-            reported.add(token.start)
-            edits = env_edits(self.context.text, token, problem)
-            self.report(
-                None,
-                problem.message,
-                fix=_text_fix(problem, edits),
-                severity=problem.severity,
-                span=self._span(token.start, token.end),
-            )
-
-    def _span(self, start: int, end: int) -> Span:
-        return Span(*line_col(self.context.text, start), *line_col(self.context.text, end))
 
 
 def _text_fix(problem: Problem, edits: tuple[TextEdit, ...]) -> Fix | None:

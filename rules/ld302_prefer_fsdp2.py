@@ -9,31 +9,32 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.launch import Setting
+from lintdist.edits import with_arg_changes, with_keyword
+from lintdist.launch import (
+    Setting,
+    accelerate_runs_fsdp,
+    add_setting,
+    command_settings,
+    edit_setting,
+    linked_config,
+    setting_span,
+)
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.rules.ld301_fsdp1_only_option import (
     PLUGIN_CLASSES,
-    accelerate_runs_fsdp,
     config_options,
     config_version,
-    flag_edits,
-    flag_end,
-    flag_spelling,
+    fsdp_config_settings,
     fsdp_section,
     judge_launch_options,
     judge_plugin,
-    key_line,
-    key_position,
     known_value,
-    linked_config,
     normalised_key,
     plugin_version,
-    with_arg_changes,
-    yaml_edits,
-    yaml_span,
+    repair,
 )
-from lintdist.sources import LaunchCommand, line_col
+from lintdist.sources import LaunchCommand
 
 RAW_FSDP = frozenset(
     {
@@ -258,19 +259,7 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         if version_arg is not None:
             changes[id(version_arg)] = version_arg.with_changes(value=two)
             return _python_fix(call, with_arg_changes(call, changes))
-        converted = with_arg_changes(call, changes)
-        new_arg = cst.Arg(
-            keyword=cst.Name("fsdp_version"),
-            value=two,
-            equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-            ),
-        )
-        if converted.args:
-            spacing = call.whitespace_before_args
-            after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-            new_arg = new_arg.with_changes(comma=cst.Comma(whitespace_after=after))
-        return _python_fix(call, converted.with_changes(args=(new_arg, *converted.args)))
+        return _python_fix(call, with_keyword(with_arg_changes(call, changes), "fsdp_version", two))
 
     def _unreadable(self, arg: cst.Arg) -> bool:
         """An option whose FSDP1 value may be invalid under FSDP2, given as something lintdist cannot read."""
@@ -292,52 +281,65 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         version = config_version(section) if section is not None else None
         if version is not None and str(version).strip() != "1":
             return
-        raw = {normalised_key(str(k)): str(k) for k in section or {}}
-        if "fsdp_version" in raw:
-            where, message = ("fsdp_config", raw["fsdp_version"]), "This config runs FSDP1 (`fsdp_version: 1`)"
+        settings = fsdp_config_settings(document, self.context.display_name)
+        if "fsdp_version" in settings:
+            where, message = settings["fsdp_version"], "This config runs FSDP1 (`fsdp_version: 1`)"
         elif section is not None:
-            where, message = ("fsdp_config",), "This config runs FSDP1 (no `fsdp_version`, so 1)"
+            where, message = self._top_key("fsdp_config"), "This config runs FSDP1 (no `fsdp_version`, so 1)"
         else:
-            where, message = ("distributed_type",), "This config runs FSDP1 (no `fsdp_config`, so version 1)"
+            where, message = (
+                self._top_key("distributed_type"),
+                "This config runs FSDP1 (no `fsdp_config`, so version 1)",
+            )
         message = f"{message}. {WHY}; set `fsdp_version: 2` (`accelerate to-fsdp2 --config_file ...` converts the rest)"
-        self.report(None, message, fix=self._config_fix(section, raw), span=yaml_span(text, document, where))
+        fix = self._config_fix(section, settings) if where is not None else None
+        span = setting_span(text, where) if where is not None else Span(1, 1, 1, 1)
+        self.report(None, message, fix=fix, span=span)
 
-    def _config_fix(self, section: dict | None, raw: dict[str, str]) -> Fix | None:
+    def _top_key(self, key: str) -> Setting | None:
+        position = self.context.config.key_position(key)
+        if position is None:
+            return None
+        return Setting(key, None, self.context.display_name, *position, "yaml", raw=key, keys=(key,))
+
+    def _config_fix(self, section: dict | None, settings: dict[str, Setting]) -> Fix | None:
         document, text = self.context.config, self.context.text
-        options = {name: section[key] for name, key in raw.items()} if section is not None else {}
+        # every key joins the judgement; one merged in from an anchor has no setting here, so no repair
+        options = {normalised_key(str(k)): v for k, v in (section or {}).items()}
         edits: list[TextEdit] = []
-        for problem in judge_launch_options(options, raw.get, yaml=True):
-            repair = yaml_edits(text, document, "fsdp_config", raw[problem.name], problem)
-            if not repair:
+        for problem in judge_launch_options(options, lambda n: settings[n].raw if n in settings else n, yaml=True):
+            edit = repair(text, settings[problem.name], problem) if problem.name in settings else ()
+            if not edit:
                 return None
-            edits.extend(repair)
-        if "fsdp_version" in raw:
-            position = key_position(document, "fsdp_config", raw["fsdp_version"])
-            entry = key_line(text, position[0]) if position else None
-            if entry is None:
+            edits.extend(edit)
+        if "fsdp_version" in settings:
+            edit = edit_setting(text, settings["fsdp_version"], value=2)
+            if not edit:
                 return None
-            edits.append(TextEdit(entry.value[0], entry.value[1], "2"))
-            return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=tuple(edits))
+            return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=(*edits, *edit))
         if section is None and "fsdp_config" in document.data:
             return None  # `fsdp_config:` with no mapping: a second key would be a duplicate
-        anchor = "fsdp_config" if section is not None else "distributed_type"
-        line = (key_position(document, anchor) or (0, 0))[0]
-        own = [p for p in (key_position(document, "fsdp_config", str(k)) for k in section or ()) if p]
-        if not line or (section is not None and (not own or section.fa.flow_style())):
-            return None  # merged in from an anchor, or an empty or flow-style mapping: leave it to the user
+        if section is not None:
+            # the version goes first in the mapping, in the style of its first key
+            first = next((s for s in settings.values() if s.editable), None)
+            if first is None or section.fa.flow_style():
+                return None  # merged in from an anchor, or an empty or flow-style mapping: leave it to the user
+            addition = add_setting(text, first, "fsdp_version", 2, before=True)
+            return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=(*edits, *addition)) if addition else None
+        line = (document.key_position("distributed_type") or (0, 0))[0]
+        if not line:
+            return None
         end_of_line = _line_end(text, line)
         newline = "\r\n" if text.startswith("\r", end_of_line) else "\n"
-        if section is None:
-            addition = f"{newline}fsdp_config:{newline}  fsdp_version: 2"
-        else:
-            addition = f"{newline}{' ' * (own[0][1] - 1)}fsdp_version: 2"
-        edits.append(TextEdit(end_of_line, end_of_line, addition))
+        edits.append(TextEdit(end_of_line, end_of_line, f"{newline}fsdp_config:{newline}  fsdp_version: 2"))
         return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=tuple(edits))
 
     # -- launch files -----------------------------------------------------------------------------
 
     def _check_command(self, command: LaunchCommand) -> None:
-        flags = {f.name: f for f in command.flags}
+        text = self.context.text
+        settings = command_settings(command, self.context.launch, text, self.context.display_name)
+        flags = {s.name: s for s in settings if s.spelling == "flag"}
         use_fsdp = flags.get("use_fsdp")
         version_flag = flags.get("fsdp_version")
         document, _ = linked_config(command, self.context.path)
@@ -347,40 +349,35 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         if version_flag is not None:
             if str(version_flag.value).strip() != "1":
                 return
-            where, said = version_flag, f"`{flag_spelling(version_flag.token, 'fsdp_version')} 1`"
+            where, said = version_flag, f"`--{version_flag.raw} 1`"
         elif use_fsdp is not None and use_fsdp.value is None and "fsdp_version" not in config:
             where, said = use_fsdp, "no `--fsdp_version`, so 1"
         else:
             return  # the config says the version, and its own check reports it
         message = f"This launch runs FSDP1 ({said}). {WHY}; pass `--fsdp_version 2`"
-        span = Span(*line_col(self.context.text, where.token.start), *line_col(self.context.text, flag_end(where)))
-        self.report(None, message, fix=self._command_fix(command, config, use_fsdp, version_flag), span=span)
+        fix = self._command_fix(flags, config, use_fsdp, version_flag)
+        self.report(None, message, fix=fix, span=setting_span(text, where))
 
-    def _command_fix(self, command: LaunchCommand, config: dict, use_fsdp, version_flag) -> Fix | None:
+    def _command_fix(self, flags: dict[str, Setting], config: dict, use_fsdp, version_flag) -> Fix | None:
         text = self.context.text
-        flags = {f.name: f for f in command.flags if f.name.startswith("fsdp_")}
-        options = {**config, **{name: flag.value for name, flag in flags.items()}}
+        fsdp_flags = {name: s for name, s in flags.items() if name.startswith("fsdp_")}
+        options = {**config, **{name: flag.value for name, flag in fsdp_flags.items()}}
         edits: list[TextEdit] = []
         for problem in judge_launch_options(options, lambda n: n, yaml=False):
-            flag = flags.get(problem.name)
+            flag = fsdp_flags.get(problem.name)
             if flag is None:
                 # A key of the linked config: converting the config is that file's fix. Converting only
                 # this line would run the config's FSDP1 options under FSDP2 (or leave it for other lines).
                 return None
-            repair = flag_edits(text, flag, problem)
-            if not repair:
+            edit = repair(text, flag, problem)
+            if not edit:
                 return None
-            edits.extend(repair)
+            edits.extend(edit)
         if version_flag is not None:
-            if version_flag.value_token is not None:
-                edits.append(TextEdit(version_flag.value_token.start, version_flag.value_token.end, "2"))
-            else:
-                head = version_flag.token.text.partition("=")[0]
-                edits.append(TextEdit(version_flag.token.start, version_flag.token.end, f"{head}=2"))
+            edits.extend(edit_setting(text, version_flag, value=2))
         else:
-            flag_text = flag_spelling(use_fsdp.token, "fsdp_version")
             # inserted last: an edit that starts at the same offset must be applied first
-            edits.append(TextEdit(use_fsdp.token.end, use_fsdp.token.end, f" {flag_text} 2"))
+            edits.extend(add_setting(text, use_fsdp, "fsdp_version", 2))
         return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=tuple(edits))
 
 

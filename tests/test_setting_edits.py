@@ -1,0 +1,149 @@
+"""Edits of one launch setting in its own spelling: YAML keys, launch flags, environment variables, keywords."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from lintdist.edits import with_arg_changes, with_keyword
+from lintdist.engine import apply_text_edits
+from lintdist.launch import LaunchSettings, add_setting, command_settings, config_settings, edit_setting, setting_span
+from lintdist.sources import parse_config, parse_launch
+
+CONFIG = """\
+# FSDP2 run on 8 GPUs
+distributed_type: FSDP   # chosen by hand
+fsdp_config:
+  version: 2  # short keys get the fsdp_ prefix
+  fsdp_sharding_strategy: "SHARD_GRAD_OP"  # from the FSDP1 config
+  fsdp_use_orig_params: true
+parallelism_config:
+  parallelism_config_cp_size: 2
+num_processes: 8
+"""
+
+
+def _yaml(text: str) -> dict:
+    return {s.name: s for s in config_settings(parse_config(text), "config.yaml")}
+
+
+def _edit(text, setting, **change):
+    return apply_text_edits(text, list(edit_setting(text, setting, **change)))
+
+
+def test_yaml_names_follow_the_launcher():
+    settings = _yaml(CONFIG)
+    assert settings["fsdp_version"].value == 2
+    assert settings["fsdp_version"].raw == "version"
+    assert settings["parallelism_config_cp_size"].value == 2
+    assert settings["parallelism_config_cp_size"].keys == ("parallelism_config", "parallelism_config_cp_size")
+    assert (settings["num_processes"].line, settings["num_processes"].column) == (9, 1)
+
+
+def test_yaml_remove_keeps_comments_order_and_quoting():
+    fixed = _edit(CONFIG, _yaml(CONFIG)["fsdp_use_orig_params"], remove=True)
+    assert fixed == CONFIG.replace("  fsdp_use_orig_params: true\n", "")
+
+
+def test_yaml_rename_keeps_the_comment_and_the_mapping_style():
+    settings = _yaml(CONFIG)
+    fixed = _edit(CONFIG, settings["fsdp_sharding_strategy"], value=False, rename="fsdp_reshard_after_forward")
+    assert "  fsdp_reshard_after_forward: false  # from the FSDP1 config\n" in fixed
+    # an unprefixed key is renamed without the prefix, as the file writes its keys
+    fixed = _edit(CONFIG, settings["fsdp_version"], value=1, rename="fsdp_version")
+    assert "  version: 1  # short keys get the fsdp_ prefix\n" in fixed
+    assert parse_config(fixed).data["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
+
+
+def test_yaml_add_in_the_mapping_with_its_indentation_and_line_endings():
+    text = CONFIG.replace("\n", "\r\n")
+    settings = _yaml(text)
+    after = apply_text_edits(text, list(add_setting(text, settings["fsdp_use_orig_params"], "fsdp_cpu_offload", True)))
+    assert "  fsdp_use_orig_params: true\r\n  fsdp_cpu_offload: true\r\nparallelism_config:" in after
+    before = apply_text_edits(
+        text, list(add_setting(text, settings["fsdp_version"], "fsdp_auto_wrap_policy", "X", before=True))
+    )
+    assert "fsdp_config:\r\n  auto_wrap_policy: X\r\n  version: 2" in before
+    assert parse_config(before).data["fsdp_config"]["auto_wrap_policy"] == "X"
+
+
+def test_yaml_flow_mapping_and_anchor_keys_are_not_edited():
+    flow = "distributed_type: FSDP\nfsdp_config: {fsdp_version: 2, fsdp_use_orig_params: true}\n"
+    assert edit_setting(flow, _yaml(flow)["fsdp_use_orig_params"], remove=True) == ()
+    merged = (
+        "base: &b\n  fsdp_use_orig_params: true\ndistributed_type: FSDP\nfsdp_config:\n  <<: *b\n  fsdp_version: 2\n"
+    )
+    settings = _yaml(merged)
+    assert settings["fsdp_use_orig_params"].editable is False
+    assert edit_setting(merged, settings["fsdp_use_orig_params"], remove=True) == ()
+
+
+LAUNCH = """\
+export FSDP_VERSION=2
+export FSDP_USE_ORIG_PARAMS=true; echo start
+FSDP_SYNC_MODULE_STATES=false accelerate launch \\
+  --use_fsdp --fsdp-version 2 \\
+  --fsdp-use-orig-params true \\
+  --fsdp_reshard_after_forward=FULL_SHARD \\
+  --num_processes 2 "my train.py" --lr 1e-4
+"""
+
+
+def _launch(text: str) -> dict:
+    launch = parse_launch(text)
+    return {(s.spelling, s.name): s for s in command_settings(launch.commands[0], launch, text, "launch.sh")}
+
+
+def test_flag_remove_takes_its_continued_line():
+    settings = _launch(LAUNCH)
+    fixed = _edit(LAUNCH, settings["flag", "fsdp_use_orig_params"], remove=True)
+    assert fixed == LAUNCH.replace("  --fsdp-use-orig-params true \\\n", "")
+    assert parse_launch(fixed).commands[0].script.text == "my train.py"
+
+
+def test_flag_values_and_names_in_their_own_style():
+    settings = _launch(LAUNCH)
+    fixed = _edit(LAUNCH, settings["flag", "fsdp_reshard_after_forward"], value=True)
+    assert "  --fsdp_reshard_after_forward=true \\\n" in fixed
+    fixed = _edit(LAUNCH, settings["flag", "fsdp_use_orig_params"], value=False, rename="fsdp_cpu_offload")
+    assert "  --fsdp-cpu-offload false \\\n" in fixed
+    added = apply_text_edits(
+        LAUNCH, list(add_setting(LAUNCH, settings["flag", "use_fsdp"], "fsdp_state_dict_type", "FULL_STATE_DICT"))
+    )
+    assert "  --use_fsdp --fsdp_state_dict_type FULL_STATE_DICT --fsdp-version 2 \\\n" in added
+    assert setting_span(LAUNCH, settings["flag", "fsdp_use_orig_params"]).line == 5
+
+
+def test_environment_assignments():
+    settings = _launch(LAUNCH)
+    fixed = _edit(LAUNCH, settings["env", "fsdp_version"], remove=True)
+    assert fixed.startswith("export FSDP_USE_ORIG_PARAMS=true; echo start\n")
+    fixed = _edit(LAUNCH, settings["env", "fsdp_use_orig_params"], remove=True)
+    assert "\necho start\n" in fixed and "export FSDP_USE" not in fixed
+    fixed = _edit(LAUNCH, settings["env", "fsdp_sync_module_states"], remove=True)
+    assert "\naccelerate launch \\\n" in fixed
+    fixed = _edit(LAUNCH, settings["env", "fsdp_sync_module_states"], value=True)
+    assert "FSDP_SYNC_MODULE_STATES=true accelerate launch" in fixed
+
+
+def test_precedence_flag_over_environment_over_yaml():
+    settings = LaunchSettings()
+    for setting in _yaml(CONFIG).values():
+        settings.set(setting)
+    launch = parse_launch("FSDP_VERSION=1 accelerate launch --num_processes 4 train.py\n")
+    for setting in command_settings(launch.commands[0], launch, "", "launch.sh"):
+        settings.set(setting)
+    assert (settings.get("num_processes").value, settings.get("num_processes").spelling) == ("4", "flag")
+    assert (settings.get("fsdp_version").value, settings.get("fsdp_version").spelling) == ("1", "env")
+    assert settings.get("parallelism_config_cp_size").spelling == "yaml"
+
+
+def test_keyword_edits_keep_the_call_layout():
+    module = cst.parse_module("plugin = Plugin(\n    use_orig_params=True,  # FSDP1\n    cpu_offload=False,\n)\n")
+    call = module.body[0].body[0].value
+    dropped = with_arg_changes(call, {id(call.args[0]): None})
+    added = with_keyword(dropped, "fsdp_version", cst.Integer("2"))
+    code = module.code_for_node(added)
+    assert code == "Plugin(\n    fsdp_version=2,\n    cpu_offload=False,\n)"
+    assert module.code_for_node(with_keyword(cst.parse_expression("Plugin()"), "fsdp_version", cst.Integer("2"))) == (
+        "Plugin(fsdp_version=2)"
+    )
