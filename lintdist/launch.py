@@ -40,6 +40,10 @@ from lintdist.sources import (
 PRECEDENCE = ("default-config", "yaml", "env", "flag", "python")
 
 ENV_NAMES = {
+    "ACCELERATE_USE_CPU": "cpu",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
+    "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+    "ACCELERATE_USE_PARALLELISM_CONFIG": "use_parallelism_config",
     "ACCELERATE_USE_FSDP": "use_fsdp",
     "ACCELERATE_USE_DEEPSPEED": "use_deepspeed",
     "ACCELERATE_USE_MEGATRON_LM": "use_megatron_lm",
@@ -74,6 +78,41 @@ class Setting:
     editable: bool = True  # False for a key of a flow mapping (``{a: 1}``) or one merged from an anchor
 
 
+# What accelerate's `str_to_bool` and a bare switch (`--use_fsdp`, no value: "none") read as on.
+TRUE_WORDS = frozenset({"true", "1", "yes", "y", "on", "t", "none"})
+
+
+def switched_on(setting: Setting | None) -> bool:
+    return setting is not None and not _is_node(setting.value) and str(setting.value).strip().lower() in TRUE_WORDS
+
+
+def number(setting: Setting | None) -> int | None:
+    """A setting's value as an integer (``8``, ``"8"``); None when absent, unknown or not a number."""
+    if setting is None or isinstance(setting.value, bool) or _is_node(setting.value):
+        return None
+    text = str(setting.value).strip()
+    return int(text) if text.isdigit() else None
+
+
+def written(setting: Setting) -> str:
+    """The setting as its file writes it, for messages: ``--use_fsdp``, ``ACCELERATE_USE_FSDP=true``,
+    ``distributed_type: FSDP``, ``fsdp_version=2``; with where it is (``launch.sh:3``)."""
+    if setting.token is not None:
+        text = setting.token.text + (f" {setting.value_token.text}" if setting.value_token is not None else "")
+    elif setting.spelling == "yaml":
+        text = f"{setting.raw or setting.name}: {setting.value}"
+    elif setting.spelling == "python":
+        text = setting.raw
+    else:
+        text = f"{setting.raw or setting.name}={setting.value}"
+    return f"`{text}` at {setting.path}:{setting.line}"
+
+
+def _is_node(value: object) -> bool:
+    """A value written in code that lintdist cannot read: the expression (a libcst node) stands for it."""
+    return isinstance(value, _Unknown) or hasattr(value, "_visit_and_replace_children")
+
+
 @dataclass
 class LaunchSettings:
     """The settings in force for one script, later spellings overriding earlier ones (YAML < env < flag)."""
@@ -96,9 +135,18 @@ class LaunchSettings:
         for flag, backend in BACKEND_FLAGS:
             setting = self.values.get(flag)
             # A bare flag (`--use_fsdp`) has no value; a spelled-out one must be true.
-            if setting is not None and str(setting.value).lower() in {"true", "1", "none"}:
+            if switched_on(setting):
                 return replace(setting, name="distributed_type", value=backend)
         return self.values.get("distributed_type")
+
+    @property
+    def backend(self) -> Setting | None:
+        """The backend that runs, as ``distributed_type`` says it, unless the launch also asks for the CPU
+        (``--cpu``, ``use_cpu: true``, ``ACCELERATE_USE_CPU``): then accelerate switches on neither FSDP nor
+        DeepSpeed."""
+        if switched_on(self.values.get("cpu")) or switched_on(self.values.get("use_cpu")):
+            return None
+        return self.distributed_type
 
     def common(self, other: LaunchSettings) -> LaunchSettings:
         """The settings both launches give the same value (a script launched in two ways)."""
@@ -159,7 +207,8 @@ def command_settings(command: LaunchCommand, launch: LaunchFile, text: str, path
     """The environment and flags of one launch line; later entries override earlier ones."""
     result = []
     for name, value, token in [*launch.exports, *command.env]:
-        normalised = ENV_NAMES.get(name) or (name.lower() if name.startswith("FSDP_") else None)
+        prefixed = name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))
+        normalised = ENV_NAMES.get(name) or (name.lower() if prefixed else None)
         if normalised:
             result.append(Setting(normalised, value, path, *line_col(text, token.start), "env", raw=name, token=token))
     for flag in command.flags:
@@ -403,6 +452,131 @@ def flag_spelling(token: Token, name: str) -> str:
     """``--name`` written in the token's style (underscores or dashes)."""
     dashed = "-" in token.text.lstrip("-").partition("=")[0]
     return "--" + (name.replace("_", "-") if dashed else name)
+
+
+# -- the code spelling ------------------------------------------------------------------------------
+
+
+def _classes(name: str, *modules: str) -> frozenset[str]:
+    return frozenset(f"{module}.{name}" for module in modules)
+
+
+# Classes whose keywords are launch settings, and the table's name for each keyword: a prefix for every keyword
+# (as the launcher names the same option), or a mapping of the keywords that are settings.
+CODE_SPELLINGS: tuple[tuple[frozenset[str], str | dict[str, str]], ...] = (
+    (
+        _classes("FullyShardedDataParallelPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses"),
+        "fsdp_",
+    ),
+    (
+        _classes("ParallelismConfig", "accelerate", "accelerate.utils", "accelerate.parallelism_config"),
+        "parallelism_config_",
+    ),
+    (
+        _classes("Accelerator", "accelerate", "accelerate.accelerator"),
+        {
+            name: name
+            for name in ("gradient_accumulation_steps", "mixed_precision", "split_batches", "cpu")
+            + ("step_scheduler_with_optimizer",)
+        },
+    ),
+    (
+        _classes("DataLoaderConfiguration", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses"),
+        {"split_batches": "split_batches", "dispatch_batches": "dispatch_batches", "even_batches": "even_batches"},
+    ),
+    (
+        _classes("GradientAccumulationPlugin", "accelerate.utils", "accelerate.utils.dataclasses"),
+        {"num_steps": "gradient_accumulation_steps", "sync_each_batch": "sync_each_batch"},
+    ),
+    (
+        _classes("DeepSpeedPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses"),
+        {"zero_stage": "zero_stage", "gradient_accumulation_steps": "gradient_accumulation_steps"},
+    ),
+)
+# `Accelerator` keywords that choose the backend.
+BACKEND_KEYWORDS = {"fsdp_plugin": "FSDP", "deepspeed_plugin": "DEEPSPEED", "deepspeed_plugins": "DEEPSPEED"}
+# Keywords that accelerate reads the launcher's environment over (``Accelerator.__init__``:
+# ``parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps)``).
+ENVIRONMENT_WINS = frozenset({("accelerate.Accelerator", "gradient_accumulation_steps")})
+
+
+def code_settings(facts, span) -> list[Setting]:
+    """The settings the code says, as plugin and ``Accelerator`` keywords, in source order.
+
+    ``span(node)`` gives a node's position. A value lintdist can read (a literal, or a name bound to one) is
+    the Python value; any other value is its expression, which ``number``/``switched_on`` read as unknown.
+    """
+    result = []
+    for call in facts.calls:
+        for classes, naming in CODE_SPELLINGS:
+            if not facts.callee_is(call, classes):
+                continue
+            owner = next(iter(sorted(classes)))
+            for arg in call.args:
+                if arg.keyword is None:
+                    continue
+                keyword = arg.keyword.value
+                if isinstance(naming, str):
+                    name = keyword if keyword.startswith(naming) else f"{naming}{keyword}"
+                else:
+                    name = naming.get(keyword) or ""
+                    if not name and keyword in BACKEND_KEYWORDS and "Accelerator" in owner:
+                        result.append(_code_setting(span, arg, "distributed_type", BACKEND_KEYWORDS[keyword], owner))
+                if name:
+                    result.append(_code_setting(span, arg, name, _literal(facts, arg.value, call), owner))
+    return result
+
+
+def _code_setting(span, arg, name: str, value: object, owner: str) -> Setting:
+    where = span(arg)
+    return Setting(name, value, "", where.line, where.column, "python", raw=f"{arg.keyword.value}=", keys=(owner,))
+
+
+def _literal(facts, expr, at) -> object:
+    """The Python value of a literal (or of a name bound to one literal); the expression itself otherwise."""
+    import libcst as cst
+
+    origins = facts.origins(expr, at)
+    node = origins[0].node if len(origins) == 1 and origins[0].index is None else expr
+    if isinstance(node, cst.Name) and node.value in {"True", "False", "None"}:
+        return {"True": True, "False": False, "None": None}[node.value]
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float)):
+        value = node.evaluated_value
+        return value.decode() if isinstance(value, bytes) else value
+    return node
+
+
+def in_force(launch: LaunchSettings | None, code: list[Setting], path: str) -> LaunchSettings:
+    """The settings a script runs with: its launch's, overridden by what its code says.
+
+    A keyword whose value is None leaves the launch's value (accelerate then reads the launcher's
+    environment); ``Accelerator(gradient_accumulation_steps=n)`` yields to the launcher's
+    ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, and a DeepSpeed launch to a code FSDP plugin. The same setting said twice in code with different
+    values (two branches) is unknown: its expression stands for it.
+    """
+    merged = LaunchSettings(dict(launch.values) if launch is not None else {})
+    said: dict[str, Setting] = {}
+    for setting in code:
+        setting = replace(setting, path=path)
+        if setting.value is None:
+            continue
+        if setting.name in said and said[setting.name].value != setting.value:
+            setting = replace(setting, value=_Unknown())
+        said[setting.name] = setting
+        before = merged.get(setting.name)
+        if (setting.keys[0], setting.name) in ENVIRONMENT_WINS and before is not None and before.spelling == "env":
+            continue
+        if setting.name == "distributed_type" and before is not None and str(before.value).upper() == "DEEPSPEED":
+            continue  # `AcceleratorState` tries DeepSpeed first: a launch's DeepSpeed wins over a code FSDP plugin
+        merged.set(setting)
+    return merged
+
+
+class _Unknown:
+    """A value said differently in two places of the code: read as unknown, like an expression."""
+
+    def __repr__(self) -> str:
+        return "<unknown>"
 
 
 @dataclass

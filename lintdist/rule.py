@@ -83,6 +83,21 @@ class Rule:
 
         return TrainingLoop.of(self.context)
 
+    @property
+    def settings(self):
+        """The settings this script runs with (``lintdist.launch.LaunchSettings``): its launch's (configs, flags,
+        environment) overridden by the keywords its code gives plugins and the ``Accelerator``, with accelerate's
+        precedence. Configuration and launch files get their launch's alone."""
+        from lintdist.launch import LaunchSettings, code_settings, in_force
+
+        facts = self.context.facts
+        if facts is None:
+            return self.context.settings or LaunchSettings()
+        if "settings" not in facts._memo:
+            code = code_settings(facts, self.context.span)
+            facts._memo["settings"] = in_force(self.context.settings, code, self.context.display_name)
+        return facts._memo["settings"]
+
     def finish(self) -> None:
         """Whole-file analysis, run after the shared traversal."""
 

@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS, argument_of
-from lintdist.launch import Setting
+from lintdist.launch import written
 from lintdist.loop import FSDP_PLUGINS, GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -46,7 +46,6 @@ TRAINING_ARGUMENTS = frozenset(
 # TRL's trainer configs (`SFTConfig`, `DPOConfig`, `GRPOConfig`...) subclass TrainingArguments; `ModelConfig` does not.
 TRL_NOT_TRAINING_ARGUMENTS = frozenset({"ModelConfig", "ScriptArguments"})
 PLUGIN_IMPORT = ("accelerate.utils", "GradientAccumulationPlugin")
-TRUE_WORDS = frozenset({"true", "1", "none", "yes"})
 DOCS = "accelerate docs, gradient_synchronization.md: Mixtral-8x7B on 8xA100-80GB runs out of memory at GA=2"
 
 
@@ -433,12 +432,10 @@ for step, batch in enumerate(loader):
 
     def _launch_fsdp(self) -> Evidence | None:
         settings = self.context.settings
-        chosen = settings.distributed_type if settings is not None else None
+        chosen = settings.backend if settings is not None else None
         if chosen is None or str(chosen.value).upper() != "FSDP":
             return None
-        if any(_is_set(settings.get(name)) for name in ("cpu", "use_cpu")):
-            return None
-        return Evidence(f"{_spelling(chosen)} at {chosen.path}:{chosen.line}".replace("{", "{{").replace("}", "}}"))
+        return Evidence(written(chosen).replace("{", "{{").replace("}", "}}"))
 
     def _report_accumulation(self, accelerator: cst.Call | None, blocks: list[cst.Call], evidence: Evidence) -> None:
         launch = self.loop.launch_accumulation
@@ -781,18 +778,6 @@ def _literal_one(expr: cst.BaseExpression, facts, at: cst.CSTNode) -> bool:
             isinstance(o.node, cst.Integer) and int(o.node.evaluated_value) <= 1 for o in origins
         )
     return False
-
-
-def _is_set(setting: Setting | None) -> bool:
-    return setting is not None and str(setting.value).lower() in TRUE_WORDS
-
-
-def _spelling(setting: Setting) -> str:
-    if setting.spelling == "flag":
-        return "`--use_fsdp`"
-    if setting.spelling == "env":
-        return "`ACCELERATE_USE_FSDP=true`"
-    return f"`distributed_type: {setting.value}`"
 
 
 def _no_shard(call: cst.Call, module: cst.Module) -> bool:

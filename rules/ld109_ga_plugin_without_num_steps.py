@@ -440,18 +440,11 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
     def _deepspeed(self) -> bool:
         """DeepSpeed runs the script: its config's accumulation count overrides the plugin's at ``prepare``."""
         facts = self.facts
-        settings = self.context.settings
-        backend = settings.distributed_type if settings is not None else None
+        backend = self.settings.backend
         if backend is not None and str(backend.value).upper() == "DEEPSPEED":
             return True
-        return any(
-            facts.callee_is(call, DEEPSPEED_PLUGINS)
-            or (
-                facts.callee_is(call, ACCELERATOR_CLASSES)
-                and any(a.keyword is not None and a.keyword.value.startswith("deepspeed_plugin") for a in call.args)
-            )
-            for call in facts.calls
-        )
+        # a DeepSpeed plugin built anywhere here (an `Accelerator(deepspeed_plugin=...)` is the backend above)
+        return any(facts.callee_is(call, DEEPSPEED_PLUGINS) for call in facts.calls)
 
     def _fix(
         self, plugin: cst.Call, given: cst.BaseExpression | None, both: list[tuple[cst.Call, cst.Arg]]

@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
-from lintdist.launch import LaunchSettings, Setting
+from lintdist.launch import LaunchSettings, written
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -35,8 +35,6 @@ PLUGIN_KEYWORDS = {
 # The distributed types LocalSGD.__init__ rejects (accelerate/local_sgd.py), with how the message names them.
 UNSUPPORTED = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP", "XLA": "XLA (TPU)", "MEGATRON_LM": "Megatron-LM"}
 # How a launch file spells each backend, for the message.
-FLAG_SPELLING = {"DEEPSPEED": "--use_deepspeed", "FSDP": "--use_fsdp", "XLA": "--tpu"}
-ENV_SPELLING = {"DEEPSPEED": "ACCELERATE_USE_DEEPSPEED=true", "FSDP": "ACCELERATE_USE_FSDP=true"}
 # A condition mentioning one of these decides by backend: the code under it may never run under the one in force.
 # (`isinstance(model, DistributedDataParallel)` holds only under plain DDP.)
 BACKEND_WORDS = re.compile(
@@ -45,7 +43,6 @@ BACKEND_WORDS = re.compile(
 )
 MAX_CALLER_DEPTH = 3
 MAX_NAME_DEPTH = 3  # how many `a = ...; b = a and ...` steps a condition is followed back
-TRUE_WORDS = frozenset({"true", "1", "none"})
 
 
 @dataclass(frozen=True)
@@ -374,33 +371,10 @@ def _names_in(facts, expr: cst.BaseExpression) -> list[cst.Name]:
 
 def _launch_evidence(settings: LaunchSettings | None) -> Evidence | None:
     """The backend the launch selects, unless the launch line or config also puts the run on the CPU."""
-    if settings is None:
+    chosen = settings.backend if settings is not None else None
+    if chosen is None or str(chosen.value).upper() not in UNSUPPORTED:
         return None
-    chosen = settings.distributed_type
-    if chosen is None:
-        return None
-    backend = str(chosen.value).upper()
-    if backend not in UNSUPPORTED:
-        return None
-    if _is_set(settings.get("cpu")) or _is_set(settings.get("use_cpu")):
-        return None
-    multi_gpu = settings.get("multi_gpu")
-    # `accelerate launch --multi_gpu` ignores the config's distributed_type.
-    if chosen.spelling == "yaml" and multi_gpu is not None and multi_gpu.spelling == "flag" and _is_set(multi_gpu):
-        return None
-    return Evidence(backend, f"{_spelling(chosen, backend)} at {chosen.path}:{chosen.line}")
-
-
-def _spelling(setting: Setting, backend: str) -> str:
-    if setting.spelling == "flag":
-        return f"`{FLAG_SPELLING.get(backend, backend)}`"
-    if setting.spelling == "env":
-        return f"`{ENV_SPELLING.get(backend, backend)}`"
-    return f"`distributed_type: {setting.value}`"
-
-
-def _is_set(setting: Setting | None) -> bool:
-    return setting is not None and str(setting.value).lower() in TRUE_WORDS
+    return Evidence(str(chosen.value).upper(), written(chosen))
 
 
 def _asks_for_cpu(accelerator: cst.Call) -> bool:

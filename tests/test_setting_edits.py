@@ -147,3 +147,78 @@ def test_keyword_edits_keep_the_call_layout():
     assert module.code_for_node(with_keyword(cst.parse_expression("Plugin()"), "fsdp_version", cst.Integer("2"))) == (
         "Plugin(fsdp_version=2)"
     )
+
+
+CODE = """\
+from accelerate import Accelerator, FullyShardedDataParallelPlugin as Plugin, ParallelismConfig
+from accelerate.utils import DataLoaderConfiguration
+
+CP = 2
+plugin = Plugin(fsdp_version=2, auto_wrap_policy=None, reshard_after_forward=args.reshard)
+accelerator = Accelerator(
+    fsdp_plugin=plugin,
+    parallelism_config=ParallelismConfig(cp_size=CP),
+    gradient_accumulation_steps=4,
+    dataloader_config=DataLoaderConfiguration(split_batches=True),
+)
+"""
+
+
+def _in_force(source: str, launch: LaunchSettings | None = None) -> LaunchSettings:
+    from lintdist.facts import PythonFacts
+    from lintdist.launch import code_settings, in_force
+    from lintdist.model import Span
+    from lintdist.names import NameResolver
+    from lintdist.syntax import SyntaxIndex
+
+    module = cst.parse_module(source)
+    index = SyntaxIndex(module)
+    facts = PythonFacts(index, NameResolver(index))
+
+    def span(node):  # the line is enough here
+        return Span(source[: source.index(module.code_for_node(node))].count("\n") + 1, 1, 1, 1)
+
+    return in_force(launch, code_settings(facts, span), "train.py")
+
+
+def test_code_keywords_join_the_table_under_the_launchers_names():
+    from lintdist.launch import number, switched_on, written
+
+    settings = _in_force(CODE)
+    assert number(settings.get("fsdp_version")) == 2
+    assert number(settings.get("parallelism_config_cp_size")) == 2  # through the name CP
+    assert switched_on(settings.get("split_batches"))
+    assert settings.get("fsdp_auto_wrap_policy") is None  # an explicit None is accelerate's default
+    assert number(settings.get("fsdp_reshard_after_forward")) is None  # args.reshard: unknown
+    assert settings.distributed_type.value == "FSDP"
+    assert written(settings.get("fsdp_version")) == "`fsdp_version=` at train.py:5"
+
+
+def test_code_over_launch_except_where_accelerate_reads_the_environment_first():
+    from lintdist.launch import number
+
+    launch = LaunchSettings()
+    text = (
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=8 accelerate launch --fsdp_version 1 --mixed_precision bf16 train.py\n"
+    )
+    parsed = parse_launch(text)
+    for setting in command_settings(parsed.commands[0], parsed, text, "launch.sh"):
+        launch.set(setting)
+    settings = _in_force(CODE, launch)
+    assert (number(settings.get("fsdp_version")), settings.get("fsdp_version").spelling) == (2, "python")
+    # Accelerator.__init__: parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", keyword)
+    assert (
+        number(settings.get("gradient_accumulation_steps")),
+        settings.get("gradient_accumulation_steps").spelling,
+    ) == (8, "env")
+    assert settings.get("mixed_precision").spelling == "flag"
+    # a plugin's `num_steps` is not read from the environment
+    plugin = "from accelerate.utils import GradientAccumulationPlugin\np = GradientAccumulationPlugin(num_steps=2)\n"
+    assert number(_in_force(plugin, launch).get("gradient_accumulation_steps")) == 2
+
+
+def test_two_values_in_code_are_unknown():
+    from lintdist.launch import number
+
+    source = "from accelerate import Accelerator\nif fast:\n    a = Accelerator(gradient_accumulation_steps=1)\nelse:\n    a = Accelerator(gradient_accumulation_steps=4)\n"
+    assert number(_in_force(source).get("gradient_accumulation_steps")) is None
