@@ -58,6 +58,12 @@ def cli() -> None:
     default=None,
     help="A lintdist.toml or pyproject.toml to use instead of the one found upward from the paths.",
 )
+@click.option(
+    "--isolated",
+    is_flag=True,
+    help="Read no file outside the project: not the default accelerate config that `accelerate launch` "
+    "reads for a line without --config_file.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print the findings only: no code frames, no summary.")
 def check(
     paths,
@@ -73,6 +79,7 @@ def check(
     no_cache,
     jobs,
     config_file,
+    isolated,
     quiet,
 ) -> None:
     """Check PATHS (files or directories; default: the current directory).
@@ -107,6 +114,7 @@ def check(
             ignore=_codes(ignore),
             extend_select=_codes(extend_select),
             unsafe_fixes=unsafe_fixes,
+            isolated=isolated,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error

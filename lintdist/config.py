@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,8 @@ class Settings:
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     unsafe_fixes: bool = False
     accelerate_config: tuple[Path, ...] = ()
+    # the config `accelerate launch` reads when a line names none; None under `--isolated` or where absent
+    default_accelerate_config: Path | None = None
     enabled: frozenset[str] = field(default=frozenset())
     known: frozenset[str] | None = None  # every rule code (None: ask the registry)
 
@@ -83,7 +86,27 @@ class Settings:
         return self.enabled - ignored
 
     def fingerprint(self) -> tuple:
-        return (sorted(self.enabled), self.per_file_ignores, self.unsafe_fixes, tuple(map(str, self.accelerate_config)))
+        default = self.default_accelerate_config
+        try:
+            stamp = (str(default), default.stat().st_mtime_ns, default.stat().st_size) if default else None
+        except OSError:
+            stamp = None
+        return (
+            sorted(self.enabled),
+            self.per_file_ignores,
+            self.unsafe_fixes,
+            tuple(map(str, self.accelerate_config)),
+            stamp,
+        )
+
+
+def default_accelerate_config() -> Path | None:
+    """The file ``accelerate launch`` reads when no ``--config_file`` is given (accelerate 1.15,
+    ``commands/config/config_args.py``): ``default_config.yaml`` under ``$HF_HOME/accelerate``, else
+    ``$XDG_CACHE_HOME/huggingface/accelerate``, else ``~/.cache/huggingface/accelerate``; None when absent."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    path = Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
+    return path if path.is_file() else None
 
 
 def _glob_match(relative: str, pattern: str) -> bool:
@@ -155,6 +178,7 @@ def resolve_settings(
     ignore: tuple[str, ...] = (),
     extend_select: tuple[str, ...] = (),
     unsafe_fixes: bool | None = None,
+    isolated: bool = False,
 ) -> Settings:
     """Settings from the config file (given or found upward from ``start``), the command line winning. The
     rules' codes come from their manifest: no rule module is imported here."""
@@ -200,6 +224,7 @@ def resolve_settings(
         per_file_ignores=per_file_ignores,
         unsafe_fixes=unsafe_fixes if unsafe_fixes is not None else file_unsafe,
         accelerate_config=tuple(root / p for p in (_strings(table, "accelerate-config", path) or ())),
+        default_accelerate_config=None if isolated else default_accelerate_config(),
         enabled=frozenset(enabled),
         known=frozenset(codes),
     )

@@ -597,6 +597,7 @@ def build_project(
     default_configs: list[Path],
     display: dict[Path, str],
     load_config,
+    default_config: Path | None = None,
 ) -> Project:
     """Link scripts to their settings.
 
@@ -612,7 +613,7 @@ def build_project(
     def add_config(settings: LaunchSettings, config_path: Path) -> None:
         document = configs.get(config_path) or load_config(config_path)
         if document is not None:
-            for setting in config_settings(document, display.get(config_path) or os.path.relpath(config_path)):
+            for setting in config_settings(document, display.get(config_path) or _shown(config_path)):
                 settings.set(setting)
 
     for launch_path, (launch, text) in sorted(launches.items()):
@@ -624,6 +625,8 @@ def build_project(
             config_flag = next((f for f in command.flags if f.name == "config_file" and f.value), None)
             if config_flag is not None:
                 add_config(settings, resolve_launch_path(config_flag.value, launch_path))
+            elif default_config is not None and reads_default_config(command):
+                add_config(settings, default_config)
             for setting in command_settings(command, launch, text, display.get(launch_path, str(launch_path))):
                 settings.set(setting)
             if command.launcher == "python":
@@ -656,6 +659,20 @@ def build_project(
                 add_config(settings, config_path)
             project.links[key] = settings
     return project
+
+
+def _shown(path: Path) -> str:
+    """A path for messages: relative to the working directory when under it (``configs/fsdp.yaml``), else whole
+    (the default accelerate config under ``~/.cache``)."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def reads_default_config(command: LaunchCommand) -> bool:
+    """``accelerate launch`` without ``--config_file`` reads the default config unless ``--cpu`` is given
+    (``launch_command``: ``args.config_file is not None or os.path.isfile(default_config_file) and not args.cpu``);
+    ``python``, ``torchrun`` and ``deepspeed`` lines never read it."""
+    return command.launcher == "accelerate" and not any(f.name == "cpu" for f in command.flags)
 
 
 def _entry_scripts(folder: Path) -> list[Path]:

@@ -209,6 +209,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
         list(settings.accelerate_config),
         display,
         _load_config_document,
+        settings.default_accelerate_config,
     )
     _inherit_settings(project, [c.path for c in candidates if c.kind == "python"])
     return project

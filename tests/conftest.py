@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 from click.testing import CliRunner
 
 from lintdist.cli import cli
+
+# `accelerate launch` lines without --config_file read the default accelerate config under $HF_HOME; the tests
+# must not depend on the one this machine may have.
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="lintdist-tests-hf-home-")
 
 
 @pytest.fixture
