@@ -20,6 +20,7 @@ KIND_BY_SUFFIX = {
     ".json": "config",
     ".sh": "launch",
     ".bash": "launch",
+    ".md": "launch",  # its fenced shell blocks: the launch commands people copy from a README
     ".ipynb": "notebook",
 }
 

@@ -19,7 +19,7 @@ from lintdist.names import NameResolver
 from lintdist.project import ProjectView, process_project
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule
-from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config, parse_launch
+from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, launch_text, parse_config, parse_launch
 from lintdist.syntax import SyntaxIndex
 
 IGNORE_FILE = re.compile(r"#\s*lintdist:\s*ignore-file\b")
@@ -86,7 +86,7 @@ def check_text(
             if context.config is not None:
                 _run_plain(context, rules)
         elif kind == "launch":
-            context.launch = parse_launch(text)
+            context.launch = parse_launch(launch_text(text, path))
             _run_plain(context, rules)
     except SourceError as error:
         return [source_error_finding(error, display)], context

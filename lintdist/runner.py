@@ -20,6 +20,7 @@ from lintdist.sources import (
     LAUNCHERS,
     PYTHON_RUN,
     SourceError,
+    launch_text,
     parse_config,
     parse_launch,
     read_source,
@@ -199,7 +200,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
                 if document is not None:
                     configs[path] = document
             elif kind == "launch" and (LAUNCHERS.search(text) or PYTHON_RUN.search(text)):
-                launches[path] = (parse_launch(text), text)
+                launches[path] = (parse_launch(launch_text(text, path)), text)
         except SourceError:
             continue  # a checked file reports it in its own check
     project = build_project(

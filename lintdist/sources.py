@@ -240,6 +240,51 @@ def shell_tokens(text: str) -> list[list[Token]]:
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
 
+# A fenced code block's opening line in Markdown, and the info strings that mark a shell block (or none).
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^`\s]*)[^`\n]*$")
+SHELL_BLOCKS = frozenset({"", "bash", "sh", "shell", "console", "zsh", "shell-session", "shellsession"})
+PROMPT = re.compile(r"^([ \t]*)(?:\(\S+\)[ \t]*)?\$[ \t]")
+
+
+def launch_text(text: str, path: Path) -> str:
+    """The shell text of a launch file. For Markdown (``*.md``): only its fenced shell blocks (``bash``, ``sh``,
+    ``shell``, ``console`` or no language), with ``$ `` prompts blanked and everything else turned into spaces,
+    so that every offset, line and column is the Markdown file's own. In a ``console`` block, lines that
+    follow no prompt are output and are blanked too."""
+    if path.suffix.lower() != ".md":
+        return text
+    out: list[str] = []
+    fence: str | None = None
+    console = continued = False
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        ending = line[len(body) :]
+        if fence is None:
+            opening = FENCE.match(body)
+            if opening and opening[2].lower() in SHELL_BLOCKS:
+                fence, console, continued = opening[1], opening[2].lower() == "console", False
+            elif opening:
+                fence = "skip:" + opening[1]
+            out.append(" " * len(body) + ending)
+            continue
+        marker = fence.removeprefix("skip:")
+        if body.strip().startswith(marker[0] * len(marker)) and not body.strip().strip(marker[0]):
+            fence = None
+            out.append(" " * len(body) + ending)
+            continue
+        if fence.startswith("skip:"):
+            out.append(" " * len(body) + ending)
+            continue
+        prompt = PROMPT.match(body)
+        if prompt:
+            body = " " * prompt.end() + body[prompt.end() :]
+        elif console and not continued:
+            body = " " * len(body)
+        continued = body.rstrip().endswith("\\") and (prompt is not None or continued or not console)
+        out.append(body + ending)
+    return "".join(out)
+
+
 def parse_launch(text: str) -> LaunchFile:
     exports: list[tuple[str, str, Token]] = []
     commands: list[LaunchCommand] = []

@@ -116,3 +116,60 @@ def test_merged_yaml_keys_have_no_position_and_do_not_crash_the_project_pass():
 def test_a_shell_variable_reaches_the_launch_only_once_exported():
     launch = parse_launch("FSDP_VERSION=2\nFSDP_USE_ORIG_PARAMS=true\nexport FSDP_USE_ORIG_PARAMS\ntorchrun train.py\n")
     assert [(name, value) for name, value, _ in launch.exports] == [("FSDP_USE_ORIG_PARAMS", "true")]
+
+
+MARKDOWN = """\
+# Train
+
+```bash
+$ accelerate launch --use_deepspeed \\
+    --num_processes 2 train.py
+```
+
+~~~console
+(venv) $ torchrun --nproc_per_node 2 eval.py
+torchrun --nproc_per_node 9 output.py
+~~~
+
+```python
+subprocess.run("accelerate launch other.py")
+```
+
+```
+deepspeed --num_gpus 2 ds.py
+```
+"""
+
+
+def test_markdown_shell_blocks_keep_the_markdown_offsets():
+    from pathlib import Path
+
+    from lintdist.sources import launch_text
+
+    shell = launch_text(MARKDOWN, Path("README.md"))
+    assert len(shell) == len(MARKDOWN)
+    assert [i for i, c in enumerate(shell) if c == "\n"] == [i for i, c in enumerate(MARKDOWN) if c == "\n"]
+    launch = parse_launch(shell)
+    assert [(c.launcher, c.script.text) for c in launch.commands] == [
+        ("accelerate", "train.py"),
+        ("torchrun", "eval.py"),
+        ("deepspeed", "ds.py"),
+    ]
+    first = launch.commands[0].flags[0]
+    assert MARKDOWN[first.token.start : first.token.end] == "--use_deepspeed"
+    assert launch_text(MARKDOWN, Path("run.sh")) is MARKDOWN
+
+
+def test_a_readme_block_links_the_script_it_names(lintdist, tmp_path):
+    import json
+
+    (tmp_path / "train.py").write_text(
+        "from accelerate import Accelerator\nfrom accelerate.local_sgd import LocalSGD\n\n"
+        "accelerator = Accelerator()\nwith LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=4) as sgd:\n"
+        "    sgd.step()\n"
+    )
+    (tmp_path / "README.md").write_text(MARKDOWN)
+    result = lintdist("check", "--no-cache", "--output-format", "json", str(tmp_path / "train.py"))
+    [finding] = json.loads(result.output)
+    assert finding["code"] == "LD303"
+    assert "README.md:4" in finding["message"]
