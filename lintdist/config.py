@@ -25,6 +25,7 @@ KNOWN_KEYS = frozenset(
         "per-file-ignores",
         "unsafe-fixes",
         "accelerate-config",
+        "target-versions",  # read by lintdist.versions, beside the project's manifests
     }
 )
 CACHE_FOLDER = ".lintdist_cache"

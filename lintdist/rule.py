@@ -98,6 +98,14 @@ class Rule:
             facts._memo["settings"] = in_force(self.context.settings, code, self.context.display_name)
         return facts._memo["settings"]
 
+    @property
+    def versions(self):
+        """The library versions the project declares (``lintdist.versions.Versions``): ask
+        ``self.versions.allows("accelerate", ">=1.6")`` for True, False or None (unknown)."""
+        from lintdist.versions import project_versions
+
+        return project_versions(self.context.path)
+
     def finish(self) -> None:
         """Whole-file analysis, run after the shared traversal."""
 

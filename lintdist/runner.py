@@ -312,6 +312,8 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
         from lintdist.cache import ResultCache
 
         cache = ResultCache(settings.root, settings.fingerprint())
+    from lintdist.versions import project_versions  # a cached result depends on the declared versions too
+
     reports: dict[int, FileReport] = {}
     pending: list[tuple[int, Task, str | None]] = []
     for index, task in enumerate(tasks):
@@ -321,6 +323,7 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
             task.candidate.explicit,
             sorted(task.codes),
             task.settings.fingerprint() if task.settings else None,
+            project_versions(task.candidate.path).fingerprint() if cache is not None else None,
             want_edits,
         )
         if cache is not None:

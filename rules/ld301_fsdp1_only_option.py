@@ -69,6 +69,8 @@ RESHARD_FOR = {
     "HYBRID_SHARD": True,
     "HYBRID_SHARD_ZERO2": False,
 }
+# The first accelerate with FSDP2 (`fsdp_version` appears in `utils/dataclasses.py` at v1.6.0).
+FSDP2_ACCELERATE = ">=1.6.0"
 # What accelerate's str_to_bool accepts.
 BOOL_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
 
@@ -702,6 +704,8 @@ torchrun --nproc_per_node 2 train.py
     )
 
     def finish(self) -> None:
+        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is False:
+            return  # the project's accelerate predates FSDP2: `fsdp_version` means nothing to it
         kind = self.context.kind
         if kind == "python":
             self._check_python()

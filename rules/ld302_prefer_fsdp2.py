@@ -22,6 +22,7 @@ from lintdist.launch import (
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.rules.ld301_fsdp1_only_option import (
+    FSDP2_ACCELERATE,
     PLUGIN_CLASSES,
     config_options,
     config_version,
@@ -211,6 +212,8 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
     )
 
     def finish(self) -> None:
+        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is False:
+            return  # the project's accelerate predates FSDP2: `fsdp_version` means nothing to it
         kind = self.context.kind
         if kind == "python":
             self._check_python()
