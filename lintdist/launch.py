@@ -476,8 +476,9 @@ CODE_SPELLINGS: tuple[tuple[frozenset[str], str | dict[str, str]], ...] = (
         _classes("Accelerator", "accelerate", "accelerate.accelerator"),
         {
             name: name
-            for name in ("gradient_accumulation_steps", "mixed_precision", "split_batches", "cpu")
-            + ("step_scheduler_with_optimizer",)
+            # not `split_batches`: 1.15 binds that keyword to a sentinel no code reads (only
+            # `DataLoaderConfiguration(split_batches=...)` splits)
+            for name in ("gradient_accumulation_steps", "mixed_precision", "cpu", "step_scheduler_with_optimizer")
         },
     ),
     (

@@ -222,3 +222,9 @@ def test_two_values_in_code_are_unknown():
 
     source = "from accelerate import Accelerator\nif fast:\n    a = Accelerator(gradient_accumulation_steps=1)\nelse:\n    a = Accelerator(gradient_accumulation_steps=4)\n"
     assert number(_in_force(source).get("gradient_accumulation_steps")) is None
+
+
+def test_accelerator_split_batches_keyword_is_not_a_setting():
+    # accelerate 1.15 binds Accelerator(split_batches=...) to a sentinel that nothing reads
+    source = "from accelerate import Accelerator\naccelerator = Accelerator(split_batches=True)\n"
+    assert _in_force(source).get("split_batches") is None
