@@ -1,0 +1,31 @@
+"""LD309 proof, FSDP2 through accelerate on CPU ranks (see `ld306_fsdp_on_cpu`): runs: each Block is its own FSDP unit and is checkpointed."""
+
+import os
+
+import ld306_fsdp_on_cpu as proof
+import torch
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+SCRIPT = os.path.basename(__file__)
+
+
+def main():
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        activation_checkpointing=True,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["Block"],
+    )
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    model = proof.Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    try:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    except TypeError as error:
+        proof.write({"failure": proof.failure(error, SCRIPT)})
+        return
+    proof.write({"losses": proof.train_steps(accelerator, model, optimizer), **proof.layout(model)})
+
+
+if __name__ == "__main__":
+    main()
