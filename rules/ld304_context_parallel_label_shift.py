@@ -1,0 +1,729 @@
+"""LD304 context-parallel-label-shift: a causal LM shifts its labels per shard inside context parallelism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.edits import replace_nodes
+from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of, string_key
+from lintdist.labels import LabelFacts, model_head
+from lintdist.launch import LaunchSettings, Setting
+from lintdist.loop import integer_literal, is_loss_field
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+PARALLELISM_CONFIGS = frozenset(
+    {
+        "accelerate.ParallelismConfig",
+        "accelerate.utils.ParallelismConfig",
+        "accelerate.parallelism_config.ParallelismConfig",
+    }
+)
+# `ParallelismConfig(dp_replicate_size, dp_shard_size, tp_size, cp_size, cp_backend, sp_size, sp_backend, ...)`
+SIZE_POSITIONS = {"cp": 3, "sp": 5}
+# torch's own context manager, which `Accelerator.maybe_context_parallel` calls with the "cp" sub-mesh.
+TORCH_CONTEXT_PARALLEL = frozenset(
+    {
+        "torch.distributed.tensor.experimental.context_parallel",
+        "torch.distributed.tensor.experimental._attention.context_parallel",
+        "torch.distributed.tensor.experimental._context_parallel._attention.context_parallel",
+    }
+)
+RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
+LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
+
+
+# -- parallelism sizes, shared with LD305 and LD308 ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Size:
+    """A parallelism size in force for a script: ``value`` None when an expression decides it."""
+
+    value: int | None
+    where: str  # for messages: "`ParallelismConfig(cp_size=4)` at line 12", "config.yaml:9"
+
+
+def parallelism_size(
+    facts: PythonFacts, settings: LaunchSettings | None, span_line, dim: str, configs: list[cst.Call] | None = None
+) -> Size | None:
+    """The ``cp`` or ``sp`` size of ``ParallelismConfig`` calls (``configs``, by default all of the file's), or of
+    the launch (the ``parallelism_config_<dim>_size`` setting, which ``ParallelismConfig`` reads from the
+    environment when its keyword is not given, and from which ``Accelerator()`` builds one when the launch says
+    ``use_parallelism_config``). A literal above 1 in any call wins; None when nothing says anything.
+    ``span_line(node)`` gives a node's line."""
+    launched = launch_size(settings, dim)
+    found: list[Size] = []
+    if configs is None:
+        configs = [call for call in facts.calls if facts.callee_is(call, PARALLELISM_CONFIGS)]
+    for call in configs:
+        line = span_line(call)
+        value = argument_of(call, f"{dim}_size", SIZE_POSITIONS[dim])
+        if value is None or (isinstance(value, cst.Name) and value.value == "None"):
+            if launched is not None:
+                found.append(launched)
+            else:
+                where = f"`ParallelismConfig` at line {line} reads `PARALLELISM_CONFIG_{dim.upper()}_SIZE`"
+                found.append(Size(1, where))  # the launcher exports nothing: accelerate's default
+            continue
+        number = integer_literal(value, facts, call)
+        code = facts.index.module.code_for_node(value)
+        found.append(Size(number, f"`ParallelismConfig({dim}_size={code})` at line {line}"))
+    if not found:
+        return launched
+    on = [size for size in found if size.value is not None and size.value > 1]
+    if on:
+        return on[0]
+    unknown = [size for size in found if size.value is None]
+    return unknown[0] if unknown else found[0]
+
+
+def accelerator_configs(facts: PythonFacts, accelerator: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call] | None:
+    """The ``ParallelismConfig(...)`` calls the ``Accelerator`` held by ``accelerator`` is given (an empty list
+    for one given none); None when the ``Accelerator`` or its ``parallelism_config=`` cannot be followed."""
+    made = [
+        o.node
+        for o in facts.origins(accelerator, at)
+        if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, ACCELERATOR_CLASSES)
+    ]
+    if not made:
+        return None
+    found: list[cst.Call] = []
+    for call in made:
+        value = argument_of(call, "parallelism_config", None)
+        if value is None or (isinstance(value, cst.Name) and value.value == "None"):
+            continue
+        origins = facts.origins(value, call)
+        configs = [
+            o.node
+            for o in origins
+            if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, PARALLELISM_CONFIGS)
+        ]
+        if len(configs) != len(origins):
+            return None  # a config made elsewhere, or sometimes None: the file's calls decide
+        found.extend(configs)
+    return found
+
+
+def launch_size(settings: LaunchSettings | None, dim: str) -> Size | None:
+    """``parallelism_config_<dim>_size`` from an accelerate config (``parallelism_config:`` section) or a launch
+    flag. A flag counts only with ``--use_parallelism_config`` or a config section beside it: otherwise
+    ``accelerate launch`` exports no ``PARALLELISM_CONFIG_*`` variable (``prepare_*_env``)."""
+    if settings is None:
+        return None
+    name = f"parallelism_config_{dim}_size"
+    setting = settings.get(name)
+    section = settings.get("parallelism_config")
+    if setting is None and section is not None and isinstance(section.value, dict) and name in section.value:
+        # the config's nested keys, until the settings table spells them itself
+        setting = Setting(
+            name=name,
+            value=section.value[name],
+            path=section.path,
+            line=section.line,
+            column=section.column,
+            spelling="yaml",
+        )
+    if setting is None:
+        return None
+    if setting.spelling == "flag" and settings.get("use_parallelism_config") is None and section is None:
+        return None
+    try:
+        value = int(str(setting.value).strip())
+    except ValueError:
+        return Size(None, f"{_basename(setting.path)}:{setting.line}")
+    written = f"--{name} {value}" if setting.spelling == "flag" else f"{name}: {value}"
+    return Size(value, f"`{written}` at {_basename(setting.path)}:{setting.line}")
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+# -- the rule ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Site:
+    """A causal-LM call inside a context-parallel block."""
+
+    call: cst.Call
+    block: cst.With
+    context: cst.Call  # the maybe_context_parallel(...) / context_parallel(...) call
+    labels: cst.BaseExpression | None  # the `labels=` argument, or None for `**batch`
+    batch: cst.BaseExpression | None  # the `**batch` mapping
+
+
+class ContextParallelLabelShift(Rule):
+    """
+    ## What it does
+    Reports a causal language model called with `labels` (`labels=...`, or
+    `**batch` where the batch holds `"labels"`) inside
+    `with accelerator.maybe_context_parallel(...)` (or torch's
+    `context_parallel(...)`) without `shift_labels`, when context parallelism
+    is on: `ParallelismConfig(cp_size=k)` with `k > 1` in the script, or
+    `parallelism_config_cp_size` in the accelerate config or launch flags that
+    run it. When the size is an expression (`cp_size=args.cp_size`) it is a
+    warning: the code is wrong whenever it runs with CP.
+
+    ## Why is this bad?
+    Context parallelism shards `input_ids`, `labels` and the other `buffers`
+    along the sequence before the forward pass, so each rank holds a piece of
+    every sequence. A transformers causal LM (`ForCausalLMLoss`) shifts the
+    labels it is given by one position and pads the end with -100. Shifted per
+    shard, the last position of every shard loses its target (k-1 targets per
+    sequence), and with torch's default head-tail load balancing (each rank
+    holds chunks `r` and `2k-1-r`) the two chunks are joined, so k-1 more
+    positions are scored against a token from another part of the sequence.
+    The loss and gradients are silently wrong. The model uses `shift_labels`
+    as they are when they are given (`labels` must still be passed: the loss is
+    computed only when it is not None), so shifting once, before sharding,
+    and sharding the result with the other buffers gives the unsharded loss.
+    This is what accelerate's `nd_parallel.py` example and transformers'
+    `Trainer` do. A model whose head does not shift (sequence-to-sequence,
+    masked LM, token classification) is not reported.
+
+    ## Example
+    ```python
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+    for batch in loader:
+        with accelerator.maybe_context_parallel(
+            buffers=[batch["input_ids"], batch["labels"]], buffer_seq_dims=[1, 1]
+        ):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+    ```
+
+    ## Use instead
+    ```python
+    from lintdist.runtime import shift_labels
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+    for batch in loader:
+        batch["shift_labels"] = shift_labels(batch["labels"])
+        with accelerator.maybe_context_parallel(
+            buffers=[batch["input_ids"], batch["labels"], batch["shift_labels"]], buffer_seq_dims=[1, 1, 1]
+        ):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+    ```
+
+    ## Fix safety
+    Unsafe (`--unsafe-fixes`): it changes the loss the script trains on (to
+    the right one). It inserts `batch["shift_labels"] = shift_labels(batch["labels"])`
+    (`lintdist.runtime.shift_labels` pads with -100 exactly as
+    `ForCausalLMLoss` does) before the block, or `shifted_labels =
+    shift_labels(labels)` and a `shift_labels=shifted_labels` argument for a
+    call given `labels=labels`, and adds the shifted labels to `buffers`, to
+    `buffer_seq_dims` (with the labels' sequence dimension) and to a literal
+    `no_restore_buffers` set. It is offered only when `buffers` and
+    `buffer_seq_dims` are list literals (in the call, or bound in the same
+    block of statements before it), the context call is written in the
+    `with` and the model call sits directly in the block; the report alone
+    otherwise, and also for a model whose `forward` takes no `shift_labels`.
+
+    ## References
+    - transformers `loss/loss_utils.py::ForCausalLMLoss` (the shift, and `shift_labels` used as given)
+    - accelerate `Accelerator.maybe_context_parallel` and `docs/source/concept_guides/context_parallelism.md`
+    - accelerate `examples/torch_native_parallelism/nd_parallel.py`; transformers `Trainer._prepare_context_parallel_inputs`
+    - torch `distributed/tensor/experimental/_context_parallel/_attention.py::context_parallel` and
+      `_load_balancer.py::_HeadTailLoadBalancer`
+    """
+
+    code = "LD304"
+    name = "context-parallel-label-shift"
+    severity = Severity.ERROR
+    fix_kind = "unsafe"
+    triggers = ("maybe_context_parallel", "context_parallel(")
+
+    VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator, ParallelismConfig
+from lintdist.runtime import shift_labels
+
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    batch["shift_labels"] = shift_labels(batch["labels"])
+    buffers = [batch["input_ids"], batch["labels"], batch["shift_labels"]]
+    with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1]):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator, ParallelismConfig
+
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=8, cp_size=1))
+for batch in loader:
+    with accelerator.maybe_context_parallel(buffers=[batch["input_ids"], batch["labels"]], buffer_seq_dims=[1, 1]):
+        loss = model(**batch).loss
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator, ParallelismConfig
+from transformers import AutoModelForSequenceClassification
+
+model = AutoModelForSequenceClassification.from_pretrained("bert-base-uncased")
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2))
+model, loader = accelerator.prepare(model, loader)
+for batch in loader:
+    with accelerator.maybe_context_parallel(buffers=[batch["input_ids"]], buffer_seq_dims=[1]):
+        loss = model(**batch).loss
+"""
+        ),
+        Valid(
+            """\
+from accelerate import Accelerator, ParallelismConfig
+
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+model, loader = accelerator.prepare(model, loader)
+for batch in loader:
+    with accelerator.maybe_context_parallel(buffers=[batch["input_ids"]], buffer_seq_dims=[1]):
+        logits = model(**batch).logits
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator, ParallelismConfig
+
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.maybe_context_parallel(
+        buffers=[batch["input_ids"], batch["labels"]],
+        buffer_seq_dims=[1, 1],
+        no_restore_buffers={batch["input_ids"], batch["labels"]},
+    ):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+""",
+            lines=(11,),
+            unsafe_fixed="""\
+from accelerate import Accelerator, ParallelismConfig
+from lintdist.runtime import shift_labels
+
+accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=4))
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    batch["shift_labels"] = shift_labels(batch["labels"])
+    with accelerator.maybe_context_parallel(
+        buffers=[batch["input_ids"], batch["labels"], batch["shift_labels"]],
+        buffer_seq_dims=[1, 1, 1],
+        no_restore_buffers={batch["input_ids"], batch["labels"], batch["shift_labels"]},
+    ):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+from accelerate.utils import ParallelismConfig
+
+
+def train(model, loader, args):
+    config = ParallelismConfig(dp_shard_size=args.dp, cp_size=args.cp)
+    accelerator = Accelerator(parallelism_config=config)
+    model, loader = accelerator.prepare(model, loader)
+    for input_ids, labels in loader:
+        buffers = [input_ids, labels]
+        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1]):
+            out = model(input_ids=input_ids, labels=labels)
+            accelerator.backward(out.loss)
+""",
+            lines=(12,),
+            unsafe_fixed="""\
+from accelerate import Accelerator
+from accelerate.utils import ParallelismConfig
+from lintdist.runtime import shift_labels
+
+
+def train(model, loader, args):
+    config = ParallelismConfig(dp_shard_size=args.dp, cp_size=args.cp)
+    accelerator = Accelerator(parallelism_config=config)
+    model, loader = accelerator.prepare(model, loader)
+    for input_ids, labels in loader:
+        shifted_labels = shift_labels(labels)
+        buffers = [input_ids, labels, shifted_labels]
+        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1]):
+            out = model(input_ids=input_ids, labels=labels, shift_labels=shifted_labels)
+            accelerator.backward(out.loss)
+""",
+        ),
+    )
+
+    def finish(self) -> None:
+        sites = self._sites()
+        if not sites:
+            return
+        reported: set[int] = set()
+        for site in sites:
+            if id(site.call) in reported:
+                continue  # a helper's model call reached from two blocks
+            reported.add(id(site.call))
+            torch_cp = self.facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
+            configs = None if torch_cp else accelerator_configs(self.facts, site.context.func.value, site.context)
+            size = parallelism_size(self.facts, self.context.settings, self._line, "cp", configs)
+            if not torch_cp and size is not None and size.value is not None and size.value <= 1:
+                continue  # CP off: the accelerate context manager does nothing
+            known = torch_cp or (size is not None and size.value is not None)
+            self._report(site, size if not torch_cp else None, certain=known)
+
+    # -- finding the calls ---------------------------------------------------------------------------
+
+    def _sites(self) -> list[_Site]:
+        facts = self.facts
+        sites: list[_Site] = []
+        for block in facts.index.nodes(cst.With):
+            context = next((c for item in block.items if (c := self._context_call(item.item, block)) is not None), None)
+            if context is None:
+                continue
+            direct = facts.calls_within(block.body)
+            seen = {id(call) for call in direct}
+            reached = [call for call in facts.reachable_calls(block.body) if id(call) not in seen]
+            for call in [*direct, *reached]:
+                site = self._site(call, block, context)
+                if site is not None:
+                    sites.append(site)
+        return sites
+
+    def _context_call(self, expr: cst.BaseExpression, block: cst.With) -> cst.Call | None:
+        """The context-parallel call a ``with`` item is: ``accelerator.maybe_context_parallel(...)``, torch's
+        ``context_parallel(mesh, ...)``, or a name bound to either."""
+        facts = self.facts
+        candidates = [expr]
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            candidates = [o.node for o in facts.origins(expr, block) if o.index is None]
+        for node in candidates:
+            if not isinstance(node, cst.Call):
+                continue
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "maybe_context_parallel":
+                if facts.accelerator_like(func.value, node):
+                    return node
+            elif facts.callee_is(node, TORCH_CONTEXT_PARALLEL):
+                return node
+        return None
+
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.context.span(node).line
+
+    def _site(self, call: cst.Call, block: cst.With, context: cst.Call) -> _Site | None:
+        labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
+        batch = next((a.value for a in call.args if a.star == "**"), None)
+        if labels is None and batch is None:
+            return None
+        if isinstance(labels, cst.Name) and labels.value == "None":
+            return None
+        if any(a.keyword is not None and a.keyword.value == "shift_labels" for a in call.args):
+            return None
+        if not self._model_like(call):
+            return None
+        if labels is None:
+            if not self._holds_labels(batch, call):
+                return None
+            if self._gets_shift_labels(batch, call) or self._mentions_shift_labels(facts_scope(self.facts, block)):
+                return None
+        return _Site(call, block, context, labels, batch)
+
+    def _model_like(self, call: cst.Call) -> bool:
+        """A call of a model: not a library function or a function of this file, and not a head that keeps
+        its labels unshifted."""
+        facts = self.facts
+        if facts.local_functions(call):
+            return False
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in {"update", "get", "format", "items", "copy"}:
+            return False
+        names = facts.qualified_names(func)
+        if any(n.startswith(LIBRARY_ROOTS) for n in names):
+            return False  # `dict(**batch)`, `torch.nn.functional.cross_entropy(...)`
+        target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+        head = model_head(facts, target, call)
+        return head is None or head.shifts
+
+    def _holds_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
+        """The ``**batch`` mapping holds ``"labels"``: read or written as ``batch["labels"]`` in the function,
+        built with them, or the call's ``.loss`` is read (a transformers model computes one only from labels)."""
+        facts = self.facts
+        key = get_full_name_for_node(batch)
+        function = facts.enclosing_function(call)
+        scope = function if function is not None else facts.index.module
+        if key and self._keyed(scope, key, "labels"):
+            return True
+        labels_facts = LabelFacts.of(facts)
+        if any(labels_facts.built_stores(b, "labels") for b in labels_facts.received(call).builders):
+            return True
+        return self._loss_read(call, scope)
+
+    def _gets_shift_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
+        facts = self.facts
+        if LabelFacts.of(facts).received(call).shift_labels:
+            return True
+        key = get_full_name_for_node(batch)
+        function = facts.enclosing_function(call)
+        scope = function if function is not None else facts.index.module
+        if key and self._keyed(scope, key, "shift_labels"):
+            return True
+        return self._mentions_shift_labels(scope)
+
+    def _mentions_shift_labels(self, scope: cst.CSTNode) -> bool:
+        """`batch.update(shift_labels=...)`, `if "shift_labels" not in batch: ...`: the script deals with them."""
+        facts = self.facts
+        return any(
+            isinstance(node, cst.SimpleString) and string_value_of(node) == "shift_labels"
+            for node in facts.within(scope, cst.SimpleString)
+        ) or any(
+            a.keyword is not None and a.keyword.value == "shift_labels"
+            for c in facts.within(scope, cst.Call)
+            for a in c.args
+        )
+
+    def _keyed(self, scope: cst.CSTNode, key: str, name: str) -> bool:
+        return any(
+            string_key(node) == name and get_full_name_for_node(node.value) == key
+            for node in self.facts.within(scope, cst.Subscript)
+        )
+
+    def _loss_read(self, call: cst.Call, scope: cst.CSTNode) -> bool:
+        facts = self.facts
+        loop = self.loop
+        for node in facts.within(scope, cst.Attribute, cst.Subscript):
+            if is_loss_field(node) and (node.value is call or loop.model_call(node) is call):
+                return True
+        return False
+
+    # -- reporting -----------------------------------------------------------------------------------
+
+    def _report(self, site: _Site, size: Size | None, certain: bool) -> None:
+        facts = self.facts
+        code = facts.index.module.code_for_node
+        head = model_head(facts, site.call.func, site.call)
+        shown = code(site.call.func)
+        given = "`**" + code(site.batch) + "`" if site.labels is None else f"`labels={code(site.labels)}`"
+        if size is None:
+            why = "inside torch's `context_parallel`"
+        elif size.value is None:
+            why = f"inside `maybe_context_parallel`, when context parallelism is on ({size.where})"
+        else:
+            why = f"inside `maybe_context_parallel` with context parallelism on ({size.where})"
+        lost = "k-1" if size is None or size.value is None else str(size.value - 1)
+        if site.labels is None:
+            base = code(site.batch)
+            shift = f'`{base}["shift_labels"] = shift_labels({base}["labels"])`'
+        else:
+            shift = f"`shift_labels({code(site.labels)})` passed as `shift_labels=`"
+        message = (
+            f"`{shown}(...)` gets {given} {why} and no `shift_labels`: the causal-LM loss shifts each rank's shard of "
+            f"the labels on its own, so {lost} targets per sequence are lost at the shard boundaries and, under "
+            f"torch's default head-tail load balancing, {lost} more are scored against the wrong token; shift once "
+            f"before sharding ({shift}, from `lintdist.runtime`) and add the result to `buffers`"
+        )
+        fix = None
+        if head is not None and not head.takes_shift_labels:
+            message += f" ({head.why_not})"
+        elif facts.is_within(site.call, site.block.body) and facts.enclosing_function(
+            site.call
+        ) is facts.enclosing_function(site.block):
+            fix = self._fix(site)
+        severity = Severity.ERROR if certain else Severity.WARNING
+        self.report(site.call, message, fix=fix, severity=severity)
+
+    # -- the fix -------------------------------------------------------------------------------------
+
+    def _fix(self, site: _Site) -> Fix | None:
+        facts = self.facts
+        if self._name_taken("shift_labels", site.block):
+            return None
+        code = facts.index.module.code_for_node
+        accelerate = not facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
+        buffers = argument_of(site.context, "buffers", 0 if accelerate else None)
+        dims = argument_of(site.context, "buffer_seq_dims", 1 if accelerate else None)
+        keep = argument_of(site.context, "no_restore_buffers", 2 if accelerate else None)
+        if buffers is None or dims is None or not facts.is_within(site.context, site.block):
+            return None  # (a context made before the block, `with cp_context:`, would need its own edit)
+        buffers_list, buffers_line = self._literal(buffers, site.block, cst.List)
+        dims_list, dims_line = self._literal(dims, site.block, cst.List)
+        if buffers_list is None or dims_list is None or buffers_line is not None and buffers_line is dims_line:
+            return None
+        if len(buffers_list.elements) != len(dims_list.elements) or any(
+            isinstance(e, cst.StarredElement) for e in (*buffers_list.elements, *dims_list.elements)
+        ):
+            return None
+
+        # what to compute, and what the call then needs
+        new_call = site.call
+        if site.labels is None:
+            base = code(site.batch)
+            quote = self._quote(site.batch)
+            labels_text = f"{base}[{quote}labels{quote}]"
+            shifted_text = f"{base}[{quote}shift_labels{quote}]"
+        elif string_key(site.labels) == "labels":
+            labels_text = code(site.labels)
+            quote = site.labels.slice[0].slice.value.quote
+            shifted_text = f"{code(site.labels.value)}[{quote}shift_labels{quote}]"
+            new_call = _with_last_keyword(site.call, "shift_labels", cst.parse_expression(shifted_text))
+        elif isinstance(site.labels, cst.Name):
+            labels_text = site.labels.value
+            shifted_text = "shifted_labels" if labels_text == "labels" else f"shifted_{labels_text}"
+            if self._name_taken(shifted_text, site.block):
+                return None
+            new_call = _with_last_keyword(site.call, "shift_labels", cst.Name(shifted_text))
+        else:
+            return None
+
+        dim = self._dim(buffers_list, dims_list, labels_text)
+        if dim is None:
+            return None
+        shifted = cst.parse_expression(shifted_text)
+        new_buffers = _append(buffers_list, shifted)
+        new_dims = _append(dims_list, dim.deep_clone())
+        inside = [(site.call, new_call)] if new_call is not site.call else []
+        keep_set = keep if isinstance(keep, cst.Set) else None
+        if keep_set is not None:
+            inside.append((keep_set, _append(keep_set, shifted.deep_clone())))
+        outside: list[tuple[cst.CSTNode, cst.CSTNode]] = []
+        for literal, line, new in ((buffers_list, buffers_line, new_buffers), (dims_list, dims_line, new_dims)):
+            if line is None:
+                inside.append((literal, new))
+            else:
+                outside.append((line, replace_nodes(line, [(literal, new)])))
+        statement = cst.parse_statement(f"{shifted_text} = shift_labels({labels_text})\n")
+        new_block = replace_nodes(site.block, inside)
+        # the shift goes before the first statement that reads it: the buffers' binding, else the block
+        first = buffers_line if buffers_line is not None else site.block
+        replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = []
+        for old, new in outside:
+            if old is first:
+                new = new.with_changes(leading_lines=())
+                new = cst.FlattenSentinel([statement.with_changes(leading_lines=first.leading_lines), new])
+            replacements.append((old, new))
+        if first is site.block:
+            new_block = new_block.with_changes(leading_lines=())
+            replacements.append(
+                (
+                    site.block,
+                    cst.FlattenSentinel([statement.with_changes(leading_lines=site.block.leading_lines), new_block]),
+                )
+            )
+        else:
+            replacements.append((site.block, new_block))
+        return Fix(
+            Applicability.UNSAFE,
+            "Shift the labels once before sharding and pass them as `shift_labels`, sharded with the other buffers",
+            replacements=tuple(replacements),
+            imports=(RUNTIME_IMPORT,),
+        )
+
+    def _literal(
+        self, expr: cst.BaseExpression, block: cst.With, kind: type
+    ) -> tuple[cst.CSTNode | None, cst.SimpleStatementLine | None]:
+        """(the literal, the statement binding it) for a literal in the call or a name bound once to one in the
+        same function before the block; (None, None) otherwise."""
+        if isinstance(expr, kind):
+            return expr, None
+        if not isinstance(expr, cst.Name):
+            return None, None
+        facts = self.facts
+        bindings = facts.bindings(expr.value, block)
+        function = facts.enclosing_function(block)
+        if len(bindings) != 1 or bindings[0].index is not None or bindings[0].function is not function:
+            return None, None
+        binding = bindings[0]
+        line = facts.parent(binding.statement)
+        if not isinstance(binding.value, kind) or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return None, None
+        if self.context.span(line).line > self.context.span(block).line:
+            return None, None
+        if facts.parent(line) is not facts.parent(block):
+            return None, None  # the shift must run before it, in the same block of statements
+        return binding.value, line
+
+    def _dim(self, buffers: cst.List, dims: cst.List, labels_text: str) -> cst.BaseExpression | None:
+        """The sequence dimension the labels are sharded on: theirs in `buffer_seq_dims`, else the input ids',
+        else the one every buffer shares."""
+        code = self.facts.index.module.code_for_node
+        texts = [code(e.value) for e in buffers.elements]
+        if labels_text in texts:
+            return dims.elements[texts.index(labels_text)].value
+        for index, element in enumerate(buffers.elements):
+            if string_key(element.value) == "input_ids" or texts[index] in {"input_ids", "inputs"}:
+                return dims.elements[index].value
+        values = {code(e.value) for e in dims.elements}
+        return dims.elements[0].value if len(values) == 1 else None
+
+    def _quote(self, batch: cst.BaseExpression) -> str:
+        """The quote the script writes its batch keys with."""
+        key = get_full_name_for_node(batch)
+        for node in self.facts.within(self.facts.index.module, cst.Subscript):
+            if string_key(node) is not None and get_full_name_for_node(node.value) == key:
+                return node.slice[0].slice.value.quote
+        return '"'
+
+    def _name_taken(self, name: str, at: cst.CSTNode) -> bool:
+        """``name`` is bound in the file otherwise than by ``from lintdist.runtime import shift_labels``."""
+        facts = self.facts
+        if facts._bindings.get(name):
+            return True
+        if any(p.name.value == name for p in facts.index.nodes(cst.Param)):
+            return True
+        for statement in facts.index.nodes(cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar):
+                continue
+            module = get_full_name_for_node(statement.module) if statement.module is not None else ""
+            for alias in statement.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                if get_full_name_for_node(bound) == name and not (
+                    module in {"lintdist.runtime", "lintdist.runtime.tokens"} and name == "shift_labels"
+                ):
+                    return True
+        return any(
+            isinstance(f, cst.FunctionDef) and f.name.value == name for f in facts.functions.get(name, ())
+        ) or name in {c.name.value for c in facts.classes}
+
+
+def facts_scope(facts: PythonFacts, node: cst.CSTNode) -> cst.CSTNode:
+    """The function around ``node``, or the module."""
+    return facts.enclosing_function(node) or facts.index.module
+
+
+def string_value_of(node: cst.SimpleString) -> str | None:
+    value = node.evaluated_value
+    return value if isinstance(value, str) else None
+
+
+def _append(node, value: cst.BaseExpression):
+    """A list or set literal with one more element, laid out as its others are."""
+    elements = list(node.elements)
+    if not elements:
+        return node.with_changes(elements=[cst.Element(value)])
+    last = elements[-1]
+    between = elements[-2].comma if len(elements) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    elements[-1] = last.with_changes(comma=between)
+    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
+    elements.append(cst.Element(value, comma=trailing))
+    return node.with_changes(elements=elements)
+
+
+def _with_last_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``name=value`` as its last argument, laid out as its others are."""
+    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    new_arg = cst.Arg(keyword=cst.Name(name), value=value, equal=equal)
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new_arg])
+    last = args[-1]
+    between = args[-2].comma if len(args) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args[-1] = last.with_changes(comma=between)
+    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
+    args.append(new_arg.with_changes(comma=trailing))
+    return call.with_changes(args=args)
