@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-TEXT_SUFFIXES = {".yaml", ".yml", ".sh"}
+TEXT_SUFFIXES = {".yaml", ".yml", ".sh", ".md"}
 
 
 def _sources(folder: Path) -> list[Path]:
@@ -37,7 +37,7 @@ def _scenarios(code: str) -> list[Path]:
 def _copy(folder: Path, tmp_path: Path) -> Path:
     target = tmp_path / folder.name
     target.mkdir()
-    for source in _sources(folder):
+    for source in [*_sources(folder), *folder.glob("requirements*.txt")]:  # the pinned versions travel too
         shutil.copy(source, target / source.name)
     return target
 
