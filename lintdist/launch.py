@@ -573,6 +573,23 @@ def in_force(launch: LaunchSettings | None, code: list[Setting], path: str) -> L
     return merged
 
 
+# `accelerate launch` switches that choose the backend; with one of them on the line the launcher takes no
+# `use_parallelism_config` from the config file (`launch_command`).
+BACKEND_SWITCHES = ("multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+
+
+def parallelism_exported(settings: LaunchSettings) -> bool:
+    """Whether ``accelerate launch`` exports the ``PARALLELISM_CONFIG_*`` variables for this launch
+    (``prepare_*_env``): with ``--use_parallelism_config``, or with a config that has a ``parallelism_config``
+    section when no backend flag is on the line. Otherwise a ``--parallelism_config_cp_size`` flag reaches
+    nothing."""
+    if switched_on(settings.get("use_parallelism_config")):
+        return True
+    section = any(s.spelling == "yaml" and s.keys[:1] == ("parallelism_config",) for s in settings.values.values())
+    flags = (settings.get(name) for name in BACKEND_SWITCHES)
+    return section and not any(s is not None and s.spelling == "flag" and switched_on(s) for s in flags)
+
+
 class _Unknown:
     """A value said differently in two places of the code: read as unknown, like an expression."""
 

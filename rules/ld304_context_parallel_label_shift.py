@@ -10,7 +10,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.edits import replace_nodes
 from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of, string_key
 from lintdist.labels import LabelFacts, model_head
-from lintdist.launch import LaunchSettings, Setting
+from lintdist.launch import LaunchSettings, parallelism_exported
 from lintdist.loop import integer_literal, is_loss_field
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -116,20 +116,7 @@ def launch_size(settings: LaunchSettings | None, dim: str) -> Size | None:
         return None
     name = f"parallelism_config_{dim}_size"
     setting = settings.get(name)
-    section = settings.get("parallelism_config")
-    if setting is None and section is not None and isinstance(section.value, dict) and name in section.value:
-        # the config's nested keys, until the settings table spells them itself
-        setting = Setting(
-            name=name,
-            value=section.value[name],
-            path=section.path,
-            line=section.line,
-            column=section.column,
-            spelling="yaml",
-        )
-    if setting is None:
-        return None
-    if setting.spelling == "flag" and settings.get("use_parallelism_config") is None and section is None:
+    if setting is None or (setting.spelling in {"flag", "yaml"} and not parallelism_exported(settings)):
         return None
     try:
         value = int(str(setting.value).strip())

@@ -26,6 +26,7 @@ from lintdist.launch import (
     launched_version,
     linked_config,
     number,
+    parallelism_exported,
     setting_span,
     switched_on,
     written,
@@ -53,10 +54,6 @@ HATCH = (
 MULTI_DEVICE = frozenset(
     {"MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON"}
 )
-# `accelerate launch` switches that choose the backend; any one of them on the command line keeps the launcher
-# from taking `use_parallelism_config` from the config file (`_validate_launch_command`).
-BACKEND_SWITCHES = ("multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
-
 RAISES_NONE = (
     "`AcceleratorState` raises ValueError ('`cp_size > 1` specified in the `parallelism_config`, but no "
     "`fsdp_plugin` was provided')"
@@ -333,7 +330,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
         cp = settings.get(CP_SETTING)
         if cp is None or cp.keys[:1] != ("parallelism_config",) or not _above_one(cp):
             return
-        problem = _launch_problem(settings, command_line=(), section=True)
+        problem = _launch_problem(settings, command_line=())
         if problem is not None:
             self.report(None, problem, span=setting_span(self.context.text, cp))
 
@@ -356,8 +353,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
             if cp is None or cp.spelling != "flag" or not _above_one(cp):
                 continue  # a config's value is reported in the config
             flags = {s.name: s for s in line_settings if s.spelling == "flag"}
-            section = document is not None and bool(document.data.get("parallelism_config"))
-            problem = _launch_problem(settings, command_line=tuple(flags), section=section)
+            problem = _launch_problem(settings, command_line=tuple(flags))
             if problem is not None and "raises ValueError ('You cannot" not in problem:
                 # an `export` counts for the commands after it
                 exported = [e for e in launch.exports if cp.token is None or e[2].start < cp.token.start]
@@ -419,16 +415,14 @@ def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
     return None
 
 
-def _launch_problem(settings: LaunchSettings, command_line: tuple[str, ...], section: bool) -> str | None:
+def _launch_problem(settings: LaunchSettings, command_line: tuple[str, ...]) -> str | None:
     """What goes wrong when an accelerate config or launch line turns context parallelism on; None if nothing.
 
-    ``command_line`` names the flags of the launch line (empty for a config on its own); ``section``: the
-    config has a ``parallelism_config`` section."""
+    ``command_line`` names the flags of the launch line (empty for a config on its own)."""
     cp_setting = settings.get(CP_SETTING)
     cp = written(cp_setting).rsplit(" at ", 1)[0]
-    backend_flag = any(name in command_line and switched_on(settings.get(name)) for name in BACKEND_SWITCHES)
     requested = switched_on(settings.get("use_parallelism_config"))
-    if not requested and not (section and not backend_flag):
+    if not parallelism_exported(settings):
         return None  # the launcher exports no `PARALLELISM_CONFIG_*`: context parallelism is not on
     devices = _device_count(settings)
     if devices is False:

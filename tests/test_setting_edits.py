@@ -228,3 +228,24 @@ def test_accelerator_split_batches_keyword_is_not_a_setting():
     # accelerate 1.15 binds Accelerator(split_batches=...) to a sentinel that nothing reads
     source = "from accelerate import Accelerator\naccelerator = Accelerator(split_batches=True)\n"
     assert _in_force(source).get("split_batches") is None
+
+
+def test_the_launcher_exports_parallelism_settings_only_when_asked():
+    from lintdist.launch import parallelism_exported
+
+    def settings(config: str, line: str) -> LaunchSettings:
+        table = LaunchSettings()
+        for setting in config_settings(parse_config(config), "config.yaml") if config else ():
+            table.set(setting)
+        parsed = parse_launch(line)
+        for setting in command_settings(parsed.commands[0], parsed, line, "launch.sh"):
+            table.set(setting)
+        return table
+
+    section = "distributed_type: FSDP\nparallelism_config:\n  parallelism_config_cp_size: 2\n"
+    assert parallelism_exported(settings(section, "accelerate launch train.py\n"))
+    # a backend flag on the line keeps the launcher from taking use_parallelism_config from the config
+    assert not parallelism_exported(settings(section, "accelerate launch --use_fsdp train.py\n"))
+    assert not parallelism_exported(settings("", "accelerate launch --parallelism_config_cp_size 2 train.py\n"))
+    flag = "accelerate launch --use_fsdp --use_parallelism_config --parallelism_config_cp_size 2 train.py\n"
+    assert parallelism_exported(settings("", flag))
