@@ -449,6 +449,9 @@ for epoch in range(args.num_train_epochs):
     def finish(self) -> None:
         self._scheduler_names: set[str] = set()
         self._loops: dict[frozenset[str], list] = {}
+        self._bounds: dict[tuple[str, frozenset[str]], cst.CSTNode | None] = {}
+        self._assigned_from: dict[str, set[str]] | None = None
+        self._bounds_of_loop: dict[int, list] = {}
         if self.loop.surely_single:
             return
         seen: set[int] = set()
@@ -936,25 +939,45 @@ for epoch in range(args.num_train_epochs):
     def _bounds_training_loop(self, key: str) -> cst.CSTNode | None:
         """The line of a loop test or ``range`` bound, or of an ``if ...: break`` inside a loop, that compares
         the steps taken with ``key`` (or a name assigned from it), in a loop that steps the scheduler."""
+        memo = (key, frozenset(self._scheduler_names))
+        if memo not in self._bounds:
+            self._bounds[memo] = self._find_bound(key)
+        return self._bounds[memo]
+
+    def _find_bound(self, key: str) -> cst.CSTNode | None:
         facts = self.facts
-        aliases = {key}
-        for assign in facts.index.nodes(cst.Assign):
-            if get_full_name_for_node(assign.value) == key:
-                aliases |= {get_full_name_for_node(t.target) for t in assign.targets} - {None}
+        if self._assigned_from is None:  # `b = a` targets by the name of `a`, read once per file
+            self._assigned_from = {}
+            for assign in facts.index.nodes(cst.Assign):
+                source = get_full_name_for_node(assign.value)
+                if source is not None:
+                    targets = {get_full_name_for_node(t.target) for t in assign.targets} - {None}
+                    self._assigned_from.setdefault(source, set()).update(targets)
+        aliases = {key} | self._assigned_from.get(key, set())
         for loop in self._stepping_loops():
-            if isinstance(loop, cst.For):
-                # `for step in range(n)`, `tqdm(range(n))`, `zip(range(n), loader)`
-                if any(
-                    get_full_name_for_node(call.func) == "range" and _mentions(facts, call, aliases)
-                    for call in facts.within(loop.iter, cst.Call)
-                ):
-                    return loop
-            elif _compares(facts, loop.test, aliases):
-                return loop
-            for test in facts.within(loop.body, cst.If):
-                if _compares(facts, test.test, aliases) and facts.within(test.body, cst.Break, cst.Return):
-                    return test
+            for names, bound in self._loop_bounds(loop):
+                if names & aliases:
+                    return bound
         return None
+
+    def _loop_bounds(self, loop: cst.For | cst.While) -> list[tuple[set[str], cst.CSTNode]]:
+        """What can bound a loop, in order, each with the names it mentions: a ``range(...)`` in a ``for``'s
+        iterable (``range(n)``, ``tqdm(range(n))``), a ``while`` test's comparisons, and the comparisons of
+        each ``if ...: break``/``return`` in the body. Read once per loop."""
+        if id(loop) in self._bounds_of_loop:
+            return self._bounds_of_loop[id(loop)]
+        facts = self.facts
+        found: list[tuple[set[str], cst.CSTNode]] = []
+        if isinstance(loop, cst.For):
+            ranges = [c for c in facts.within(loop.iter, cst.Call) if get_full_name_for_node(c.func) == "range"]
+            found += [(_names(facts, call), loop) for call in ranges]
+        else:
+            found += [(_names(facts, c), loop) for c in facts.within(loop.test, cst.Comparison)]
+        for test in facts.within(loop.body, cst.If):
+            if facts.within(test.body, cst.Break, cst.Return):
+                found += [(_names(facts, c), test) for c in facts.within(test.test, cst.Comparison)]
+        self._bounds_of_loop[id(loop)] = found
+        return found
 
     def _stepping_loops(self) -> list:
         """The loops around the scheduler's ``step()`` calls, also around the calls of the function holding them."""
@@ -1077,9 +1100,6 @@ def _assigned_names(facts, definition: cst.CSTNode) -> set[str]:
     return names
 
 
-def _mentions(facts, expr: cst.CSTNode, names: set[str]) -> bool:
-    return any(get_full_name_for_node(node) in names for node in facts.within(expr, cst.Name, cst.Attribute))
-
-
-def _compares(facts, test: cst.BaseExpression, names: set[str]) -> bool:
-    return any(_mentions(facts, comparison, names) for comparison in facts.within(test, cst.Comparison))
+def _names(facts, expr: cst.CSTNode) -> set[str]:
+    """The full names of the names and attributes in ``expr`` (``args.max_train_steps``, ``step``)."""
+    return {name for node in facts.within(expr, cst.Name, cst.Attribute) if (name := get_full_name_for_node(node))}
