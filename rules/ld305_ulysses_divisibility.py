@@ -69,6 +69,8 @@ class UlyssesDivisibility(Rule):
     severity = Severity.INFO
     fix_kind = "none"
     triggers = ("num_attention_heads", "num_key_value_heads", "sp_seq_length")
+    # head counts are everywhere in model code; a script that turns SP on builds an Accelerator or a config
+    also_triggers = (("Accelerator", "ParallelismConfig", "sp_size"),)
 
     VALID = (
         Valid(

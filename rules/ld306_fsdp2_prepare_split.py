@@ -11,6 +11,7 @@ and so does a model that is only used for inference.
 from __future__ import annotations
 
 import os
+import re
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -18,7 +19,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import ACCELERATOR_CLASSES, DATALOADER_CLASSES, argument_of
 from lintdist.launch import launched_version
 from lintdist.model import Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.rules.ld301_fsdp1_only_option import PLUGIN_CLASSES, plugin_version
 
 MAX_DEPTH = 4
@@ -117,7 +118,8 @@ class Fsdp2PrepareSplit(Rule):
     name = "fsdp2-prepare-split"
     severity = Severity.ERROR
     fix_kind = "none"
-    triggers = ("prepare",)
+    triggers = (Pattern(("prepare",), re.compile(r"prepare(?:_model)?\s*\(")),)
+    also_triggers = (("accelerat", "Accelerat"),)  # an Accelerator's prepare, not any `prepare(`
 
     VALID = (
         Valid(

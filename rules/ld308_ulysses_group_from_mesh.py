@@ -94,6 +94,7 @@ class UlyssesGroupFromMesh(Rule):
     severity = Severity.ERROR
     fix_kind = "safe"
     triggers = ("device_mesh",)
+    also_triggers = (("accelerat", "Accelerat"),)  # the accelerator's mesh, not any device mesh
 
     VALID = (
         Valid(

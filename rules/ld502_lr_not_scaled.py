@@ -84,7 +84,7 @@ class LrNotScaled(Rule):
     name = "lr-not-scaled"
     severity = Severity.INFO
     default_enabled = False
-    triggers = ("torch.optim", "from torch import optim", "import torch")
+    triggers = ("torch.optim", "from torch import optim")
     also_triggers = (("prepare", "DistributedSampler"),)
 
     VALID = (
