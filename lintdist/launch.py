@@ -12,8 +12,9 @@ shell edits keep continuations and quoting, Python edits are keyword edits
 
 Precedence, as accelerate 1.15 applies it: a plugin built in code wins over a
 launch flag, a flag over an environment variable, and a variable over the YAML
-config (``PRECEDENCE``); a plugin built in code without a keyword reads the
-launcher's ``FSDP_*``/``ACCELERATE_*`` environment, so it inherits the launch's value.
+config; a plugin built in code without a keyword reads the launcher's
+``FSDP_*``/``ACCELERATE_*`` environment, so it inherits the launch's value
+(``in_force`` has the exceptions).
 The project pass links each script to the configs and launch lines that run it.
 """
 
@@ -35,9 +36,6 @@ from lintdist.sources import (
     parse_config,
     read_source,
 )
-
-# Lowest first: a later spelling overrides an earlier one.
-PRECEDENCE = ("default-config", "yaml", "env", "flag", "python")
 
 ENV_NAMES = {
     "ACCELERATE_USE_CPU": "cpu",
@@ -102,7 +100,7 @@ def written(setting: Setting) -> str:
     elif setting.spelling == "yaml":
         text = f"{setting.raw or setting.name}: {setting.value}"
     elif setting.spelling == "python":
-        text = setting.raw
+        text = setting.raw + ("..." if _is_node(setting.value) else repr(setting.value))
     else:
         text = f"{setting.raw or setting.name}={setting.value}"
     return f"`{text}` at {setting.path}:{setting.line}"

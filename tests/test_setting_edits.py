@@ -191,7 +191,8 @@ def test_code_keywords_join_the_table_under_the_launchers_names():
     assert settings.get("fsdp_auto_wrap_policy") is None  # an explicit None is accelerate's default
     assert number(settings.get("fsdp_reshard_after_forward")) is None  # args.reshard: unknown
     assert settings.distributed_type.value == "FSDP"
-    assert written(settings.get("fsdp_version")) == "`fsdp_version=` at train.py:5"
+    assert written(settings.get("fsdp_version")) == "`fsdp_version=2` at train.py:5"
+    assert written(settings.get("fsdp_reshard_after_forward")) == "`reshard_after_forward=...` at train.py:5"
 
 
 def test_code_over_launch_except_where_accelerate_reads_the_environment_first():
