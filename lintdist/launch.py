@@ -92,9 +92,10 @@ def number(setting: Setting | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def written(setting: Setting) -> str:
+def written(setting: Setting, *, where: bool = True) -> str:
     """The setting as its file writes it, for messages: ``--use_fsdp``, ``ACCELERATE_USE_FSDP=true``,
-    ``distributed_type: FSDP``, ``fsdp_version=2``; with where it is (``launch.sh:3``)."""
+    ``distributed_type: FSDP``, ``fsdp_version=2``; with where it is (``launch.sh:3``) unless ``where`` is
+    False."""
     if setting.token is not None:
         text = setting.token.text + (f" {setting.value_token.text}" if setting.value_token is not None else "")
     elif setting.spelling == "yaml":
@@ -103,7 +104,7 @@ def written(setting: Setting) -> str:
         text = setting.raw + ("..." if _is_node(setting.value) else repr(setting.value))
     else:
         text = f"{setting.raw or setting.name}={setting.value}"
-    return f"`{text}` at {setting.path}:{setting.line}"
+    return f"`{text}` at {setting.path}:{setting.line}" if where else f"`{text}`"
 
 
 def _is_node(value: object) -> bool:

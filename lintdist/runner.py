@@ -314,6 +314,14 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
         cache = ResultCache(settings.root, settings.fingerprint())
     from lintdist.versions import project_versions  # a cached result depends on the declared versions too
 
+    # one look at the manifests per folder, not per file
+    versions_by_folder: dict[Path, tuple] = {}
+
+    def versions_key(path: Path) -> tuple:
+        if path.parent not in versions_by_folder:
+            versions_by_folder[path.parent] = project_versions(path).fingerprint()
+        return versions_by_folder[path.parent]
+
     reports: dict[int, FileReport] = {}
     pending: list[tuple[int, Task, str | None]] = []
     for index, task in enumerate(tasks):
@@ -323,7 +331,7 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
             task.candidate.explicit,
             sorted(task.codes),
             task.settings.fingerprint() if task.settings else None,
-            project_versions(task.candidate.path).fingerprint() if cache is not None else None,
+            versions_key(task.candidate.path) if cache is not None else None,
             want_edits,
         )
         if cache is not None:

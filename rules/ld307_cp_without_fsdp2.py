@@ -420,7 +420,7 @@ def _launch_problem(settings: LaunchSettings, command_line: tuple[str, ...]) -> 
 
     ``command_line`` names the flags of the launch line (empty for a config on its own)."""
     cp_setting = settings.get(CP_SETTING)
-    cp = written(cp_setting).rsplit(" at ", 1)[0]
+    cp = written(cp_setting, where=False)
     requested = switched_on(settings.get("use_parallelism_config"))
     if not parallelism_exported(settings):
         return None  # the launcher exports no `PARALLELISM_CONFIG_*`: context parallelism is not on

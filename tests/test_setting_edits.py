@@ -193,6 +193,7 @@ def test_code_keywords_join_the_table_under_the_launchers_names():
     assert settings.distributed_type.value == "FSDP"
     assert written(settings.get("fsdp_version")) == "`fsdp_version=2` at train.py:5"
     assert written(settings.get("fsdp_reshard_after_forward")) == "`reshard_after_forward=...` at train.py:5"
+    assert written(settings.get("fsdp_version"), where=False) == "`fsdp_version=2`"
 
 
 def test_code_over_launch_except_where_accelerate_reads_the_environment_first():
