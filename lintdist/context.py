@@ -42,6 +42,19 @@ class FileContext:
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
 
+    @property
+    def is_test_module(self) -> bool:
+        """A test module: under a ``tests``/``test`` folder, or named ``test_*.py``, ``*_test.py``, ``conftest.py``.
+        Tests build wrappers and pick devices on purpose, on one node, to exercise code."""
+        parts = [part.lower() for part in self.path.parts]
+        name = parts[-1] if parts else ""
+        return (
+            any(part in {"tests", "test"} for part in parts[:-1])
+            or name.startswith("test_")
+            or name.endswith("_test.py")
+            or name == "conftest.py"
+        )
+
     def runtime_name_free(self, name: str) -> bool:
         """A fix may import ``name`` from ``lintdist.runtime``: no other module-level ``name`` is in the way."""
         return all(

@@ -191,7 +191,7 @@ for batch in loader:
     )
 
     def finish(self) -> None:
-        if _test_code(self.context.path) or self.loop.surely_single or self._mentions_scaling():
+        if self.context.is_test_module or self.loop.surely_single or self._mentions_scaling():
             return
         if self._model_parallel():
             return  # tensor, context or sequence parallel ranks share a batch: the data-parallel size is not W
@@ -332,15 +332,3 @@ for batch in loader:
             "nothing is wrong (advice, not a bug)"
         )
         self.report(lr, message)
-
-
-def _test_code(path) -> bool:
-    """A test module: under a ``tests``/``test`` folder, or named ``test_*.py``, ``*_test.py``, ``conftest.py``."""
-    parts = [part.lower() for part in path.parts]
-    name = parts[-1] if parts else ""
-    return (
-        any(part in {"tests", "test"} for part in parts[:-1])
-        or name.startswith("test_")
-        or name.endswith("_test.py")
-        or name == "conftest.py"
-    )
