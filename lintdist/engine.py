@@ -230,6 +230,15 @@ def apply_python_fixes(module: cst.Module, fixes: list[Fix]) -> str:
         for module_name, name in imports:
             AddImportsVisitor.add_needed_import(codemod, module_name, name)
         updated = AddImportsVisitor(codemod).transform_module(updated)
+    stale = sorted({item for fix in fixes for item in fix.stale_imports}, key=str)
+    if stale:
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import RemoveImportsVisitor
+
+        codemod = CodemodContext()
+        for module_name, name in stale:
+            RemoveImportsVisitor.remove_unused_import(codemod, module_name, name)
+        updated = RemoveImportsVisitor(codemod).transform_module(updated)
     return updated.code
 
 

@@ -36,7 +36,9 @@ class Fix:
 
     Python fixes replace libcst nodes (``replacements``, keyed by the original
     node) and may ask for imports (``imports``: ``(module, name)`` pairs, added
-    once with libcst's ``AddImportsVisitor``). Configuration and launch files
+    once with libcst's ``AddImportsVisitor``). ``stale_imports`` names imports the
+    change may leave unused (``(module, name)``, or ``(module, None)`` for
+    ``import module``): each is removed if nothing reads it any more. Configuration and launch files
     are fixed with ``edits`` on their text.
     """
 
@@ -45,6 +47,7 @@ class Fix:
     replacements: tuple[tuple[cst.CSTNode, cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel], ...] = ()
     imports: tuple[tuple[str, str], ...] = ()
     edits: tuple[TextEdit, ...] = ()
+    stale_imports: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
