@@ -1239,8 +1239,8 @@ def _last_name(expr: cst.BaseExpression) -> str | None:
 
 def _is_rank(expr: cst.BaseExpression) -> bool:
     """A process's rank: ``rank``, ``args.local_rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``..."""
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        return _last_name(expr) in RANK_NAMES
+    if isinstance(expr, (cst.Name, cst.Attribute)):  # `cfg.environment._local_rank`: a private copy is one too
+        return (_last_name(expr) or "").lstrip("_") in RANK_NAMES
     if isinstance(expr, cst.Call):
         name = _last_name(expr)
         if name in RANK_GETTERS:
