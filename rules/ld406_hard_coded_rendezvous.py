@@ -1,0 +1,385 @@
+"""LD406 hard-coded-rendezvous: a script that overwrites the rendezvous address or port its launcher provides."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import argument_of, string_value
+from lintdist.model import Severity, Span
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.sources import line_col
+
+RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+# Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
+# `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
+LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
+ENVIRON = frozenset({"os.environ"})
+ENV_WRITERS = frozenset({"os.putenv"})
+ENV_READERS = frozenset({"os.getenv", "os.environ.get"})
+INIT_PROCESS_GROUP = frozenset(
+    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+)
+# Launchers that start the processes themselves in this file: one node, and the address must be set here.
+SPAWNERS = frozenset(
+    {
+        "torch.multiprocessing.spawn",
+        "torch.multiprocessing.start_processes",
+        "torch.multiprocessing.spawn.spawn",
+        "torch.multiprocessing.spawn.start_processes",
+        "torch.multiprocessing.Process",
+        "multiprocessing.Process",
+        "accelerate.notebook_launcher",
+        "accelerate.launchers.notebook_launcher",
+        "accelerate.debug_launcher",
+        "accelerate.launchers.debug_launcher",
+    }
+)
+ACCELERATE_STATES = frozenset(
+    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelerate.PartialState"}
+    | {"accelerate.state.PartialState"}
+)
+SPAWN_NAMES = frozenset({"spawn", "start_processes", "Process", "notebook_launcher", "debug_launcher"})
+# Launch-file flags that fix the rendezvous, per launcher, and the flags that count the nodes.
+ADDRESS_FLAGS = {
+    "torchrun": ("master_addr", "rdzv_endpoint"),
+    "accelerate": ("main_process_ip",),
+    "deepspeed": ("master_addr",),
+}
+NODE_FLAGS = {"torchrun": ("nnodes",), "accelerate": ("num_machines",), "deepspeed": ("num_nodes",)}
+SHELL_VALUE = re.compile(r"[$`]")
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
+
+
+class HardCodedRendezvous(Rule):
+    """
+    ## What it does
+    Reports a script launched by `torchrun` or `accelerate launch` that
+    overwrites the rendezvous its launcher provides: `os.environ["MASTER_ADDR"]
+    = ...` or `os.environ["MASTER_PORT"] = ...` (also through
+    `os.environ.update(...)` or `os.putenv`), or
+    `init_process_group(init_method="tcp://host:port")` with a literal
+    address. The script counts as launched when it reads `RANK`,
+    `LOCAL_RANK` or `WORLD_SIZE` from the environment, calls
+    `init_process_group()` with no `rank`/`world_size`, builds an
+    `Accelerator`/`PartialState`, or is named by a launch file. In a launch
+    file, a multi-node line (`--nnodes`/`--num_machines` above 1) that fixes
+    the address to a literal (`--master_addr 10.1.2.3`,
+    `--main_process_ip localhost`, `--rdzv_endpoint host:port`) is
+    reported too.
+
+    ## Why is this bad?
+    The launcher exports `MASTER_ADDR` and `MASTER_PORT` to every worker
+    (torchrun's elastic agent sets them from its rendezvous; `accelerate
+    launch` from `--main_process_ip`/`--main_process_port`). A script that
+    overwrites them makes every node rendezvous at the written address: on a
+    second node `localhost` is the wrong machine and the job hangs at
+    `init_process_group`, and two jobs on one machine collide on the written
+    port (`EADDRINUSE`). It works on the machine it was written on and breaks
+    when the job is moved or scaled out.
+
+    Not reported: `os.environ.setdefault(...)` and assignments under a test of
+    the environment (`if "MASTER_ADDR" not in os.environ:`), which keep the
+    launcher's values; and a file that starts its own processes
+    (`mp.spawn`, `torch.multiprocessing.start_processes`, `mp.Process`,
+    `notebook_launcher`), where a single-node job needs an address set
+    somewhere.
+
+    ## Example
+    ```python
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    ```
+
+    ## Use instead
+    ```python
+    os.environ.setdefault("MASTER_ADDR", "localhost")  # a fallback for a single process run by hand
+    os.environ.setdefault("MASTER_PORT", "12355")
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    ```
+
+    ## Fix safety
+    There is no fix: whether the value was meant as a fallback (`setdefault`)
+    or should go (the launcher sets it) is the author's choice.
+
+    ## References
+    - torch `torch/distributed/elastic/agent/server/local_elastic_agent.py`
+      (`_start_workers` sets `MASTER_ADDR`/`MASTER_PORT` for every worker) and
+      `torch/distributed/run.py` (`--master_addr`, `--master_port`, `--rdzv_endpoint`)
+    - accelerate `accelerate/utils/launch.py` (`prepare_multi_gpu_env`,
+      `prepare_simple_launcher_cmd_env`: `MASTER_ADDR`/`MASTER_PORT` from the launch flags)
+    - facebookresearch/XLM issue #53: two jobs on one server fail with
+      "Address already in use" until the script stops writing a fixed `MASTER_PORT`
+    - open-mmlab/mmcv pull request #362: the launcher's `MASTER_PORT` is kept
+      instead of being overwritten by the script's value
+    - pytorch/pytorch issue #73320: a fixed rendezvous port identifies the job;
+      a second job on the same nodes must get another one
+    """
+
+    code = "LD406"
+    name = "hard-coded-rendezvous"
+    severity = Severity.INFO
+    default_enabled = True
+    kinds = frozenset({"python", "launch"})
+    triggers = ("master_addr", "main_process_ip", "rdzv_endpoint")
+    python_triggers = ("MASTER_ADDR", "MASTER_PORT", "tcp://")
+
+    VALID = (
+        Valid(
+            """\
+import os
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+mp.spawn(worker, args=(2,), nprocs=2)
+"""
+        ),
+        Valid(
+            """\
+import os
+
+import torch.distributed as dist
+
+os.environ.setdefault("MASTER_ADDR", "localhost")
+if "MASTER_PORT" not in os.environ:
+    os.environ["MASTER_PORT"] = "29500"
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+"""
+        ),
+        Valid(
+            "torchrun --nnodes 1 --nproc_per_node 8 --master_addr localhost --master_port 29501 train.py\n",
+            filename="launch.sh",
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+import os
+
+import torch.distributed as dist
+
+os.environ["MASTER_ADDR"] = "localhost"
+os.environ["MASTER_PORT"] = "12355"
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+""",
+            lines=(5, 6),
+        ),
+        Invalid(
+            "torchrun --nnodes 2 --nproc_per_node 8 --master_addr 10.0.0.5 --master_port 29500 train.py\n",
+            lines=(1,),
+            filename="launch.sh",
+        ),
+    )
+
+    def finish(self) -> None:
+        if self.context.kind == "launch":
+            if self.context.launch is not None:
+                self._check_launch()
+            return
+        facts = self.facts
+        if facts is None or self._spawns():
+            return
+        found = [*self._environment_writes(), *self._tcp_init_methods()]
+        if not found:
+            return
+        evidence = self._launched()
+        if evidence is None:
+            return
+        for node, what in found:
+            self.report(
+                node,
+                f"{what} overwrites the rendezvous the launcher provides ({evidence}): torchrun and `accelerate "
+                "launch` set `MASTER_ADDR`/`MASTER_PORT` for every worker, and a written value breaks multi-node "
+                "runs and collides with other jobs on the port; use `os.environ.setdefault(...)` for a fallback, "
+                "or leave it to the launcher",
+            )
+
+    # -- Python -----------------------------------------------------------------------------------
+
+    def _spawns(self) -> bool:
+        facts = self.facts
+        return any(facts.method_name(call) in SPAWN_NAMES and facts.callee_is(call, SPAWNERS) for call in facts.calls)
+
+    def _environment_writes(self) -> list[tuple[cst.CSTNode, str]]:
+        facts = self.facts
+        found = []
+        for statement in facts.index.nodes(cst.Assign):
+            for target in statement.targets:
+                variable = self._environ_key(target.target)
+                if (
+                    variable in RENDEZVOUS_VARIABLES
+                    and not self._env_tested(statement)
+                    and not self._reads_env(statement.value)
+                ):
+                    found.append((statement, f'`os.environ["{variable}"] = ...`'))
+        for call in facts.calls:
+            name = facts.method_name(call)
+            if name == "update" and isinstance(call.func, cst.Attribute) and self._is_environ(call.func.value):
+                variables = self._updated(call)
+                if variables and not self._env_tested(call):
+                    found.append((call, f"`os.environ.update(...)` setting {' and '.join(variables)}"))
+            elif name == "putenv" and facts.callee_is(call, ENV_WRITERS):
+                variable = string_value(argument_of(call, "key", 0))
+                if variable in RENDEZVOUS_VARIABLES and not self._env_tested(call):
+                    found.append((call, f'`os.putenv("{variable}", ...)`'))
+        return found
+
+    def _tcp_init_methods(self) -> list[tuple[cst.CSTNode, str]]:
+        facts = self.facts
+        found = []
+        for call in facts.calls:
+            if facts.method_name(call) != "init_process_group" or not facts.callee_is(call, INIT_PROCESS_GROUP):
+                continue
+            method = argument_of(call, "init_method", 1)
+            text = string_value(method)
+            if text is None:
+                origins = [o.node for o in facts.origins(method, call)] if method is not None else []
+                texts = {string_value(o) for o in origins if isinstance(o, cst.BaseExpression)}
+                text = texts.pop() if len(texts) == 1 else None
+            if text is not None and text.startswith("tcp://") and not self._own_group(call):
+                found.append((method, f'`init_process_group(init_method="{text}")`'))
+        return found
+
+    def _own_group(self, call: cst.Call) -> bool:
+        """``init_process_group`` given its rank and world size from anything but the launcher's environment (a
+        one-process group in a test, ``world_size=1, rank=0``): the address is the script's own business."""
+        rank = argument_of(call, "rank", 4)
+        size = argument_of(call, "world_size", 3)
+        return rank is not None and size is not None and not self._reads_env(rank) and not self._reads_env(size)
+
+    def _reads_env(self, expr: cst.BaseExpression) -> bool:
+        """The value comes from the environment (``os.environ.get("MASTER_PORT") or free_port()``,
+        ``int(os.environ["RANK"])``), following names to their assignments."""
+        facts = self.facts
+        nodes = [expr]
+        nodes += [o.node for n in facts.within(expr, cst.Name) for o in facts.origins(n, expr) if o.node is not n]
+        for node in nodes:
+            if not isinstance(node, cst.CSTNode):
+                continue
+            for part in facts.within(node, cst.Name, cst.Attribute) if facts.index.order(node) >= 0 else ():
+                if get_full_name_for_node(part) in {"os.environ", "environ", "os.getenv", "getenv"}:
+                    return True
+        return False
+
+    def _environ_key(self, target: cst.BaseExpression) -> str | None:
+        if not isinstance(target, cst.Subscript) or len(target.slice) != 1:
+            return None
+        index = target.slice[0].slice
+        if not isinstance(index, cst.Index) or not self._is_environ(target.value):
+            return None
+        return string_value(index.value)
+
+    def _is_environ(self, expr: cst.BaseExpression) -> bool:
+        return (
+            isinstance(expr, cst.Attribute)
+            and expr.attr.value == "environ"
+            and bool(ENVIRON & self.facts.qualified_names(expr))
+            or (isinstance(expr, cst.Name) and "os.environ" in self.facts.qualified_names(expr))
+        )
+
+    def _updated(self, call: cst.Call) -> list[str]:
+        names = [
+            a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value in RENDEZVOUS_VARIABLES
+        ]
+        if call.args and isinstance(call.args[0].value, cst.Dict) and call.args[0].keyword is None:
+            for element in call.args[0].value.elements:
+                key = string_value(element.key) if isinstance(element, cst.DictElement) else None
+                if key in RENDEZVOUS_VARIABLES:
+                    names.append(key)
+        return names
+
+    def _env_tested(self, node: cst.CSTNode) -> bool:
+        """An ``if`` around the write reads the environment (``"MASTER_ADDR" not in os.environ``,
+        ``os.environ.get("RANK") is None``): a fallback that keeps what the launcher set."""
+        for ancestor in self.facts.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if isinstance(ancestor, (cst.If, cst.While)):
+                for part in self.facts.within(ancestor.test, cst.Name, cst.Attribute, cst.SimpleString):
+                    if isinstance(part, cst.SimpleString):
+                        if string_value(part) in RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES:
+                            return True
+                    elif get_full_name_for_node(part) in {"os.environ", "environ", "os.getenv", "getenv"}:
+                        return True
+        return False
+
+    def _launched(self) -> str | None:
+        """What says a launcher starts this script, in words; None when nothing does."""
+        facts = self.facts
+        for node in facts.index.nodes(cst.Subscript):
+            if self._environ_key(node) in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
+                return f'it reads `os.environ["{self._environ_key(node)}"]`'
+        for call in facts.calls:
+            name = facts.method_name(call)
+            if name in {"get", "getenv"} and (
+                facts.callee_is(call, ENV_READERS)
+                or (isinstance(call.func, cst.Attribute) and self._is_environ(call.func.value))
+            ):
+                variable = string_value(argument_of(call, "key", 0))
+                if variable in LAUNCHER_VARIABLES:
+                    return f"it reads `{variable}` from the environment"
+            elif name == "init_process_group" and facts.callee_is(call, INIT_PROCESS_GROUP):
+                given = {a.keyword.value for a in call.args if a.keyword is not None}
+                positional = sum(1 for a in call.args if a.keyword is None)
+                method = string_value(argument_of(call, "init_method", 1))
+                if (
+                    not given & {"rank", "world_size", "store"}
+                    and positional <= 2
+                    and not (method or "").startswith(("tcp://", "file://"))
+                ):
+                    return "`init_process_group()` takes its rank and world size from the environment"
+            elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_STATES):
+                return f"`{name}()` reads the environment `accelerate launch` sets"
+        settings = self.context.settings
+        if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
+            return "a launch file starts it"
+        return None
+
+    # -- launch files --------------------------------------------------------------------------------
+
+    def _check_launch(self) -> None:
+        text = self.context.text
+        for command in self.context.launch.commands:
+            flags = {f.name: f for f in command.flags}
+            nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
+            count = _node_count(nodes.value if nodes is not None else None)
+            if count is None or count <= 1:
+                continue
+            for name in ADDRESS_FLAGS.get(command.launcher, ()):
+                flag = flags.get(name)
+                if flag is None or flag.value is None or SHELL_VALUE.search(flag.value):
+                    continue
+                host = flag.value.rsplit(":", 1)[0] if name == "rdzv_endpoint" else flag.value
+                local = host in LOCAL_ADDRESSES
+                message = (
+                    f"`--{name} {flag.value}` fixes the rendezvous of a multi-node launch (`--{nodes.name} {nodes.value}`) to "
+                    + ("this machine: the other nodes cannot reach it" if local else "one machine's address")
+                    + "; pass it in from the scheduler (`$MASTER_ADDR`, `$SLURM_...`, a script argument) so the job "
+                    "runs wherever node 0 lands"
+                )
+                end = flag.value_token.end if flag.value_token is not None else flag.token.end
+                span = Span(*line_col(text, flag.token.start), *line_col(text, end))
+                self.report(None, message, span=span)
+
+
+def _node_count(value: str | None) -> int | None:
+    """``2`` -> 2; torchrun's elastic ``1:4`` -> 4 (the most it may run); None when unknown (``$NNODES``)."""
+    if value is None:
+        return None
+    last = value.rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else None
