@@ -1,0 +1,485 @@
+"""LD704 deprecated-cuda-amp: `torch.cuda.amp`/`torch.cpu.amp` autocast, GradScaler and custom_fwd/bwd."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+# The deprecated classes and functions (torch 2.13 `torch/cuda/amp/autocast_mode.py`, `grad_scaler.py`,
+# `torch/cpu/amp/*.py`: each carries `@deprecated(..., category=FutureWarning)`), by qualified name ->
+# (kind, device type). The `torch.amp` replacements have the same names.
+DEPRECATED: dict[str, tuple[str, str]] = {}
+for _device in ("cuda", "cpu"):
+    for _path, _kind in (
+        ("autocast", "autocast"),
+        ("autocast_mode.autocast", "autocast"),
+        ("GradScaler", "GradScaler"),
+        ("grad_scaler.GradScaler", "GradScaler"),
+    ):
+        DEPRECATED[f"torch.{_device}.amp.{_path}"] = (_kind, _device)
+for _kind in ("custom_fwd", "custom_bwd"):
+    DEPRECATED[f"torch.cuda.amp.{_kind}"] = (_kind, "cuda")
+    DEPRECATED[f"torch.cuda.amp.autocast_mode.{_kind}"] = (_kind, "cuda")
+DEPRECATED_NAMES = frozenset(DEPRECATED)
+OLD_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
+# The replacements, and the other spellings of them (`torch.autocast`, `torch.GradScaler`): a script that
+# names one of them next to the deprecated call is choosing between them for old torch versions.
+NEW_NAMES = frozenset(
+    {
+        "torch.amp.autocast",
+        "torch.amp.autocast_mode.autocast",
+        "torch.autocast",
+        "torch.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.GradScaler",
+        "torch.amp.custom_fwd",
+        "torch.amp.custom_bwd",
+        "torch.amp.autocast_mode.custom_fwd",
+        "torch.amp.autocast_mode.custom_bwd",
+    }
+)
+# What `torch.amp` exports under the old names (torch 2.13 `torch/amp/__init__.py`).
+KINDS = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
+# The first torch release with each replacement: `torch.amp.autocast(device_type, ...)` 1.10,
+# `torch.amp.GradScaler(device, ...)` 2.3, `torch.amp.custom_fwd/custom_bwd(..., device_type=)` 2.4.
+SINCE = {"autocast": "1.10", "GradScaler": "2.3", "custom_fwd": "2.4", "custom_bwd": "2.4"}
+DEPRECATED_SINCE = "2.4"
+# `torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True)` against
+# `torch.amp.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`: positions differ.
+AUTOCAST_POSITIONS = ("enabled", "dtype", "cache_enabled")
+
+
+class DeprecatedCudaAmp(Rule):
+    """
+    ## What it does
+    Reports calls of `torch.cuda.amp.autocast`, `torch.cuda.amp.GradScaler`,
+    `torch.cpu.amp.autocast`, `torch.cpu.amp.GradScaler` and the decorators
+    `torch.cuda.amp.custom_fwd`/`custom_bwd`, however they are imported
+    (`from torch.cuda.amp import autocast`, `from torch.cuda import amp`, an
+    alias). The report points at the call (or the decorator).
+
+    ## Why is this bad?
+    Since torch 2.4 each of them is a deprecated shim over `torch.amp`: every
+    call emits `FutureWarning: torch.cuda.amp.autocast(args...) is deprecated.
+    Please use torch.amp.autocast('cuda', args...) instead.` (the same for
+    `GradScaler`, `custom_fwd`, `custom_bwd` and the `torch.cpu.amp` ones), once
+    per process, so a job on 8 ranks prints it 8 times, and the shims are slated
+    for removal. Nothing changes in what the training computes. A call that
+    sits in a branch choosing between the old and the new API for old torch
+    versions (`if is_torch_version(">=", "2.3")`, a `try:` around
+    `torch.amp.GradScaler(...)`) is not reported, nor is any of it when the
+    project pins a torch older than 2.4.
+
+    ## Example
+    ```python
+    from torch.cuda.amp import GradScaler, autocast
+
+    scaler = GradScaler()
+    with autocast(dtype=torch.bfloat16):
+        loss = model(batch)
+    ```
+
+    ## Use instead
+    ```python
+    from torch.amp import GradScaler, autocast
+
+    scaler = GradScaler("cuda")
+    with autocast("cuda", dtype=torch.bfloat16):
+        loss = model(batch)
+    ```
+
+    ## Fix safety
+    Safe: the shims only forward to the same `torch.amp` classes with the
+    device type filled in (torch 2.13 source), so the fixed call builds the
+    same object. `autocast`'s positional arguments are turned into keywords
+    (`torch.cuda.amp.autocast(True)` becomes `torch.amp.autocast("cuda",
+    enabled=True)`: the new second parameter is `dtype`); `GradScaler` keeps its
+    positions after the new first parameter `device`; `custom_fwd`/`custom_bwd`
+    get `device_type="cuda"` (a bare `@custom_fwd` becomes
+    `@torch.amp.custom_fwd(device_type="cuda")`). A name imported from
+    `torch.cuda.amp` is fixed in one edit with its import (`from torch.amp
+    import ...`), and only when every use of the name in the file is such a
+    call. The default `dtype` of `autocast` follows `torch.get_autocast_dtype`
+    (float16 on CUDA and bfloat16 on CPU unless the script changed it with
+    `torch.set_autocast_dtype`). There is no fix when the project allows a torch
+    without the replacement (`GradScaler` before 2.3, `custom_fwd` before 2.4),
+    for `*args`, or for a name also used in another way (passed as a value).
+
+    ## References
+    - torch 2.13 `torch/cuda/amp/autocast_mode.py`, `torch/cuda/amp/grad_scaler.py`, `torch/cpu/amp/*.py`
+      (the deprecation messages)
+    - [PyTorch AMP documentation](https://pytorch.org/docs/stable/amp.html)
+    - [pytorch/tutorials#3331](https://github.com/pytorch/tutorials/issues/3331),
+      [mit-han-lab/efficientvit#127](https://github.com/mit-han-lab/efficientvit/issues/127),
+      [Linesight-RL/linesight#53](https://github.com/Linesight-RL/linesight/pull/53): the warning in user code
+    - [NVIDIA/physicsnemo#1946](https://github.com/NVIDIA/physicsnemo/pull/1946): a hand migration that changed
+      the import to `torch.amp` but left the calls without a device type (a TypeError)
+    """
+
+    code = "LD704"
+    name = "deprecated-cuda-amp"
+    severity = Severity.INFO
+    fix_kind = "safe"
+    triggers = ("cuda.amp", "cpu.amp", "cuda import amp", "cpu import amp")
+
+    VALID = (
+        Valid('import torch\n\nscaler = torch.amp.GradScaler("cuda")\nwith torch.amp.autocast("cuda"):\n    pass\n'),
+        Valid(
+            """\
+import torch
+from accelerate.utils import is_torch_version
+
+if is_torch_version(">=", "2.3"):
+    scaler = torch.amp.GradScaler("cuda")
+else:
+    scaler = torch.cuda.amp.GradScaler()
+"""
+        ),
+        Valid(
+            """\
+import torch
+
+try:
+    scaler = torch.amp.GradScaler(device="cuda")
+except (AttributeError, TypeError):
+    scaler = torch.cuda.amp.GradScaler()
+"""
+        ),
+        Valid(
+            "import torch\n\nscaler = torch.cuda.amp.GradScaler()\n",
+            project={"requirements.txt": "torch==2.1.2\n"},
+        ),
+        Valid(
+            """\
+import torch
+
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split(".")[:2])
+autocast = torch.amp.autocast if TORCH_VERSION >= (2, 4) else torch.cuda.amp.autocast
+
+
+def run(model, x):
+    if TORCH_VERSION < (2, 4):
+        return torch.cuda.amp.GradScaler()
+    return torch.amp.GradScaler("cuda")
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+import torch
+
+scaler = torch.cuda.amp.GradScaler(enabled=use_amp)
+with torch.cuda.amp.autocast(use_amp, torch.bfloat16):
+    loss = model(x)
+""",
+            lines=(3, 4),
+            fixed="""\
+import torch
+
+scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+with torch.amp.autocast("cuda", enabled=use_amp, dtype=torch.bfloat16):
+    loss = model(x)
+""",
+        ),
+        Invalid(
+            """\
+from torch.cuda.amp import GradScaler, autocast
+
+scaler = GradScaler(2.0**10)
+with autocast():
+    loss = model(x)
+""",
+            lines=(3, 4),
+            fixed="""\
+from torch.amp import GradScaler, autocast
+
+scaler = GradScaler("cuda", 2.0**10)
+with autocast("cuda"):
+    loss = model(x)
+""",
+        ),
+        Invalid(
+            """\
+import torch
+from torch.cuda.amp import custom_bwd, custom_fwd
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd(cast_inputs=torch.float32)
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, g):
+        return g * 2
+""",
+            lines=(7, 12),
+            fixed="""\
+import torch
+from torch.amp import custom_bwd, custom_fwd
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd(cast_inputs=torch.float32, device_type="cuda")
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    @custom_bwd(device_type="cuda")
+    def backward(ctx, g):
+        return g * 2
+""",
+        ),
+        Invalid(
+            "import torch\n\nscaler = torch.cuda.amp.GradScaler()\n",
+            lines=(3,),
+            project={"requirements.txt": "torch>=2.0\n"},
+        ),
+    )
+
+    def finish(self) -> None:
+        if self.versions.allows("torch", f">={DEPRECATED_SINCE}") is False:
+            return  # every torch the project allows predates the deprecation
+        facts = self.facts
+        uses: list[tuple[cst.CSTNode, cst.BaseExpression, str, str]] = []  # (reported node, callee, kind, device)
+        for call in facts.calls:
+            found = self._deprecated(call.func)
+            if found is not None:
+                uses.append((call, call.func, *found))
+        for decorator in facts.index.nodes(cst.Decorator):
+            expr = decorator.decorator
+            if isinstance(expr, (cst.Name, cst.Attribute)):
+                found = self._deprecated(expr)
+                if found is not None and found[0] in ("custom_fwd", "custom_bwd"):
+                    uses.append((expr, expr, *found))
+        uses = [use for use in uses if not self._chooses_version(use[0])]
+        if not uses:
+            return
+        groups: dict[int, list] = {}
+        for use in uses:
+            groups.setdefault(id(self._import_of(use[1]) or use[0]), []).append(use)
+        for group in groups.values():
+            fix, why = self._group_fix(group)
+            for node, _, kind, device in group:
+                old = f"torch.{device}.amp.{kind}"
+                message = (
+                    f"`{old}` is deprecated (torch 2.13 warns with a FutureWarning on every rank); "
+                    f"use `{_new_spelling(kind, device)}`"
+                )
+                if fix is None and why:
+                    message += f" ({why})"
+                self.report(node, message, fix=fix)
+
+    # -- what is called ------------------------------------------------------------------------
+
+    def _deprecated(self, callee: cst.BaseExpression) -> tuple[str, str] | None:
+        if isinstance(callee, cst.Attribute) and callee.attr.value not in KINDS:
+            return None
+        if isinstance(callee, cst.Name) and callee.value not in KINDS and callee.value not in self.facts.imported_names:
+            return None
+        names = self.facts.qualified_names(callee)
+        if not names & DEPRECATED_NAMES or names & NEW_NAMES:
+            return None  # not deprecated, or a name bound to the old or the new API depending on the version
+        return DEPRECATED[min(names & DEPRECATED_NAMES)]
+
+    def _chooses_version(self, node: cst.CSTNode) -> bool:
+        """``node`` sits in one branch of a choice between the old and the new API (by version, by ``hasattr``,
+        or by trying the new one first)."""
+        facts, module = self.facts, self.context.module
+        child = node
+        for ancestor in facts.ancestors(node):
+            if isinstance(ancestor, (cst.If, cst.IfExp)):
+                test = module.code_for_node(ancestor.test).lower()
+                if any(word in test for word in ("version", "hasattr")):
+                    return True
+                branches = (ancestor.body, ancestor.orelse)
+                if any(b is not None and b is not child and self._names_new_api(b) for b in branches):
+                    return True
+            elif isinstance(ancestor, cst.Try) and any(child is handler for handler in ancestor.handlers):
+                if self._names_new_api(ancestor.body):
+                    return True
+            elif isinstance(ancestor, (cst.IndentedBlock, cst.Module)) and self._after_early_choice(ancestor, child):
+                return True
+            child = ancestor
+        return False
+
+    def _after_early_choice(self, block: cst.IndentedBlock | cst.Module, statement: cst.CSTNode) -> bool:
+        """An earlier ``if`` of the block tests the version (or names the new API) and returns: ``if
+        hasattr(torch, "autocast"): return torch.autocast("cuda")`` followed by the old call."""
+        module = self.context.module
+        for earlier in block.body:
+            if earlier is statement:
+                return False
+            if isinstance(earlier, cst.If) and self.facts.within(earlier.body, cst.Return, cst.Raise):
+                test = module.code_for_node(earlier.test).lower()
+                if any(word in test for word in ("version", "hasattr")) or self._names_new_api(earlier.body):
+                    return True
+        return False
+
+    def _names_new_api(self, tree: cst.CSTNode) -> bool:
+        return any(
+            self.facts.qualified_names(n) & NEW_NAMES
+            for n in self.facts.within(tree, cst.Attribute, cst.Name)
+            if isinstance(n, cst.Attribute) or n.value in KINDS or n.value in self.facts.imported_names
+        )
+
+    # -- imports -----------------------------------------------------------------------------------
+
+    def _import_of(self, callee: cst.BaseExpression) -> cst.Import | cst.ImportFrom | None:
+        """The import that binds the callee's first name to a deprecated module or class (not plain ``torch``)."""
+        root = callee
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if not isinstance(root, cst.Name) or self.facts.qualified_names(root) == {"torch"}:
+            return None
+        for statement in self.facts.index.nodes(cst.Import, cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar):
+                continue
+            for alias in statement.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                if isinstance(bound, cst.Name) and bound.value == root.value:
+                    return statement
+        return None
+
+    # -- the fix ------------------------------------------------------------------------------------
+
+    def _group_fix(self, group: list) -> tuple[Fix | None, str]:
+        kinds = {kind for _, _, kind, _ in group}
+        since = max((SINCE[kind] for kind in kinds), key=lambda v: tuple(map(int, v.split("."))))
+        if self.versions.allows("torch", f"<{since}") is True:
+            return None, f"no fix: the project allows a torch older than {since}, which lacks the replacement"
+        statement = self._import_of(group[0][1])
+        replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = []
+        if statement is not None:
+            new_import = self._new_import(statement, group)
+            if new_import is None:
+                return None, "no fix: the imported name is also used in another way"
+            replacements.append((statement, new_import))
+        for node, callee, kind, device in group:
+            new = _rewritten(node, callee, kind, device, renamed=statement is None, facts=self.facts)
+            if new is None:
+                return None, ""
+            replacements.append((node, new))
+        return Fix(
+            Applicability.SAFE, "Use the `torch.amp` API with its device type", replacements=tuple(replacements)
+        ), ""
+
+    def _new_import(self, statement: cst.Import | cst.ImportFrom, group: list) -> cst.CSTNode | None:
+        """The import rebound to ``torch.amp`` when every use of its names is one of ``group``'s callees."""
+        callees = {id(callee) for _, callee, _, _ in group}
+        bound: set[str] = set()
+        if isinstance(statement, cst.ImportFrom):
+            if statement.relative or statement.module is None:
+                return None
+            module = get_full_name_for_node(statement.module)
+            names = [get_full_name_for_node(a.name) for a in statement.names]
+            if module in OLD_MODULES or module in {f"{m}.autocast_mode" for m in OLD_MODULES} | {
+                f"{m}.grad_scaler" for m in OLD_MODULES
+            }:
+                if not all(name in KINDS for name in names):
+                    return None
+                new = statement.with_changes(module=cst.parse_expression("torch.amp"))
+                attribute_uses = False
+            elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
+                new = statement.with_changes(module=cst.Name("torch"))
+                attribute_uses = True
+            else:
+                return None
+        else:
+            if len(statement.names) != 1 or statement.names[0].asname is None:
+                return None
+            alias = statement.names[0]
+            if get_full_name_for_node(alias.name) not in OLD_MODULES:
+                return None
+            new = statement.with_changes(names=[alias.with_changes(name=cst.parse_expression("torch.amp"))])
+            attribute_uses = True
+        for alias in statement.names:
+            target = alias.asname.name if alias.asname is not None else alias.name
+            bound.add(get_full_name_for_node(target))
+        # every reading of a bound name must be a fixed callee (or, for a module, the receiver of one)
+        for name in self.facts.index.nodes(cst.Name):
+            if name.value not in bound or self.facts.is_within(name, statement):
+                continue
+            parent = self.facts.parent(name)
+            if isinstance(parent, cst.Attribute) and parent.attr is name:
+                continue  # `x.autocast`: the attribute, not the name
+            used = parent if attribute_uses else name
+            if id(used) not in callees:
+                return None
+        return new
+
+
+def _new_spelling(kind: str, device: str) -> str:
+    if kind == "autocast":
+        return f'torch.amp.autocast("{device}", ...)'
+    if kind == "GradScaler":
+        return f'torch.amp.GradScaler("{device}", ...)'
+    return f'torch.amp.{kind}(..., device_type="{device}")'
+
+
+def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNode | None:
+    """The call (or decorator expression) ``node`` with the ``torch.amp`` callee and its device argument."""
+    new_callee = callee
+    if renamed:  # `torch.cuda.amp.autocast` spelled in full: its root name stays (an alias of torch)
+        root = callee
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if not isinstance(root, cst.Name) or facts.qualified_names(root) != {"torch"}:
+            return None
+        new_callee = cst.Attribute(value=cst.Attribute(value=root, attr=cst.Name("amp")), attr=cst.Name(kind))
+    device_string = cst.SimpleString(f'"{device}"')
+    if not isinstance(node, cst.Call):  # a bare `@custom_fwd`
+        return cst.Call(func=new_callee, args=[_keyword("device_type", device_string)])
+    args = list(node.args)
+    if any(arg.star == "*" for arg in args):
+        return None
+    if kind in ("custom_fwd", "custom_bwd"):
+        return node.with_changes(func=new_callee, args=_appended(node, _keyword("device_type", device_string)))
+    if kind == "autocast":
+        for index, arg in enumerate(args):
+            if arg.keyword is None and not arg.star:
+                if index >= len(AUTOCAST_POSITIONS):
+                    return None
+                args[index] = arg.with_changes(
+                    keyword=cst.Name(AUTOCAST_POSITIONS[index]),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+                    ),
+                )
+    first = cst.Arg(value=device_string)
+    if args:
+        spacing = node.whitespace_before_args
+        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
+        first = first.with_changes(comma=cst.Comma(whitespace_after=after))
+    return node.with_changes(func=new_callee, args=[first, *args])
+
+
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def _appended(call: cst.Call, new: cst.Arg) -> list[cst.Arg]:
+    """The call's arguments with ``new`` last, spaced and comma'd as the others are."""
+    args = list(call.args)
+    if not args:
+        return [new]
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it, on its own line
+        between = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
+        if between is None:
+            between = call.whitespace_before_args
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=between))
+        return [*args, new.with_changes(comma=last.comma)]
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return [*args, new]
