@@ -1,0 +1,327 @@
+"""LD602 ddp-module-prefix: a wrapped model's own `state_dict()` saved, so every key starts with `module.`."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import DDP_WRAPPERS, argument_of
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rules.ld601_save_on_every_rank import TORCH_SAVES, accelerator_in_scope, code_of
+
+COMPILES = frozenset({"torch.compile"})
+# What strips a wrapper: the saved model is already the plain module.
+UNWRAPPING_ATTRIBUTES = frozenset({"module", "_orig_mod"})
+SHARDED = frozenset({"FSDP", "DEEPSPEED"})
+
+
+class DdpModulePrefix(Rule):
+    """
+    ## What it does
+    Reports `model.state_dict()` saved with `torch.save` or
+    `accelerator.save` (directly, in a checkpoint dict, or through a name
+    bound to it) when `model` is the model `accelerator.prepare(...)` returned
+    or a `DistributedDataParallel(...)` wrapper, and the launch does not run a
+    single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
+    `model.module.state_dict()`, `accelerator.get_state_dict(model)`, and a
+    name rebound to `accelerator.unwrap_model(model)` before the save.
+
+    ## Why is this bad?
+    DDP keeps the user's model as its `module` attribute, so the wrapper's
+    `state_dict()` names every tensor `module.<name>`. The checkpoint then
+    fails to load into a plain model (`load_state_dict` raises "Missing
+    key(s) in state_dict ... Unexpected key(s) in state_dict: module.…"), or
+    loads nothing with `strict=False`. Under FSDP or DeepSpeed the prepared
+    model's `state_dict()` is not the full model either (a DeepSpeed engine
+    also prefixes `module.`; FSDP may return shards):
+    `accelerator.get_state_dict(model)` gathers a full, unprefixed one.
+
+    ## Example
+    ```python
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ...
+    accelerator.save(model.state_dict(), "model.pt")
+    ```
+
+    ## Use instead
+    ```python
+    accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+    ```
+    Under FSDP or DeepSpeed: `accelerator.save(accelerator.get_state_dict(model),
+    "model.pt")`, called on every rank. Raw DDP: `model.module.state_dict()`.
+
+    ## Fix safety
+    The fix is safe: it changes only the key names of what is saved (and,
+    under FSDP/DeepSpeed, gathers the full weights). `unwrap_model` also
+    strips a `torch.compile` wrapper put around the prepared model (accelerate's
+    `dynamo_backend`) only with `keep_torch_compile=False`, which the fix adds
+    when the launch compiles the model. When the file calls `torch.compile`
+    itself no fix is offered: compiled inside the DDP wrapper, the keys carry
+    `_orig_mod.` after unwrapping too. Under FSDP or DeepSpeed,
+    `get_state_dict` is a collective: no fix is offered where a rank guard
+    keeps some processes from the save (it would hang; call it on every rank
+    and keep only the write guarded). No fix either where the model is
+    wrapped on some paths only (`if ddp: model = DDP(model)`: `.module`
+    would fail on the others), nor where the file also loads checkpoints
+    back into the wrapped model (`model.load_state_dict(...)`, or the model
+    handed to a `restart_from_checkpoint`-like helper): the prefix is what
+    that loading expects, so both sides must change together.
+
+    ## References
+    - accelerate `Accelerator.unwrap_model` / `extract_model_from_parallel`
+      (`while isinstance(model, options): model = model.module`;
+      `keep_torch_compile`) and `Accelerator.get_state_dict`
+    - torch `DistributedDataParallel` (the wrapped model is `self.module`)
+    - NVIDIA/apex issue #647: "DDP prefixes state_dict with `module.*`", so the
+      saved model cannot be loaded into the non-wrapped one (same as torch DDP)
+    - pytorch/pytorch PR #53224: `consume_prefix_in_state_dict_if_present`, the
+      loading-side workaround
+    - Lightning-AI/pytorch-lightning issue #17996 and deepchem/deepchem PR #4201:
+      key mismatches from DDP-wrapped checkpoints
+    - AlmondGod/tinyworlds PR #13: `_orig_mod.` keys from a compiled model
+    """
+
+    code = "LD602"
+    name = "ddp-module-prefix"
+    severity = Severity.WARNING
+    fix_kind = "safe"
+    triggers = ("state_dict()",)
+    also_triggers = (("prepare(", "DistributedDataParallel", "DDP("),)
+
+    VALID = (
+        Valid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model = accelerator.prepare(model)
+accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+"""
+        ),
+        Valid(
+            """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+torch.save(model.module.state_dict(), "model.pt")
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+accelerator.save(model.state_dict(), "model.pt")
+""",
+            lines=(5,),
+            fixed="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, optimizer = accelerator.prepare(model, optimizer)
+accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+""",
+        ),
+        Invalid(
+            """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+checkpoint = {"model": model.state_dict(), "step": step}
+torch.save(checkpoint, "ckpt.pt")
+""",
+            lines=(5,),
+            fixed="""\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+checkpoint = {"model": model.module.state_dict(), "step": step}
+torch.save(checkpoint, "ckpt.pt")
+""",
+        ),
+    )
+
+    def finish(self) -> None:
+        facts = self.facts
+        if self.loop.surely_single:
+            return
+        seen: set[int] = set()
+        for call in facts.calls:
+            if facts.callee_is(call, TORCH_SAVES):
+                pass
+            elif not (
+                facts.method_name(call) == "save"
+                and isinstance(call.func, cst.Attribute)
+                and facts.accelerator_like(call.func.value, call)
+            ):
+                continue
+            obj = argument_of(call, "obj", 0)
+            if obj is None:
+                continue
+            for state_dict in self._state_dict_calls(obj, call):
+                if id(state_dict) not in seen:
+                    seen.add(id(state_dict))
+                    self._check(state_dict, call)
+
+    def _state_dict_calls(self, obj: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call]:
+        """The ``x.state_dict()`` calls the saved value is made of: in the expression, or in what a name holds."""
+        facts = self.facts
+        places: list[cst.CSTNode] = [obj]
+        if isinstance(obj, cst.Name):
+            binding = self.loop.binding_before(obj, at)
+            if binding is not None and not isinstance(binding, cst.AugAssign) and not binding[1]:
+                places.append(binding[0].value)
+        found = []
+        for place in places:
+            for call in [place, *facts.within(place, cst.Call)]:
+                if (
+                    isinstance(call, cst.Call)
+                    and facts.method_name(call) == "state_dict"
+                    and isinstance(call.func, cst.Attribute)
+                    and not call.args
+                    and call not in found
+                ):
+                    found.append(call)
+        return found
+
+    def _unwrapped(self, model: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> bool:
+        """``model`` is the plain module: ``x.module``, ``unwrap_model(x)``, or a name last bound to one."""
+        facts = self.facts
+        if isinstance(model, cst.Attribute) and model.attr.value in UNWRAPPING_ATTRIBUTES:
+            return True
+        if isinstance(model, cst.IfExp):  # `model.module if ddp else model`
+            return self._unwrapped(model.body, at, depth + 1) or self._unwrapped(model.orelse, at, depth + 1)
+        if isinstance(model, cst.Call):
+            return facts.method_name(model) == "unwrap_model" or (
+                isinstance(model.func, cst.Name) and model.func.value == "unwrap_model"
+            )
+        if isinstance(model, (cst.Name, cst.Attribute)) and depth < 3:
+            binding = self.loop.binding_before(model, at)
+            if binding is not None and not isinstance(binding, cst.AugAssign) and not binding[1]:
+                statement = binding[0]
+                if self._unwrapped(statement.value, statement, depth + 1):
+                    return True
+            # `if distributed: g = generator.module` / `else: g = generator`: a name some branch binds to the
+            # unwrapped module is the plain model on every path (stylegan2's `g_module`)
+            key = get_full_name_for_node(model)
+            bound = facts.bindings(key, at) if key else []
+            return any(b.index is None and self._unwrapped(b.value, b.statement, depth + 1) for b in bound)
+        return False
+
+    def _report_loaded_back(self, model: cst.BaseExpression, state_dict: cst.Call) -> None:
+        target = code_of(model)
+        # the file reads checkpoints back into the wrapped model: the prefix is what it expects there
+        self.report(
+            state_dict,
+            f"`{target}` is a DDP-wrapped or prepared model: its `state_dict()` keys all start with `module.` "
+            f"and will not load into the plain model; this file also loads checkpoints into `{target}` itself, "
+            "so change the saving and the loading side together (save the unwrapped model's state dict, "
+            "load it into the unwrapped model)",
+        )
+
+    def _loaded_back(self, model: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """The wrapped model itself is loaded into: ``model.load_state_dict(...)``, or ``model`` handed to a
+        function whose name says it loads (``restart_from_checkpoint(..., state_dict=model)``)."""
+        facts = self.facts
+        key = code_of(model)
+        for call in facts.calls:
+            func = call.func
+            if (
+                facts.method_name(call) == "load_state_dict"
+                and isinstance(func, cst.Attribute)
+                and code_of(func.value) == key
+            ):
+                return True
+            callee = (code_of(func).rsplit(".", 1)[-1]).lower()
+            if any(word in callee for word in ("load", "restore", "resume", "restart")) and any(
+                code_of(a.value) == key for a in call.args
+            ):
+                return True
+        return False
+
+    def _ddp(self, model: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        facts = self.facts
+        return any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in facts.origins(model, at)
+        )
+
+    def _check(self, state_dict: cst.Call, save: cst.Call) -> None:
+        facts = self.facts
+        model = state_dict.func.value
+        if self._unwrapped(model, state_dict):
+            return
+        compiled = any(facts.callee_is(call, COMPILES) for call in facts.calls)
+        target = code_of(model)
+        if self._ddp(model, state_dict):
+            if self._loaded_back(model, state_dict):
+                self._report_loaded_back(model, state_dict)
+                return
+            fix = None
+            origins = facts.origins(model, state_dict)
+            always = all(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins)
+            if not compiled and always:
+                new = state_dict.with_changes(
+                    func=state_dict.func.with_changes(value=cst.parse_expression(f"{target}.module"))
+                )
+                fix = Fix(Applicability.SAFE, f"Save `{target}.module.state_dict()`", replacements=((state_dict, new),))
+            remedy = (
+                f"`{target}.module.state_dict()`" if always else f'`getattr({target}, "module", {target}).state_dict()`'
+            )
+            self.report(
+                state_dict,
+                f"`{target}` is {'' if always else 'on some paths '}wrapped in `DistributedDataParallel`: its "
+                f"`state_dict()` keys then all start with `module.` and will not load into the plain model; "
+                f"save {remedy}",
+                fix=fix,
+            )
+            return
+        if self.loop.prepared_model(model, state_dict) is None or self.loop.role(model, state_dict) is not None:
+            return  # not prepared, or a prepared optimizer or scheduler (its keys carry no prefix)
+        if self._loaded_back(model, state_dict):
+            self._report_loaded_back(model, state_dict)
+            return
+        accelerator = accelerator_in_scope(self, save)
+        shown = accelerator or "accelerator"
+        backend = self.loop.backend
+        if backend in SHARDED:
+            replacement = f"{shown}.get_state_dict({target})"
+            reach = facts.all_ranks_reach(save)
+            message = (
+                f"`{target}` was prepared under {backend}: its own `state_dict()` is not the full, plain model; "
+                f"use `{replacement}` on every rank"
+            )
+            if reach.value is not True:
+                message += " (it is a collective: move it out of the rank guard, keep only the write guarded)"
+            fix = None
+            if accelerator is not None and reach.value is True:
+                fix = Fix(
+                    Applicability.SAFE,
+                    f"Use `{replacement}`",
+                    replacements=((state_dict, cst.parse_expression(replacement)),),
+                )
+            self.report(state_dict, message, fix=fix)
+            return
+        dynamo = self.settings.get("dynamo_backend")
+        dynamo_on = dynamo is not None and str(dynamo.value).strip().lower() not in {"", "no", "none"}
+        keyword = ", keep_torch_compile=False" if dynamo_on else ""
+        replacement = f"{shown}.unwrap_model({target}{keyword}).state_dict()"
+        fix = None
+        if accelerator is not None and not compiled:
+            fix = Fix(
+                Applicability.SAFE,
+                f"Save `{replacement}`",
+                replacements=((state_dict, cst.parse_expression(replacement)),),
+            )
+        self.report(
+            state_dict,
+            f"`{target}` is the model `prepare()` returned (DDP-wrapped on several processes): its `state_dict()` "
+            f"keys all start with `module.` and will not load into the plain model; save `{replacement}`",
+            fix=fix,
+        )
