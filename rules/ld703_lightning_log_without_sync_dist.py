@@ -1,0 +1,594 @@
+"""LD703 lightning-log-without-sync-dist: an epoch-level `self.log` of a per-rank value without `sync_dist=True`.
+
+Read in Lightning's source (`src/lightning/pytorch/core/module.py`, `LightningModule.log`;
+`trainer/connectors/logger_connector/result.py`, `_ResultCollection.log` and `_get_cache`;
+`trainer/connectors/logger_connector/fx_validator.py`, the per-hook defaults):
+
+- `LightningModule.log` turns numbers into tensors (`apply_to_collection(value, (Tensor, numbers.Number),
+  self.__to_tensor, name)`), so a `.item()` float is kept exactly like a tensor: `_ResultMetric(meta,
+  is_tensor=True)`, averaged over the rank's own batches, and reduced across ranks only when
+  `sync_dist=True` (`sync_dist and trainer._accelerator_connector.is_distributed`).
+- A torchmetrics `Metric` object is stored with `is_tensor=False`: the metric syncs its own states in
+  `compute()`, and Lightning neither warns nor needs `sync_dist`.
+- At epoch end `_get_cache` warns, once per key, when `not sync_dist and is_tensor and
+  _distributed_is_initialized()`: "It is recommended to use `self.log('<name>', ..., sync_dist=True)` when
+  logging on epoch level in distributed setting to accumulate the metric across devices."
+  (`PossibleUserWarning`).
+- Without `on_epoch=`/`on_step=`, `validation_step`, `test_step`, `on_validation_batch_*`, `on_test_batch_*`
+  and every `on_*_start`/`on_*_epoch_*` hook log on epoch level; `training_step` and the train-batch hooks log
+  on step level.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from lintdist.facts import argument_of
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+
+_MODULE_HOMES = (
+    "lightning",
+    "lightning.pytorch",
+    "lightning.pytorch.core",
+    "lightning.pytorch.core.module",
+    "pytorch_lightning",
+    "pytorch_lightning.core",
+    "pytorch_lightning.core.module",
+    "pytorch_lightning.core.lightning",
+)
+LIGHTNING_MODULES = frozenset(f"{home}.LightningModule" for home in _MODULE_HOMES)
+TRAINERS = frozenset(
+    f"{home}.Trainer"
+    for home in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.pytorch.trainer",
+        "lightning.pytorch.trainer.trainer",
+        "pytorch_lightning",
+        "pytorch_lightning.trainer",
+        "pytorch_lightning.trainer.trainer",
+    )
+)
+# Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
+EPOCH_HOOKS = frozenset(
+    {
+        "validation_step",
+        "test_step",
+        "on_validation_batch_start",
+        "on_validation_batch_end",
+        "on_test_batch_start",
+        "on_test_batch_end",
+        "on_train_start",
+        "on_validation_start",
+        "on_test_start",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_epoch_start",
+        "on_validation_epoch_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+        "training_epoch_end",
+        "validation_epoch_end",
+        "test_epoch_end",
+    }
+)
+# Hooks whose `self.log` defaults to `on_step=True, on_epoch=False`.
+STEP_HOOKS = frozenset(
+    {
+        "training_step",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "optimizer_step",
+        "on_before_zero_grad",
+        "optimizer_zero_grad",
+        "configure_gradient_clipping",
+        "backward",
+    }
+)
+# Values that are the same on every rank: syncing them changes nothing.
+RANK_INVARIANT = frozenset(
+    {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
+)
+MAX_HELPER_DEPTH = 3
+
+
+class LightningLogWithoutSyncDist(Rule):
+    """
+    ## What it does
+    Reports `self.log(name, value)` and `self.log_dict(...)` in a
+    `LightningModule` (any import spelling, and local subclasses) that log on
+    epoch level without `sync_dist=True`: calls in `validation_step`,
+    `test_step`, `on_validation_epoch_end` and the other hooks whose default
+    is `on_epoch=True` (also through a helper method they call), and calls
+    with `on_epoch=True` anywhere, when the value is a per-rank tensor or
+    number (a loss, an accuracy computed from the batch, a `.item()`).
+
+    Not reported: a torchmetrics `Metric` object (or `MetricCollection`)
+    passed to `self.log`, a value from `.compute()` (torchmetrics syncs it), a
+    value that is the same on every rank (`self.current_epoch`, the learning
+    rate), a call with `sync_dist=` given (even `False`: a deliberate choice),
+    with `rank_zero_only=True`, or under a rank condition
+    (`if self.trainer.is_global_zero:`), and a file whose every `Trainer(...)`
+    runs one device (`devices=1`, or `accelerator="cpu"` without `devices`),
+    and test modules (`tests/`, `test_*.py`), which run a module on one device.
+
+    `sync_dist=True` on a step-level log in `training_step` is reported at
+    info level: it costs one all-reduce per logged value per step.
+
+    ## Why is this bad?
+    Each rank averages only the batches it saw. Without `sync_dist=True` the
+    epoch value is never reduced across devices: the logger (rank 0) records
+    rank 0's shard alone, and `ModelCheckpoint`/`EarlyStopping` monitoring
+    that key decide on a different number on every rank. Lightning warns
+    once per key at run time (`PossibleUserWarning`: "It is recommended to use
+    `self.log('val_loss', ..., sync_dist=True)` when logging on epoch level
+    in distributed setting to accumulate the metric across devices."), a
+    warning that is easy to miss among the start-up messages. A `.item()`
+    float is no exception: `self.log` turns it into a tensor first.
+
+    Lightning's default `Trainer(devices="auto")` uses every visible GPU, so
+    a module is treated as distributed unless its file pins one device.
+
+    ## Example
+    ```python
+    import lightning as L
+    import torch.nn.functional as F
+
+
+    class Classifier(L.LightningModule):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.log("val_loss", loss)
+    ```
+
+    ## Use instead
+    ```python
+    import lightning as L
+    import torch.nn.functional as F
+
+
+    class Classifier(L.LightningModule):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.log("val_loss", loss, sync_dist=True)
+    ```
+
+    ## Fix safety
+    Safe: `sync_dist=True` is appended as the last keyword. It adds one
+    all-reduce per key at epoch end (per step for `on_step=True`), on every
+    rank, since Lightning calls these hooks on all ranks. No fix is offered
+    when the call sits under an `if`/`while` inside its method: a key logged
+    on some ranks only would leave the others waiting in the reduction.
+
+    ## References
+    - Lightning `src/lightning/pytorch/core/module.py`: `LightningModule.log` (numbers become tensors;
+      `sync_dist and trainer._accelerator_connector.is_distributed`)
+    - Lightning `src/lightning/pytorch/trainer/connectors/logger_connector/result.py`:
+      `_ResultCollection._get_cache` (the `PossibleUserWarning` and its condition)
+    - Lightning `src/lightning/pytorch/trainer/connectors/logger_connector/fx_validator.py` (defaults per hook)
+    - [Lightning: Synchronize validation and test logging](https://lightning.ai/docs/pytorch/stable/accelerators/accelerator_prepare.html#synchronize-validation-and-test-logging)
+    - [Lightning #20153 / PR #21841: the warning is a false positive for values from TorchMetrics](https://github.com/Lightning-AI/pytorch-lightning/pull/21841)
+    - [lightning-bolts PR #371: sync val/test logging under DDP](https://github.com/Lightning-Universe/lightning-bolts/pull/371)
+    - [NeMo PR #10257: `sync_dist=True` for validation metrics after checkpoints were lost](https://github.com/NVIDIA-NeMo/Speech/pull/10257)
+    - [rf-detr #909: the warning in a multi-GPU run](https://github.com/roboflow/rf-detr/issues/909)
+    """
+
+    code = "LD703"
+    name = "lightning-log-without-sync-dist"
+    severity = Severity.WARNING
+    fix_kind = "safe"
+    triggers = ("LightningModule",)
+    also_triggers = (("self.log(", "self.log_dict("),)
+
+    VALID = (
+        Valid(
+            """\
+import lightning as L
+import torchmetrics
+
+
+class Classifier(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.val_acc(self(x), y)
+        self.log("val_acc", self.val_acc)
+
+    def on_validation_epoch_end(self):
+        self.log("val_acc_epoch", self.val_acc.compute())
+        self.log("epoch", float(self.current_epoch))
+"""
+        ),
+        Valid(
+            """\
+import lightning as L
+
+
+class Classifier(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self(batch).mean()
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = self(batch).mean()
+        self.log("val_loss", loss, sync_dist=True)
+        if self.trainer.is_global_zero:
+            self.log("val_loss_rank0", loss, rank_zero_only=True)
+
+
+trainer = L.Trainer(accelerator="cpu")
+"""
+        ),
+        Valid(
+            """\
+from pytorch_lightning import LightningModule, Trainer
+
+
+class Regressor(LightningModule):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_mse", self(batch).pow(2).mean())
+
+
+Trainer(devices=1, max_epochs=3).fit(Regressor())
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+import lightning as L
+import torch.nn.functional as F
+
+
+class Classifier(L.LightningModule):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("val_loss", loss, prog_bar=True)
+        self.log_dict({"val_acc": (self(x).argmax(-1) == y).float().mean().item()})
+""",
+            lines=(9, 10),
+            fixed="""\
+import lightning as L
+import torch.nn.functional as F
+
+
+class Classifier(L.LightningModule):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+        self.log_dict({"val_acc": (self(x).argmax(-1) == y).float().mean().item()}, sync_dist=True)
+""",
+        ),
+        Invalid(
+            """\
+import lightning.pytorch as pl
+
+
+class Base(pl.LightningModule):
+    def _shared_step(self, batch, stage):
+        loss = self(batch).mean()
+        self.log(
+            f"{stage}_loss",
+            loss,
+        )
+        return loss
+
+
+class Model(Base):
+    def training_step(self, batch, batch_idx):
+        loss = self(batch).mean()
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        return self._shared_step(batch, "test")
+""",
+            lines=(7, 17),
+            fixed="""\
+import lightning.pytorch as pl
+
+
+class Base(pl.LightningModule):
+    def _shared_step(self, batch, stage):
+        loss = self(batch).mean()
+        self.log(
+            f"{stage}_loss",
+            loss,
+            sync_dist=True,
+        )
+        return loss
+
+
+class Model(Base):
+    def training_step(self, batch, batch_idx):
+        loss = self(batch).mean()
+        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        return self._shared_step(batch, "test")
+""",
+        ),
+        Invalid(
+            """\
+import lightning as L
+
+
+class Model(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self(batch).mean()
+        self.log("loss", loss, sync_dist=True)
+        return loss
+
+
+trainer = L.Trainer(devices=4, strategy="ddp")
+""",
+            lines=(7,),
+        ),
+    )
+
+    def finish(self) -> None:
+        if self.context.is_test_module:
+            return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
+        facts = self.facts
+        modules = [cls for cls in facts.classes if facts.derives_from(cls, LIGHTNING_MODULES.__contains__)]
+        if not modules or self._single_device():
+            return
+        for call in facts.calls:
+            func = call.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in {"log", "log_dict"}
+                and isinstance(func.value, cst.Name)
+                and func.value.value == "self"
+            ):
+                continue
+            method = self._method(call)
+            if method is None or facts.enclosing_class(method) not in modules:
+                continue
+            self._check(call, method, func.attr.value)
+
+    # -- where the call logs ----------------------------------------------------------------
+
+    def _method(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The class method the call is written in (through nested functions)."""
+        facts = self.facts
+        function = facts.enclosing_function(call)
+        while function is not None and facts.enclosing_function(function) is not None:
+            function = facts.enclosing_function(function)
+        return function
+
+    def _hooks(self, method: cst.FunctionDef, depth: int = 0, seen: frozenset[int] = frozenset()) -> set[str]:
+        """The Lightning hooks that run ``method``: itself, or the hooks of the methods that call it."""
+        name = method.name.value
+        if name in EPOCH_HOOKS or name in STEP_HOOKS:
+            return {name}
+        if depth >= MAX_HELPER_DEPTH or id(method) in seen:
+            return set()
+        found: set[str] = set()
+        for site in self._callers(method):
+            caller = self._method(site)
+            if caller is not None:
+                found |= self._hooks(caller, depth + 1, seen | {id(method)})
+        return found
+
+    def _callers(self, method: cst.FunctionDef) -> list[cst.Call]:
+        """``self.<method>(...)`` calls in the file's LightningModule classes (a base class's helper is called
+        from a subclass's hook), and the calls lintdist resolves to it."""
+        facts = self.facts
+        name = method.name.value
+        found = [
+            call
+            for call in facts.calls
+            if isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == name
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == "self"
+        ]
+        return found + [site for site in facts.call_sites(method) if site not in found]
+
+    def _check(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> None:
+        facts = self.facts
+        if any(arg.star for arg in call.args):
+            return  # `**kwargs` may carry `sync_dist` or `on_epoch`: unknown
+        sync = argument_of(call, "sync_dist", None)
+        on_epoch = _literal(argument_of(call, "on_epoch", None))
+        on_step = _literal(argument_of(call, "on_step", None))
+        hooks = self._hooks(method)
+        if hooks & STEP_HOOKS and self._training_path(call, method, kind):
+            hooks &= STEP_HOOKS  # a helper shared by the hooks, on its training branch
+        if sync is not None:
+            if (
+                _literal(sync) is True
+                and on_epoch is not True
+                and on_step is not False
+                and hooks
+                and hooks <= STEP_HOOKS
+            ):
+                self.report(
+                    call,
+                    "`sync_dist=True` on a step-level log in `training_step` all-reduces this value at every step; "
+                    "log it with `on_epoch=True` (reduced once per epoch) unless the per-step value must be global",
+                    severity=Severity.INFO,
+                )
+            return
+        if on_epoch is False or (on_epoch is None and argument_of(call, "on_epoch", None) is not None):
+            return  # off, or decided at run time
+        if on_epoch is None and not (hooks & EPOCH_HOOKS):
+            return
+        if _literal(argument_of(call, "rank_zero_only", None)) is True or facts.rank_split(call) is not None:
+            return
+        value = argument_of(call, "dictionary", 0) if kind == "log_dict" else argument_of(call, "value", 1)
+        if value is None or not self._per_rank(value, call, kind == "log_dict"):
+            return
+        name = argument_of(call, "name", 0) if kind == "log" else None
+        shown = name.value if isinstance(name, cst.SimpleString) else "'<name>'"
+        where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_HOOKS)}`"
+        message = (
+            f"`self.{kind}` {where} logs on epoch level without `sync_dist=True`: each rank averages only its own "
+            "batches and the value is never reduced across devices (rank 0's shard is what the logger, "
+            '`ModelCheckpoint` and `EarlyStopping` see); Lightning warns "It is recommended to use '
+            f'`self.log({shown}, ..., sync_dist=True)` when logging on epoch level in distributed setting"'
+        )
+        fix = None
+        if self._conditional(call, method):
+            message += "; the call is under a condition: add `sync_dist=True` only if every rank reaches it"
+        else:
+            fix = Fix(Applicability.SAFE, "Add `sync_dist=True`", replacements=((call, _append_sync(call)),))
+        self.report(call, message, fix=fix)
+
+    def _training_path(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> bool:
+        """The call logs a training value in a helper that every stage calls: its key says `train`
+        (`self.log("train_loss", ...)`, `f"train/{k}"`), or it sits in the body of an `if` that tests for the
+        training stage (`if stage == "train":`, `if self.training:`)."""
+        name = argument_of(call, "name", 0) if kind == "log" else None
+        if isinstance(name, cst.SimpleString) and "train" in str(name.evaluated_value).lower():
+            return True
+        if isinstance(name, cst.FormattedString):
+            head = name.parts[0] if name.parts else None
+            if isinstance(head, cst.FormattedStringText) and "train" in head.value.lower():
+                return True
+        child: cst.CSTNode = call
+        for ancestor in self.facts.ancestors(call):
+            if ancestor is method:
+                return False
+            if isinstance(ancestor, cst.If) and child is ancestor.body and _tests_training(self.facts, ancestor.test):
+                return True
+            child = ancestor
+        return False
+
+    def _conditional(self, call: cst.Call, method: cst.FunctionDef) -> bool:
+        for ancestor in self.facts.ancestors(call):
+            if ancestor is method:
+                return False
+            if isinstance(ancestor, (cst.If, cst.While, cst.IfExp, cst.Try)):
+                return True
+        return False
+
+    # -- what is logged ---------------------------------------------------------------------
+
+    def _per_rank(self, value: cst.BaseExpression, at: cst.CSTNode, mapping: bool, depth: int = 0) -> bool:
+        """The value may differ between ranks and is not a torchmetrics object or result."""
+        facts = self.facts
+        if depth > 3 or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+            return False
+        if _mentions(facts, value, RANK_INVARIANT) or any(
+            # torchmetrics' `Metric.compute()` takes no argument and returns the synced value; HF `evaluate`'s
+            # `metric.compute(predictions=..., references=...)` scores this rank's data only
+            facts.method_name(c) == "compute" and not c.args
+            for c in [value, *facts.within(value, cst.Call)]
+            if isinstance(c, cst.Call)
+        ):
+            return False
+        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
+            return False  # `self.val_acc`: a Metric (or MetricCollection) attribute; Lightning syncs it itself
+        if mapping and isinstance(value, cst.Dict):
+            return any(
+                isinstance(e, cst.DictElement) and self._per_rank(e.value, at, False, depth + 1) for e in value.elements
+            )
+        if mapping and isinstance(value, cst.DictComp):
+            return self._per_rank(value.value, at, False, depth + 1)
+        if isinstance(value, cst.Name):
+            origins = facts.origins(value, at)
+            if not origins or any(isinstance(o.node, cst.Param) for o in origins):
+                return False  # a parameter: lintdist cannot say what it is
+            return any(
+                o.node is not value and self._per_rank(o.node, o.node, mapping, depth + 1)
+                for o in origins
+                if isinstance(o.node, cst.BaseExpression)
+            )
+        if isinstance(value, cst.Call) and any(
+            n.startswith("torchmetrics.") for n in facts.qualified_names(value.func)
+        ):
+            # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
+            return ".functional" in next(iter(facts.qualified_names(value.func)))
+        return True
+
+    # -- one device --------------------------------------------------------------------------
+
+    def _single_device(self) -> bool:
+        """Every `Trainer(...)` of this file runs on one device; False when there is none."""
+        trainers = [call for call in self.facts.calls if self.facts.callee_is(call, TRAINERS)]
+        return bool(trainers) and all(self._one_device(call) for call in trainers)
+
+    def _one_device(self, trainer: cst.Call) -> bool:
+        if any(arg.star for arg in trainer.args):
+            return False
+        nodes = argument_of(trainer, "num_nodes", None)
+        if nodes is not None and _literal(nodes) != 1:
+            return False
+        devices = argument_of(trainer, "devices", None)
+        if devices is not None:
+            origins = self.facts.origins(devices, trainer)
+            return bool(origins) and all(o.index is None and _at_most_one(o.node) for o in origins)
+        accelerator = _literal(argument_of(trainer, "accelerator", None))
+        return accelerator in {"cpu", "mps"}  # `devices="auto"` is one device there
+
+
+def _at_most_one(node: cst.CSTNode) -> bool:
+    """``1``, ``"1"``, ``[0]``, or ``min(1, ...)``."""
+    if _literal(node) in {0, 1, "1"} and not isinstance(_literal(node), bool):
+        return True
+    if isinstance(node, cst.List):
+        return len(node.elements) == 1
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "min":
+        return any(_literal(arg.value) in {0, 1} for arg in node.args)
+    return False
+
+
+def _literal(expr: cst.BaseExpression | None) -> object:
+    if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
+        return {"True": True, "False": False, "None": None}[expr.value]
+    if isinstance(expr, cst.Integer):
+        return expr.evaluated_value
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value
+    return None
+
+
+def _tests_training(facts, test: cst.BaseExpression) -> bool:
+    """``stage == "train"``, ``"train" in mode``, ``self.training``."""
+    if isinstance(test, cst.Attribute) and test.attr.value == "training":
+        return True
+    if isinstance(test, cst.Comparison) and all(isinstance(t.operator, (cst.Equal, cst.In)) for t in test.comparisons):
+        strings = [test.left, *(t.comparator for t in test.comparisons)]
+        return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
+    return False
+
+
+def _mentions(facts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
+    names = [expr] if isinstance(expr, (cst.Name,)) else []
+    names += facts.within(expr, cst.Name)
+    return any(isinstance(n, cst.Name) and n.value in words for n in names)
+
+
+def _append_sync(call: cst.Call) -> cst.Call:
+    """``call`` with ``sync_dist=True`` as its last argument, separated as its other arguments are."""
+    args = list(call.args)
+    last = args[-1]
+    new = cst.Arg(
+        keyword=cst.Name("sync_dist"),
+        value=cst.Name("True"),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        comma=last.comma,
+    )
+    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+        separator = args[-2].comma
+    else:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if isinstance(last.comma, cst.Comma) and len(args) < 2:
+        separator = last.comma  # a lone argument with a trailing comma: keep its layout
+    args[-1] = last.with_changes(comma=separator)
+    return call.with_changes(args=[*args, new])
