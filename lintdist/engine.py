@@ -65,16 +65,18 @@ def check_text(
     explicit: bool = True,
     settings: LaunchSettings | None = None,
     module: cst.Module | None = None,
+    prefiltered: bool = False,
 ) -> tuple[list[Finding], FileContext | None]:
     """All findings of ``rules`` in one file's text, suppressions applied (``module``: a parse of ``text``
-    already made, for the fix loop)."""
+    already made, for the fix loop; ``prefiltered``: ``rules`` are already those the text's triggers select)."""
     if IGNORE_FILE.search(text):
         return [], None
     # Rules whose entry points are absent from the text cannot fire. A Python file no rule can fire on is not
     # parsed (so LD001 covers the Python files lintdist analyses), unless it was named explicitly: then it is
     # parsed and its syntax errors are reported, but nothing else is paid for. Configs and launch files that
     # carry accelerate/DeepSpeed keys or launcher lines are read by the project pass anyway: they are parsed.
-    rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(text, kind)]
+    if not prefiltered:
+        rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(text, kind)]
     if not explicit and not _worth_parsing(text, kind, rules):
         return [], None
     context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)

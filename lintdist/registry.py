@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 import re
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,14 +54,45 @@ class RuleInfo:
     python_triggers: tuple | None = None
     also_triggers: tuple = ()
 
-    def wanted(self, text: str, kind: str) -> bool:
-        """``Rule.wanted`` without importing the rule (and libcst with it)."""
+    def wanted(self, text: str, kind: str, seen: dict[str, bool] | None = None) -> bool:
+        """``Rule.wanted`` without importing the rule (and libcst with it). ``seen`` remembers, for one text,
+        which plain strings it holds: rules share many (``accelerat``, ``torch.distributed``)."""
         if kind not in self.kinds:
             return False
-        first = self.python_triggers if kind == "python" and self.python_triggers is not None else self.triggers
-        return all(any(_trigger(t).search(text) for t in group) for group in (first, *self.also_triggers))
+        groups = self._python_groups if kind == "python" else self._groups
+        if seen is None:
+            seen = {}
+        return all(any(_search(trigger, text, seen) for trigger in group) for group in groups)
+
+    @cached_property
+    def _groups(self) -> tuple[tuple, ...]:
+        return _cheap_first((self.triggers, *self.also_triggers))
+
+    @cached_property
+    def _python_groups(self) -> tuple[tuple, ...]:
+        first = self.python_triggers if self.python_triggers is not None else self.triggers
+        return _cheap_first((first, *self.also_triggers))
 
 
+def _cheap_first(groups: tuple[tuple, ...]) -> tuple[tuple, ...]:
+    """The groups as compiled triggers, those without a bare regular expression or a set of words first: every
+    group must match, so a substring test that fails spares the scans of the costly ones."""
+    from lintdist.rule import Pattern
+
+    compiled = [tuple(_trigger(t) for t in group) for group in groups]
+    return tuple(sorted(compiled, key=lambda group: not all(isinstance(t, (_Text, Pattern)) for t in group)))
+
+
+def _search(trigger, text: str, seen: dict[str, bool]) -> bool:
+    if isinstance(trigger, _Text):
+        found = seen.get(trigger.text)
+        if found is None:
+            found = seen[trigger.text] = trigger.text in text
+        return found
+    return bool(trigger.search(text))
+
+
+@cache
 def manifest() -> tuple[RuleInfo, ...]:
     """Every rule, from the manifest generated from the rule classes (``lintdist rules --manifest``; a test
     keeps it in step): start-up imports no rule module, and a file imports only the rules it can trigger."""
@@ -73,8 +104,9 @@ def manifest() -> tuple[RuleInfo, ...]:
 def rules_wanted(codes: frozenset[str], text: str, kind: str) -> list[type[Rule]]:
     """The enabled rules whose entry points occur in ``text`` (a file of ``kind``), their modules imported now."""
     found = []
+    seen: dict[str, bool] = {}
     for info in manifest():
-        if info.code in codes and info.wanted(text, kind):
+        if info.code in codes and info.wanted(text, kind, seen):
             module = importlib.import_module(info.module)
             found.append(next(v for v in vars(module).values() if getattr(v, "code", None) == info.code))
     return found

@@ -110,7 +110,7 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
     }
     try:
         if task.mode == "check":
-            findings, context = check_text(text, explicit=candidate.explicit, **common)
+            findings, context = check_text(text, explicit=candidate.explicit, prefiltered=True, **common)
             if task.want_edits and notebook is None:
                 findings = with_edits(findings, context)
             if context is not None and context.dependencies:
