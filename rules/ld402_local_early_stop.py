@@ -168,9 +168,9 @@ class LocalEarlyStop(Rule):
     name = "local-early-stop"
     severity = Severity.ERROR
     fix_kind = "safe"
-    python_triggers = (Pattern(("break", "return"), STOP_LINE),)
-    triggers = python_triggers
-    also_triggers = (DISTRIBUTION_WORDS,)
+    # the distribution words first: most files hold a `return`, few a sign of several processes
+    triggers = DISTRIBUTION_WORDS
+    also_triggers = ((Pattern(("break", "return"), STOP_LINE),),)
 
     VALID = (
         Valid(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 
 import libcst as cst
@@ -19,7 +20,7 @@ from lintdist.facts import (
     barrier_unsafe,
 )
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid, words
+from lintdist.rule import Invalid, Pattern, Rule, Valid, words
 
 ACCELERATE_OBJECTS = ACCELERATOR_CLASSES | {"accelerate.PartialState", "accelerate.state.PartialState"}
 # Accelerator methods every process must call, whatever the backend.
@@ -123,6 +124,12 @@ ALL_RANKS_PATTERN = (
     "training checkpoint (optimizer, scheduler, RNG and dataloader state) is `accelerator.save_state(d)` on every rank"
 )
 SAVE_MODEL_REMEDY = "call it on every rank: it writes the files on the main process only"
+
+
+RANK_TEST = Pattern(
+    ("rank",),
+    re.compile(r"(?m)rank\w*\s*(?:[=!<>]=|[<>%]|in\b|not\s+in\b|:\s*$|and\b|or\b)"),
+)
 
 
 class CollectiveInRankGuard(Rule):
@@ -266,7 +273,12 @@ class CollectiveInRankGuard(Rule):
     # a main-process guard, and a collective
     also_triggers = (
         # a main-process guard the facts recognise (a rank, a main-process flag or decorator) ...
-        (words(*RANK_NAMES, *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),),
+        (
+            words(*(RANK_NAMES - {"rank"}), *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),
+            # a bare `rank` only where something tests it (`rank == 0`, `rank % n == 0`, `if not rank:`): the
+            # word alone is in every low-rank adapter and tensor-parallel module of a library tree
+            RANK_TEST,
+        ),
         # ... and a collective
         (
             words(
