@@ -229,32 +229,43 @@ state = torch.load(path, map_location="cpu")
 
     def finish(self) -> None:
         facts = self.facts
+        # names first (cheap), resolution only in a file that has both a write and a read by name
+        named = [(call, facts.method_name(call)) for call in facts.calls]
+        write_names = {"save_pretrained", "save", "save_file", *MAIN_ONLY_WRITES}
+        read_names = {"from_pretrained", "load", "load_file", *ACCELERATOR_READS}
+        if not any(name in write_names for _, name in named) or not any(name in read_names for _, name in named):
+            return
         writes = []
         reads = []
-        for call in facts.calls:
-            name = facts.method_name(call)
-            if name is None:
-                continue
-            write = self._write(call, name)
-            if write is not None:
-                writes.append((call, write[0], write[1]))
-                continue
-            read = self._read(call, name)
-            if read is not None:
-                reads.append((call, read))
+        for call, name in named:
+            if name in write_names:
+                write = self._write(call, name)
+                if write is not None:
+                    writes.append((call, write[0], write[1]))
+                    continue
+            if name in read_names:
+                read = self._read(call, name)
+                if read is not None:
+                    reads.append((call, read))
         if not writes or not reads:
             return
         reported: set[int] = set()
+        keys = {id(write_call): self._keys(write_path, write_call) for write_call, write_path, _ in writes}
+        written = set().union(*keys.values())
+        if not written:
+            return
         for read_call, read_paths in reads:
+            read_keys = {key for path in read_paths for key in self._keys(path, read_call)}
+            if not read_keys & written:
+                continue
             read_anchors = self._anchors(read_call, reading=True)
             if not read_anchors:
                 continue
-            read_keys = {key for path in read_paths for key in self._keys(path, read_call)}
-            if not read_keys:
-                continue
-            for write_call, write_path, main_only in writes:
-                if not read_keys & self._keys(write_path, write_call):
+            for write_call, _, main_only in writes:
+                if not read_keys & keys[id(write_call)]:
                     continue
+                if facts.method_name(write_call) == "save_state" and self._deepspeed():
+                    continue  # DeepSpeed's `save_checkpoint` ends with a barrier
                 found = self._unordered(write_call, main_only, read_anchors)
                 if found is None or id(read_call) in reported:
                     continue
@@ -276,8 +287,6 @@ state = torch.load(path, map_location="cpu")
             and isinstance(call.func, cst.Attribute)
             and facts.is_accelerator(call.func.value, call)
         ):
-            if name == "save_state" and self._deepspeed():
-                return None  # DeepSpeed's `save_checkpoint` ends with a barrier
             path = _argument(call, *MAIN_ONLY_WRITES[name])
             return (path, True) if path is not None else None
         if name in {"save", "save_file"} and facts.callee_is(call, frozenset(WRITE_FUNCTIONS)):

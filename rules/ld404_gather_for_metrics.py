@@ -254,7 +254,6 @@ for batch in eval_loader:
 
     def finish(self) -> None:
         facts = self.facts
-        no_padding = self._padding_off()
         for call in facts.calls:
             func = call.func
             if not isinstance(func, cst.Attribute) or func.attr.value not in {"gather", "gather_for_metrics"}:
@@ -277,7 +276,7 @@ for batch in eval_loader:
             unpadded = self._unpadded_generation(value, loop)
             duplicates = (
                 func.attr.value == "gather"
-                and not no_padding
+                and not self._padding_off()
                 and not self._drop_last(prepared)
                 and not self._truncated(call, loop)
             )
@@ -475,7 +474,12 @@ for batch in eval_loader:
 
     def _padding_off(self) -> bool:
         """``DataLoaderConfiguration(even_batches=False)`` or ``accelerator.even_batches = False``: no duplicates.
-        An unknown value counts as off (nothing is reported)."""
+        An unknown value counts as off (nothing is reported). Asked only once a candidate gather is found."""
+        if "ld404 padding off" not in self.facts._memo:
+            self.facts._memo["ld404 padding off"] = self._find_padding_off()
+        return self.facts._memo["ld404 padding off"]
+
+    def _find_padding_off(self) -> bool:
         setting = self.settings.get("even_batches")
         if setting is not None and not switched_on(setting):
             return True

@@ -271,7 +271,10 @@ for batch in loader:
         if self.context.is_test_module:
             return
         facts = self.facts
-        self._spawns = any(facts.callee_is(call, SPAWNS) for call in facts.calls)
+        self._spawns = any(
+            facts.method_name(call) in {"spawn", "start_processes"} and facts.callee_is(call, SPAWNS)
+            for call in facts.calls
+        )
         for call in facts.calls:
             for index in self._device_indices(call):
                 self._check(index)
@@ -310,7 +313,7 @@ for batch in loader:
             value = argument_of(call, "device_id", 8)  # torch 2.13: `device_id: torch.device | int | None`
             if value is not None:
                 found.append(value)
-        elif facts.callee_is(call, DDP_WRAPPERS):
+        elif len(call.args) >= 2 and facts.callee_is(call, DDP_WRAPPERS):  # `DDP(model)` names no device
             ids = argument_of(call, "device_ids", 1)
             if isinstance(ids, (cst.List, cst.Tuple)):
                 found.extend(e.value for e in ids.elements if not isinstance(e, cst.StarredElement))
