@@ -143,15 +143,16 @@ def manifest_entries(rules) -> list[dict]:
 
 
 def _serial(trigger) -> tuple:
-    """A trigger as plain data: ("text", s), ("regex", pattern, flags), ("pattern", needs, regex, flags) or
-    ("words", names)."""
+    """A trigger as plain data: ("text", s), ("regex", pattern, flags), ("pattern", needs, regex, flags[, True
+    when it reads backwards]) or ("words", names)."""
     from lintdist.rule import Pattern, Words
 
     if isinstance(trigger, str):
         return ("text", trigger)
     if isinstance(trigger, Pattern):
         regex = trigger.regex
-        return ("pattern", tuple(trigger.needs), regex.pattern if regex else None, regex.flags if regex else 0)
+        serial = ("pattern", tuple(trigger.needs), regex.pattern if regex else None, regex.flags if regex else 0)
+        return (*serial, True) if trigger.backwards else serial
     if isinstance(trigger, Words):
         return ("words", tuple(trigger.names))
     return ("regex", trigger.pattern, trigger.flags)
@@ -168,7 +169,8 @@ def _trigger(serial: tuple):
     if kind == "words":
         return words(*serial[1])
     if kind == "pattern":
-        return Pattern(serial[1], re.compile(serial[2], serial[3]) if serial[2] is not None else None)
+        regex = re.compile(serial[2], serial[3]) if serial[2] is not None else None
+        return Pattern(serial[1], regex, backwards=len(serial) > 4 and serial[4])
     return re.compile(serial[1], serial[2])
 
 

@@ -203,9 +203,16 @@ class Pattern:
 
     needs: tuple[str, ...]
     regex: re.Pattern[str] | None = None
+    # The regex is written for the text read backwards (`kaerb` for `break`): it can start at a rare keyword
+    # and look back over the lines before it, where a forward scan would try every `if` line.
+    backwards: bool = False
 
     def search(self, text: str) -> bool:
-        return any(need in text for need in self.needs) and (self.regex is None or self.regex.search(text) is not None)
+        if not any(need in text for need in self.needs):
+            return False
+        if self.regex is None:
+            return True
+        return self.regex.search(text[::-1] if self.backwards else text) is not None
 
 
 class Words:

@@ -45,13 +45,53 @@ LOCAL_WORD = re.compile(
 # Calls that test a value for NaN/inf: their argument is what matters.
 VALUE_TESTS = frozenset({"isnan", "isinf", "isfinite", "any", "all", "abs", "float", "int", "bool", "round"})
 # The rule's own text trigger: an `if` line that reads a loss/metric/stop flag/rank guard, followed within a few
-# lines by a `break`/`return` (or `if c: break` on one line). Starts with a literal (`if `) so the scan is fast.
+# lines by a `break`/`return` (or `if c: break` on one line). Read backwards (`Pattern(..., backwards=True)`), so
+# the scan starts at each `break`/`return` (a literal) and looks back over the lines above it: forwards, every
+# `if` line of a long script was tried against every word (0.15 s on the scripts folder, against 0.03 s).
+STOP_WORDS = (
+    "loss",
+    "metric",
+    "patience",
+    "score",
+    "ppl",
+    "perplex",
+    "best",
+    "stop",
+    "improv",
+    "nan",
+    "finite",
+    "main_process",
+    "rank",
+    "master",
+    "is_main",
+    "global_zero",
+    "wait",
+    "reward",
+    "f1",
+    "bleu",
+    "rouge",
+    "bad",
+    "counter",
+    "plateau",
+    "verge",
+    "early",
+    "max_time",
+    "elapsed",
+    "deadline",
+    "time_limit",
+    "time_budget",
+)
+_WORDS_BACKWARDS = "|".join(
+    [re.escape(word[::-1]) for word in STOP_WORDS] + [r"\)\(meti", r"\bcca", "_cca", "rucca"]  # item(), acc
+)
+_IF_LINE_BACKWARDS = rf"[ \t]*:[^\n]*(?:{_WORDS_BACKWARDS})[^\n]* fi"
 STOP_LINE = re.compile(
-    r"if [^\n]*(?:loss|metric|acc(?:\b|_|ur)|patience|score|ppl|perplex|best|stop|improv|item\(\)|nan|finite|"
-    r"main_process|rank|master|is_main|global_zero|wait|reward|f1|bleu|rouge|bad|counter|plateau|verge|early|"
-    r"max_time|elapsed|deadline|time_limit|time_budget)[^\n]*:"
-    # `if c: break`, `if c:` then `break` within four lines, `if c:` then `return` on the next line
-    r"(?:[ \t]*(?:break|return)\b|[ \t]*(?:#[^\n]*)?\n(?:(?:[ \t]*[^\n]*\n){0,3}?[ \t]*break\b|[ \t]*return\b))"
+    # `if c: break` / `if c: return` on one line
+    rf"(?:kaerb(?<!\wkaerb)|nruter(?<!\wnruter))(?!\w){_IF_LINE_BACKWARDS}"
+    # `if c:` then `break` within four lines (each may carry a comment after the colon)
+    rf"|kaerb(?<!\wkaerb)[ \t]*\n(?:[^\n]*\n){{0,3}}?(?:[^\n]*#)?{_IF_LINE_BACKWARDS}"
+    # `if c:` then `return` on the next line
+    rf"|nruter(?<!\wnruter)[ \t]*\n(?:[^\n]*#)?{_IF_LINE_BACKWARDS}"
 )
 # Signs of a distributed script (an accelerate training loop, a process group, DDP), as plain substrings.
 DISTRIBUTION_WORDS = (
@@ -170,7 +210,7 @@ class LocalEarlyStop(Rule):
     fix_kind = "safe"
     # the distribution words first: most files hold a `return`, few a sign of several processes
     triggers = DISTRIBUTION_WORDS
-    also_triggers = ((Pattern(("break", "return"), STOP_LINE),),)
+    also_triggers = ((Pattern(("break", "return"), STOP_LINE, backwards=True),),)
 
     VALID = (
         Valid(

@@ -4,6 +4,8 @@ shell files, launch settings reaching a script, and a crashing rule."""
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import pytest
 
@@ -11,7 +13,7 @@ import lintdist.config
 import lintdist.registry
 import lintdist.report
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
-from lintdist.rule import Rule
+from lintdist.rule import Pattern, Rule
 
 
 class RenameFoo(Rule):
@@ -197,3 +199,21 @@ def test_a_rule_runs_only_where_every_trigger_group_matches():
     assert Guarded.wanted("if rank == 0:\n    dist.barrier()\n")
     assert not Guarded.wanted("dist.barrier()\n")
     assert not Guarded.wanted("if rank == 0:\n    print(rank)\n")
+
+
+def test_a_backwards_pattern_reads_the_text_from_its_end_and_survives_the_manifest():
+    # `break`, then the `if` line above it naming `loss`: written for the reversed text
+    pattern = Pattern(("break",), re.compile(r"kaerb[ \t]*\n[^\n]*:[^\n]*ssol[^\n]* fi"), backwards=True)
+
+    class Backwards(Rule):
+        """Test rule: a backwards pattern."""
+
+        code, name, severity, triggers = "LD907", "backwards", Severity.INFO, (pattern,)
+
+    text = "for batch in loader:\n    if loss.item() < 0.1:\n        break\n"
+    assert Backwards.wanted(text)
+    assert not Backwards.wanted(text.replace("loss", "step"))
+    info = lintdist.registry.RuleInfo(**lintdist.registry.manifest_entries([Backwards])[0])
+    assert info.wanted(text, "python") and not info.wanted(text.replace("loss", "step"), "python")
+    forwards = Pattern(("break",), pattern.regex)  # the same regex read forwards finds nothing
+    assert not forwards.search(text)
