@@ -156,6 +156,7 @@ class PythonFacts:
     def __init__(self, index: SyntaxIndex, names: NameResolver) -> None:
         self.index = index
         self.names = names
+        self._enclosing_function: dict[int, cst.FunctionDef | None] = {}
         self.calls: list[cst.Call] = index.nodes(cst.Call)
         self.loops: list[Loop] = index.nodes(cst.For, cst.While)
         self.classes: list[cst.ClassDef] = index.nodes(cst.ClassDef)
@@ -250,7 +251,25 @@ class PythonFacts:
         return False
 
     def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+        # remembered for the node and every ancestor passed on the way up: rules ask it of most calls
+        known = self._enclosing_function
+        found = known.get(id(node), False)
+        if found is not False:
+            return found
+        passed = [node]
+        found = None
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.FunctionDef):
+                found = ancestor
+                break
+            cached = known.get(id(ancestor), False)
+            if cached is not False:
+                found = cached
+                break
+            passed.append(ancestor)
+        for each in passed:
+            known[id(each)] = found
+        return found
 
     def enclosing_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
         key = id(node)
