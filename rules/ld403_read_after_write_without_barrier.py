@@ -250,19 +250,21 @@ state = torch.load(path, map_location="cpu")
         if not writes or not reads:
             return
         reported: set[int] = set()
-        keys = {id(write_call): self._keys(write_path, write_call) for write_call, write_path, _ in writes}
+        # the values a path can have first; whether it lies in a temporary folder only for a pair that matches
+        keys = {id(write_call): self._values(write_path, write_call) for write_call, write_path, _ in writes}
         written = set().union(*keys.values())
         if not written:
             return
         for read_call, read_paths in reads:
-            read_keys = {key for path in read_paths for key in self._keys(path, read_call)}
-            if not read_keys & written:
+            values = [(path, self._values(path, read_call)) for path in read_paths]
+            if not any(found & written for _, found in values):
                 continue
-            read_anchors = self._anchors(read_call, reading=True)
+            read_keys = {key for path, found in values if not self._temporary(path, read_call) for key in found}
+            read_anchors = self._anchors(read_call, reading=True) if read_keys else []
             if not read_anchors:
                 continue
-            for write_call, _, main_only in writes:
-                if not read_keys & keys[id(write_call)]:
+            for write_call, write_path, main_only in writes:
+                if not read_keys & keys[id(write_call)] or self._temporary(write_path, write_call):
                     continue
                 if facts.method_name(write_call) == "save_state" and self._deepspeed():
                     continue  # DeepSpeed's `save_checkpoint` ends with a barrier
@@ -318,12 +320,10 @@ state = torch.load(path, map_location="cpu")
                     return [path] if path is not None else None
         return None
 
-    def _keys(self, path: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+    def _values(self, path: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
         """What a path can be, by value: the texts of the expressions it can come from (a parameter nobody here
         passes stands for itself)."""
         keys = set()
-        if self._temporary(path, at):
-            return keys
         for origin in self.facts.origins(path, at):
             node = origin.node
             if isinstance(node, cst.Param):
