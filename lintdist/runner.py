@@ -347,10 +347,14 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
         from concurrent.futures import ProcessPoolExecutor  # imported only when a pool is worth its start-up
 
+        # the largest files first, one at a time: a long script handed out last would keep one worker busy
+        # while the others wait (the order of the results is restored below)
+        order = sorted(range(len(pending)), key=lambda i: -_size(pending[i][1].candidate.path))
         with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
-            results = list(
-                pool.map(process, [t for _, t, _ in pending], chunksize=max(1, len(pending) // (workers * 8)))
-            )
+            done = list(pool.map(process, [pending[i][1] for i in order], chunksize=1))
+        results = [None] * len(pending)
+        for i, report in zip(order, done):
+            results[i] = report
     else:
         results = [process(task) for _, task, _ in pending]
     for (index, task, digest), report in zip(pending, results):
@@ -365,3 +369,10 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
         findings.extend(Finding.from_json(f) for f in report.findings)
     findings.sort(key=lambda f: f.sort_key)
     return RunResult(findings, ordered, [r.error for r in ordered if r.error])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
