@@ -34,6 +34,19 @@ SAMPLER_CLASSES = frozenset({"torch.utils.data.DistributedSampler", "torch.utils
 DDP_WRAPPERS = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
+# Where Lightning's `Trainer` can be imported from (`lightning`, the 1.x `pytorch_lightning`, their submodules).
+LIGHTNING_TRAINERS = frozenset(
+    f"{home}.Trainer"
+    for home in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.pytorch.trainer",
+        "lightning.pytorch.trainer.trainer",
+        "pytorch_lightning",
+        "pytorch_lightning.trainer",
+        "pytorch_lightning.trainer.trainer",
+    )
+)
 DDP_CLASSES = DDP_WRAPPERS | frozenset(
     {
         "torch.distributed.fsdp.FullyShardedDataParallel",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.edits import without_argument
-from lintdist.facts import FABRIC_CLASSES, argument_of, string_value
+from lintdist.facts import FABRIC_CLASSES, LIGHTNING_TRAINERS, argument_of, string_value
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -32,16 +32,7 @@ STRATEGY_CLASSES = _names(
     "lightning_fabric.strategies",
     "lightning_fabric.strategies.fsdp",
 )
-TRAINER_CLASSES = _names(
-    "Trainer",
-    "lightning",
-    "lightning.pytorch",
-    "lightning.pytorch.trainer",
-    "lightning.pytorch.trainer.trainer",
-    "pytorch_lightning",
-    "pytorch_lightning.trainer",
-    "pytorch_lightning.trainer.trainer",
-)
+TRAINER_CLASSES = LIGHTNING_TRAINERS
 RUNNER_CLASSES = TRAINER_CLASSES | FABRIC_CLASSES | frozenset({"lightning.fabric.fabric.Fabric"})
 KEYWORD = "mixed_precision"
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.facts import argument_of
+from lintdist.facts import LIGHTNING_TRAINERS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -38,18 +38,6 @@ _MODULE_HOMES = (
     "pytorch_lightning.core.lightning",
 )
 LIGHTNING_MODULES = frozenset(f"{home}.LightningModule" for home in _MODULE_HOMES)
-TRAINERS = frozenset(
-    f"{home}.Trainer"
-    for home in (
-        "lightning",
-        "lightning.pytorch",
-        "lightning.pytorch.trainer",
-        "lightning.pytorch.trainer.trainer",
-        "pytorch_lightning",
-        "pytorch_lightning.trainer",
-        "pytorch_lightning.trainer.trainer",
-    )
-)
 # Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
 EPOCH_HOOKS = frozenset(
     {
@@ -520,7 +508,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
 
     def _single_device(self) -> bool:
         """Every `Trainer(...)` of this file runs on one device; False when there is none."""
-        trainers = [call for call in self.facts.calls if self.facts.callee_is(call, TRAINERS)]
+        trainers = [call for call in self.facts.calls if self.facts.callee_is(call, LIGHTNING_TRAINERS)]
         return bool(trainers) and all(self._one_device(call) for call in trainers)
 
     def _one_device(self, trainer: cst.Call) -> bool:
