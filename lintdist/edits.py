@@ -89,6 +89,29 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
     return call.with_changes(args=(new_arg, *call.args))
 
 
+def with_keyword_last(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with a new keyword argument ``name=value`` after its arguments, separated as its other arguments
+    are (a trailing comma moves to the new argument, with its line break)."""
+    new_arg = cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=(new_arg,))
+    last = args[-1]
+    new_arg = new_arg.with_changes(comma=last.comma)
+    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+        separator = args[-2].comma
+    elif isinstance(last.comma, cst.Comma):
+        separator = last.comma  # a lone argument with a trailing comma: keep its layout
+    else:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args[-1] = last.with_changes(comma=separator)
+    return call.with_changes(args=(*args, new_arg))
+
+
 def remove_division(
     facts: PythonFacts, division: Division, site: cst.Call, new_call: cst.Call | None = None
 ) -> tuple[Replacements | None, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import with_keyword_last
 from lintdist.facts import DATALOADER_CLASSES, RANK_GETTERS, RANK_NAMES, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -170,25 +171,6 @@ def _fsdp_wrapped(rule: Rule) -> bool:
         any("FullyShardedDataParallel" in q or "fully_shard" in q for q in facts.qualified_names(call.func))
         for call in facts.wrapped_models()
     )
-
-
-def keyword_last(call: cst.Call, name: str, value: str) -> cst.Call:
-    """``call`` with ``name=value`` appended after its arguments (a trailing comma kept)."""
-    arg = cst.Arg(
-        keyword=cst.Name(name),
-        value=cst.parse_expression(value),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    args = list(call.args)
-    if args:
-        last = args[-1]
-        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it (and its line break)
-            arg = arg.with_changes(comma=last.comma)
-            separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
-            args[-1] = last.with_changes(comma=separator or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        else:
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=(*args, arg))
 
 
 def guarded_statement(statement: cst.SimpleStatementLine, test: str) -> cst.If:
@@ -470,7 +452,7 @@ if not dist.is_initialized() or dist.get_rank() == 0:
         state_dict = argument_of(call, "state_dict", None)
         if kind == "peft" and accelerator is not None:
             # peft gates every write on this argument; the call stays on every rank (its arguments may gather)
-            new = keyword_last(call, "is_main_process", f"{accelerator}.is_main_process")
+            new = with_keyword_last(call, "is_main_process", cst.parse_expression(f"{accelerator}.is_main_process"))
             fix = Fix(
                 Applicability.SAFE,
                 f"Pass `is_main_process={accelerator}.is_main_process`",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from lintdist.edits import with_keyword_last
 from lintdist.facts import LIGHTNING_TRAINERS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -434,7 +435,11 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         if self._conditional(call, method):
             message += "; the call is under a condition: add `sync_dist=True` only if every rank reaches it"
         else:
-            fix = Fix(Applicability.SAFE, "Add `sync_dist=True`", replacements=((call, _append_sync(call)),))
+            fix = Fix(
+                Applicability.SAFE,
+                "Add `sync_dist=True`",
+                replacements=((call, with_keyword_last(call, "sync_dist", cst.Name("True"))),),
+            )
         self.report(call, message, fix=fix)
 
     def _training_path(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> bool:
@@ -560,23 +565,3 @@ def _mentions(facts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
     names = [expr] if isinstance(expr, (cst.Name,)) else []
     names += facts.within(expr, cst.Name)
     return any(isinstance(n, cst.Name) and n.value in words for n in names)
-
-
-def _append_sync(call: cst.Call) -> cst.Call:
-    """``call`` with ``sync_dist=True`` as its last argument, separated as its other arguments are."""
-    args = list(call.args)
-    last = args[-1]
-    new = cst.Arg(
-        keyword=cst.Name("sync_dist"),
-        value=cst.Name("True"),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-        comma=last.comma,
-    )
-    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
-        separator = args[-2].comma
-    else:
-        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    if isinstance(last.comma, cst.Comma) and len(args) < 2:
-        separator = last.comma  # a lone argument with a trailing comma: keep its layout
-    args[-1] = last.with_changes(comma=separator)
-    return call.with_changes(args=[*args, new])
