@@ -1,0 +1,5 @@
+import sys
+
+from lintdist.runtime.watch import main
+
+sys.exit(main())

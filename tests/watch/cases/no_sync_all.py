@@ -1,0 +1,55 @@
+"""Pitfall: `model.no_sync()` around every micro-batch (LD110 / LD103).
+
+Raw DDP, 4 micro-batches per optimizer step, per-rank data differs.
+
+Variants:
+  broken     - every micro-batch's forward+backward under `with model.no_sync():`, then `optimizer.step()`:
+               the gradients are never averaged and the replicas drift apart.
+  fixed      - `no_sync` on the non-final micro-batches only; the last backward all-reduces.
+  benchmark  - a correct DDP loop (3 x Linear(256, 256), batch 64, accumulation 1,
+               3500 steps); rank 0 prints
+               `LOOP_SECONDS=<x>`, the loop's wall time.
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--variant", choices=["broken", "fixed", "benchmark"], default="broken")
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+width = 256 if args.variant == "benchmark" else 8
+model = DistributedDataParallel(nn.Sequential(nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ACCUMULATION = 1 if args.variant == "benchmark" else 4
+STEPS = 3500 if args.variant == "benchmark" else 3
+generator = torch.Generator().manual_seed(rank)
+data = torch.randn(8, ACCUMULATION, 64, width, generator=generator)
+
+start = time.perf_counter()
+for step in range(STEPS):
+    for micro in range(ACCUMULATION):
+        last = micro == ACCUMULATION - 1
+        if args.variant == "broken" or not last:
+            with model.no_sync():
+                loss = model(data[step % 8, micro]).pow(2).mean()
+                loss.backward()
+        else:
+            loss = model(data[step % 8, micro]).pow(2).mean()
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+elapsed = time.perf_counter() - start
+
+if args.variant == "benchmark" and rank == 0:
+    print(f"LOOP_SECONDS={elapsed:.2f}")
+dist.destroy_process_group()
+print(f"DONE rank={rank}")
