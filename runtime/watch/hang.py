@@ -6,6 +6,7 @@ A stall where the ranks agree (the same collective, or one rank still computing)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ class Divergence:
 
 def _state(status: dict[str, Any], now: float, limits: Limits) -> str:
     if status.get("exit"):
-        return "exited"
+        return "crashed" if status["exit"].get("crashed") else "exited"
     if now - float(status.get("t", now)) > limits.stale:
         return "gone"
     if status.get("active") and now - float(status.get("stuck_since") or now) >= limits.confirm:
@@ -58,9 +59,13 @@ def diagnose(statuses: dict[int, dict[str, Any]], now: float, limits: Limits = L
         if states[rank] != "waiting":
             continue
         mine = _active(statuses[rank])
+        if not mine:
+            continue
         group, seq = min(mine)
         for other in sorted(statuses):
             if other == rank:
+                continue
+            if states[other] == "crashed":  # an exception ends the job through the launcher; no hang to name
                 continue
             if states[other] in ("exited", "gone"):
                 return Divergence("exited", rank, other, group, seq)
@@ -124,6 +129,8 @@ class RankView:
     collective: Collective | None = None
     guard: Guard | None = None
     note: str = ""
+    waiting_since: float | None = None
+    exited_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +144,8 @@ class RankView:
             if self.guard
             else None,
             "note": self.note,
+            "waiting_since": self.waiting_since,
+            "exited_at": self.exited_at,
         }
 
 
@@ -148,16 +157,25 @@ class HangReport:
     divergence: Divergence
     ranks: list[RankView] = field(default_factory=list)
     first: tuple[str, int] | None = None
+    reported_at: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
+        named = next((view for view in self.ranks if view.guard), None) or next(
+            view for view in self.ranks if view.rank == self.divergence.waiting
+        )
+        group, seq = self.first or (self.divergence.group, self.divergence.seq)
         return {
             "code": self.code,
             "name": self.name,
             "severity": "error",
             "kind": "hang",
             "message": self.message,
-            "group": self.divergence.group,
-            "seq": self.first[1] if self.first else self.divergence.seq,
+            "file": named.site.file if named.site else None,
+            "line": named.site.line if named.site else None,
+            "group": group,
+            "seq": seq,
+            "op": named.collective.op if named.collective else None,
+            "reported_at": self.reported_at,
             "ranks": [view.as_dict() for view in self.ranks],
         }
 
@@ -207,11 +225,15 @@ def explain(
         site = Site.from_list(exit_info.get("site")) if state == "exited" else Site.from_list(status.get("site"))
         collective = at_first or current
         view = RankView(rank, state, (collective.site if collective and collective.site else site), collective)
-        if state == "waiting":
+        if state == "waiting" and status.get("failed"):
+            view.note = f"its collective failed (the peer is gone): {status['failed']}"
+        elif state == "waiting":
+            view.waiting_since = float(status["stuck_since"])
             view.note = f"waiting {now - float(status['stuck_since']):.1f} s"
             if current is not None and at_first is not None and (current.group, current.seq) != first:
                 view.note += f", now in {current.op} #{current.seq} at {current.site or site}"
         elif state == "exited":
+            view.exited_at = float(status.get("t", now))
             view.note = "exited" + (f": {exit_info['error']}" if exit_info.get("error") else "")
             view.collective = at_first
         elif state == "gone":

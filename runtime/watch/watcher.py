@@ -66,6 +66,8 @@ class Watcher:
         self._compare: list[tuple[str, str]] = []
         self._exit: dict[str, Any] | None = None
         self._closed = False
+        self.polls = 0
+        self.cpu_seconds = 0.0  # the watcher thread's own CPU time
 
     # -- life cycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,6 +133,8 @@ class Watcher:
                     if self.channel is None:
                         return
                     self._poll()
+                    self.polls += 1
+                    self.cpu_seconds = time.thread_time()
             except Exception:  # noqa: BLE001 - the store went away (the job is ending): never take the job down
                 if self._stop.is_set():
                     return
@@ -141,14 +145,37 @@ class Watcher:
         self._stop.set()
         if not self.attach():
             return None
+        failed = _collective_failed(error)
+        crashed = error is not None and not failed and not isinstance(error, (SystemExit, KeyboardInterrupt))
         site = _exit_site(error)
-        self._exit = {"site": site.as_list() if site else None, "error": _describe(error)}
         with self._lock:
             try:
                 self._flush_outbox()
                 self.channel.post_history(self._history())
-                self.channel.post_status(self._status(time.time()))
-                if self.rank == 0 or error is not None:
+                now = time.time()
+                if failed:
+                    # The collective this rank was in failed because a peer went away: report it as still waiting
+                    # there, so the leader can name the peer.
+                    status = self._status(now)
+                    entries = status["active"] or [
+                        {**entry.as_dict(), "done": False} for entry in (probe.recorded(limit=1, stacks=False) or [])
+                    ]
+                    status.update(
+                        active=entries, stuck_since=now - self.options.limits.confirm, failed=_describe(error)
+                    )
+                    if site is not None:  # the line that raised, not the caller of this function
+                        status["site"] = site.as_list()
+                else:
+                    self._exit = {
+                        "site": site.as_list() if site else None,
+                        "error": _describe(error),
+                        "crashed": crashed,
+                    }
+                    status = self._status(now)
+                self.channel.post_status(status)
+                if crashed:  # the launcher ends the job; the traceback says why
+                    return None
+                if self.rank == 0 or failed:
                     return self._final_pass(error)
             except Exception:  # noqa: BLE001 - the store is gone: nothing left to say
                 return None
@@ -170,6 +197,8 @@ class Watcher:
                 return self._report_hang(divergence, statuses)
             time.sleep(self.options.interval)
         self._lead_findings()
+        if self.rank == 0:
+            self._write_report()
         return None
 
     # -- one poll -----------------------------------------------------------------------------------------------
@@ -329,8 +358,17 @@ class Watcher:
                 f"{PREFIX} report written to {self.options.report}; ending the job (exit code {self.options.exit_code})"
             )
         print("\n".join(lines), file=sys.stderr, flush=True)
+        self._write_report()
+
+    def _write_report(self) -> None:
         _write_json(
-            Path(self.options.report), {"world_size": self.world_size, "store": self.where, "findings": self.findings}
+            Path(self.options.report),
+            {
+                "world_size": self.world_size,
+                "store": self.where,
+                "findings": self.findings,
+                "watcher": {"rank": self.rank, "polls": self.polls, "cpu_seconds": round(self.cpu_seconds, 4)},
+            },
         )
 
 
@@ -352,6 +390,16 @@ def _exit_site(error: BaseException | None) -> Site | None:
             line = next(line for f, line in traceback.walk_tb(error.__traceback__) if f is frame)
             return Site(frame.f_code.co_filename, line, frame.f_code.co_name)
     return None
+
+
+def _collective_failed(error: BaseException | None) -> bool:
+    """A collective raised because a peer is gone (gloo: "Connection closed by peer"; NCCL: a watchdog abort)."""
+    if error is None:
+        return False
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(word in text for word in ("gloo", "NCCL", "Connection closed"))
 
 
 def _describe(error: BaseException | None) -> str | None:

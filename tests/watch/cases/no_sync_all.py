@@ -8,11 +8,16 @@ Variants:
   fixed      - `no_sync` on the non-final micro-batches only; the last backward all-reduces.
   benchmark  - a correct DDP loop (3 x Linear(256, 256), batch 64, accumulation 1,
                3500 steps); rank 0 prints
-               `LOOP_SECONDS=<x>`, the loop's wall time.
+               `LOOP_SECONDS=<x>`, the loop's wall time. With CASE_SEQUENCE=DIR each rank writes the
+               collectives it made (torch's flight recorder) to DIR/rank<R>.json.
 """
 
 import argparse
+import json
+import os
+import pickle
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,6 +30,9 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+if args.variant == "benchmark" and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
+    # One core per rank: the timing then varies less from run to run.
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
 torch.manual_seed(0)
 width = 256 if args.variant == "benchmark" else 8
 model = DistributedDataParallel(nn.Sequential(nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, 1)))
@@ -51,5 +59,11 @@ elapsed = time.perf_counter() - start
 
 if args.variant == "benchmark" and rank == 0:
     print(f"LOOP_SECONDS={elapsed:.2f}")
+if os.environ.get("CASE_SEQUENCE"):
+    # The collectives this rank made, from torch's flight recorder: compared with and without the watcher.
+    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    entries = [[e["collective_seq_id"], e["profiling_name"], e["input_sizes"]] for e in trace["entries"]]
+    sequence = {"status": trace["pg_status"], "entries": entries}
+    Path(os.environ["CASE_SEQUENCE"], f"rank{rank}.json").write_text(json.dumps(sequence))
 dist.destroy_process_group()
 print(f"DONE rank={rank}")
