@@ -144,6 +144,7 @@ class Watcher:
         """Called on the training thread when the script ends; returns an exit code when the job must end with it."""
         self._stop.set()
         if not self.attach():
+            self._closed = True  # a group made after the script ended (another test, a REPL) is not watched
             return None
         failed = _collective_failed(error)
         crashed = error is not None and not failed and not isinstance(error, (SystemExit, KeyboardInterrupt))
