@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import gc
 import importlib.util
+import itertools
 import math
 import os
 import socket
@@ -1106,6 +1107,50 @@ def check_shift_labels(ctx: Context, seed: int = 3) -> Verdict:
     )
 
 
+_WATCH_CHANNELS = itertools.count()
+
+
+def check_watch_channel(ctx: Context, timeout_s: float = 30.0) -> Verdict:
+    """The watcher's side channel: each rank reads every rank's post, one claim wins, and no collective is added.
+
+    It opens the store client `python -m lintdist.runtime.watch` opens (MASTER_ADDR/MASTER_PORT, else a clone of
+    the process group's store) and compares the flight recorder's collective counters before and after.
+    """
+    from lintdist.runtime.watch import probe
+    from lintdist.runtime.watch.channel import Channel
+
+    setup = f"store client, W={ctx.world_size}"
+    if not ctx.distributed:
+        return Verdict("watch-channel", setup, "SKIP", "needs a process group (run under torchrun)")
+    before = probe.progress()
+    channel, where = Channel.open(ctx.rank, ctx.world_size, namespace=f"selftest/{next(_WATCH_CHANNELS)}/")
+    channel.post_status({"rank": ctx.rank, "token": f"rank-{ctx.rank}"})
+    channel.post_finding("selftest", {"rank": ctx.rank})
+    channel.post_value("done", "posted", ctx.rank)
+    deadline = time.monotonic() + timeout_s
+    while channel.values("done", "posted") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    statuses = channel.statuses()
+    everyone = sorted(statuses) == list(range(ctx.world_size)) and all(
+        status["token"] == f"rank-{rank}" for rank, status in statuses.items()
+    )
+    claims = len(channel.new_findings())
+    after = probe.progress()
+    unchanged = before == after
+    passed = everyone and claims == 1 and unchanged
+    detail = f"{ctx.world_size} rank(s) read every rank's post through {where}; one claim of {ctx.world_size} won; "
+    detail += "no collective added" if unchanged else f"collective counters moved: {before} -> {after}"
+    if not everyone:
+        detail = f"rank {ctx.rank} read posts from ranks {sorted(statuses)} only"
+    return Verdict(
+        "watch-channel",
+        setup,
+        "PASS" if passed else "FAIL",
+        detail,
+        {"ranks_seen": float(len(statuses)), "claims": float(claims), "collectives_unchanged": float(unchanged)},
+    )
+
+
 def _unavailable(setup: str) -> str | None:
     """Why `setup` cannot run here, or None."""
     if setup == "accelerate" and importlib.util.find_spec("accelerate") is None:
@@ -1171,6 +1216,7 @@ def selftest_verdicts(ctx: Context) -> Iterator[Verdict]:
         yield check_token_windows(ctx, "accelerate", iterable=True)
     yield check_token_windows(ctx, "ddp")
     yield check_shift_labels(ctx)
+    yield check_watch_channel(ctx)
 
 
 def merge_ranks(ctx: Context, verdicts: list[Verdict]) -> list[Verdict]:

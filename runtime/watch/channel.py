@@ -39,16 +39,16 @@ def connect_store() -> tuple[Any, str]:
 class Channel:
     """Keys per rank (status, history), a report, findings, and values compared across ranks."""
 
-    def __init__(self, store: Any, rank: int, world_size: int) -> None:
-        self.store = dist.PrefixStore(_run_prefix(), store)
+    def __init__(self, store: Any, rank: int, world_size: int, namespace: str = "") -> None:
+        self.store = dist.PrefixStore(_run_prefix() + namespace, store)
         self.rank = rank
         self.world_size = world_size
         self._findings_read = 0
 
     @classmethod
-    def open(cls, rank: int, world_size: int) -> tuple[Channel, str]:
+    def open(cls, rank: int, world_size: int, namespace: str = "") -> tuple[Channel, str]:
         store, where = connect_store()
-        return cls(store, rank, world_size), where
+        return cls(store, rank, world_size, namespace), where
 
     def _get(self, key: str) -> Any | None:
         if not self.store.check([key]):

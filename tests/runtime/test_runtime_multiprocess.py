@@ -69,6 +69,7 @@ def _plan(world_size: int) -> tuple[dict[str, selftest.TokenLossCase], dict[str,
     jobs["any-rank-raw"] = (selftest.check_any_rank, {})
     jobs["any-rank-accelerate"] = (selftest.check_any_rank, {"accelerate": True})
     jobs["scheduler"] = (selftest.check_scheduler_total_steps, {})
+    jobs["watch-channel"] = (selftest.check_watch_channel, {})
     jobs |= {
         f"token-windows-{name}": (selftest.check_token_windows, options) for name, options in TOKEN_WINDOWS.items()
     }
@@ -196,3 +197,10 @@ def test_token_windows_steps_follow_the_global_token_mean_where_the_loop_steps(w
                 assert metrics[f"{prefix}compared_steps"] == steps and metrics[f"{prefix}pattern_matches"] == 1
         else:
             assert verdict.setup == f"raw DDP, W={world.world_size}, G=3"
+
+
+def test_watch_side_channel_reaches_every_rank_and_adds_no_collective(world: WorldRun) -> None:
+    verdicts = world.verdicts["watch-channel"]
+    assert _all_pass(verdicts), verdicts[0].line()
+    for verdict in verdicts:
+        assert verdict.metrics == {"ranks_seen": world.world_size, "claims": 1.0, "collectives_unchanged": 1.0}
