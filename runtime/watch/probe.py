@@ -163,12 +163,26 @@ def _site_from_frames(frames: list[dict[str, Any]] | None) -> Site | None:
 
 
 def _dump(**kwargs: bool) -> dict[str, Any] | None:
-    if _c10d is None or not hasattr(_c10d, "_dump_fr_trace"):
-        return None
-    try:
-        return pickle.loads(_c10d._dump_fr_trace(**kwargs))
-    except Exception:  # noqa: BLE001 - the recorder is off, or this build cannot dump
-        return None
+    """The flight recorder's dump: gloo's and NCCL's recorders (separate ones where the build has both), merged."""
+    merged: dict[str, Any] | None = None
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        function = getattr(_c10d, name, None)
+        if function is None:
+            continue
+        try:
+            dump = pickle.loads(function(**kwargs))
+        except Exception:  # noqa: BLE001, S112 - this recorder is off, or this build cannot dump it
+            continue
+        if merged is None:
+            merged = {"pg_status": {}, "entries": []}
+        merged["pg_status"].update(dump.get("pg_status") or {})
+        known = {_entry_key(entry) for entry in merged["entries"]}
+        merged["entries"] += [entry for entry in dump.get("entries") or () if _entry_key(entry) not in known]
+    return merged
+
+
+def _entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return entry.get("pg_id"), entry.get("record_id"), entry.get("collective_seq_id")
 
 
 def progress() -> dict[str, tuple[int, int]] | None:

@@ -24,6 +24,7 @@ class Run:
     ended: float
     output: str
     report: dict[str, Any] | None
+    nproc: int = 2
 
     @property
     def seconds(self) -> float:
@@ -32,7 +33,7 @@ class Run:
     @property
     def finished(self) -> bool:
         """Every rank printed DONE (the launch's exit code can still be a gloo teardown abort after that)."""
-        return self.output.count("DONE rank=") == 2
+        return self.output.count("DONE rank=") == self.nproc
 
     @property
     def findings(self) -> list[dict[str, Any]]:
@@ -61,12 +62,14 @@ def launch(
     args: tuple[str, ...] = (),
     launcher: str = "torchrun",
     env: dict[str, str] | None = None,
+    nproc: int = 2,
+    device: str = "cpu",
 ) -> Run:
-    """Run `cases/<case> --variant <variant>` on 2 CPU ranks; kill the whole tree at `deadline` seconds."""
+    """Run `cases/<case> --variant <variant>` on `nproc` ranks; kill the whole tree at `deadline` seconds."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / f"{Path(case).stem}-{variant}-{'watch' if watch else 'plain'}.json"
     report.unlink(missing_ok=True)
-    script = [str(CASES / case), "--variant", variant, *args]
+    script = [str(CASES / case), "--variant", variant, *args, *(["--device", device] if device != "cpu" else [])]
     watcher = ["-m", "lintdist.runtime.watch", "--report", str(report)] if watch else []
     if launcher == "torchrun":
         command = [
@@ -74,20 +77,20 @@ def launch(
             "-m",
             "torch.distributed.run",
             "--standalone",
-            "--nproc_per_node=2",
+            f"--nproc_per_node={nproc}",
             *watcher,
             *script,
         ]
     elif launcher == "accelerate":
         # `--multi_gpu` is accelerate's torchrun launcher; on a machine without CUDA the ranks run on CPU/gloo.
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2"]
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={nproc}"]
         command += ["--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *watcher, *script]
     else:  # the script spawns its own ranks
         command = [sys.executable, *watcher, *script] if watch else [sys.executable, *script]
     environment = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
+        **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}),
         "PYTHONFAULTHANDLER": "1",
         **(env or {}),
     }
@@ -106,7 +109,7 @@ def launch(
         out.seek(0)
         output = out.read()
     loaded = json.loads(report.read_text()) if report.exists() else None
-    return Run(returncode, started, ended, output, loaded)
+    return Run(returncode, started, ended, output, loaded, nproc)
 
 
 def _kill_tree(process: subprocess.Popen) -> None:

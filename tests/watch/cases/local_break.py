@@ -20,15 +20,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", choices=["broken", "exit", "fixed"], default="broken")
+parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 args = parser.parse_args()
 
-dist.init_process_group("gloo")
+dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
 rank = dist.get_rank()
+device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
 torch.manual_seed(0)
-model = DistributedDataParallel(nn.Linear(8, 1))
+model = DistributedDataParallel(nn.Linear(8, 1).to(device))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(16, 8)
-y = torch.full((16, 1), 5.0) if rank == 0 else torch.zeros(16, 1)
+x = torch.randn(16, 8).to(device)
+y = (torch.full((16, 1), 5.0) if rank == 0 else torch.zeros(16, 1)).to(device)
 PATIENCE = 2
 best = float("inf")
 bad_steps = 0
@@ -43,7 +45,7 @@ for step in range(10):
         best, bad_steps = loss.item(), 0
     else:
         bad_steps += 1
-    stop = torch.tensor(float(bad_steps >= PATIENCE))
+    stop = torch.tensor(float(bad_steps >= PATIENCE), device=device)
     if args.variant == "fixed":
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     if stop.item() > 0:

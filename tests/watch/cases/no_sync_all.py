@@ -26,21 +26,24 @@ from torch.nn.parallel import DistributedDataParallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", choices=["broken", "fixed", "benchmark"], default="broken")
+parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 args = parser.parse_args()
 
-dist.init_process_group("gloo")
+dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
 rank = dist.get_rank()
 if args.variant == "benchmark" and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
     # One core per rank: the timing then varies less from run to run.
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
 torch.manual_seed(0)
 width = 256 if args.variant == "benchmark" else 8
-model = DistributedDataParallel(nn.Sequential(nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, 1)))
+device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+layers = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, 1)).to(device)
+model = DistributedDataParallel(layers)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 ACCUMULATION = 1 if args.variant == "benchmark" else 4
 STEPS = 3500 if args.variant == "benchmark" else 3
 generator = torch.Generator().manual_seed(rank)
-data = torch.randn(8, ACCUMULATION, 64, width, generator=generator)
+data = torch.randn(8, ACCUMULATION, 64, width, generator=generator).to(device)
 
 start = time.perf_counter()
 for step in range(STEPS):
@@ -55,13 +58,17 @@ for step in range(STEPS):
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
+if args.device == "cuda":
+    torch.cuda.synchronize()
 elapsed = time.perf_counter() - start
 
 if args.variant == "benchmark" and rank == 0:
     print(f"LOOP_SECONDS={elapsed:.2f}")
 if os.environ.get("CASE_SEQUENCE"):
     # The collectives this rank made, from torch's flight recorder: compared with and without the watcher.
-    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    c10d = torch._C._distributed_c10d
+    dump = c10d._dump_nccl_trace if args.device == "cuda" else c10d._dump_fr_trace
+    trace = pickle.loads(dump(includeStackTraces=False))
     entries = [[e["collective_seq_id"], e["profiling_name"], e["input_sizes"]] for e in trace["entries"]]
     sequence = {"status": trace["pg_status"], "entries": entries}
     Path(os.environ["CASE_SEQUENCE"], f"rank{rank}.json").write_text(json.dumps(sequence))

@@ -19,11 +19,12 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", choices=["broken", "fixed"], default="broken")
 parser.add_argument("--out", required=True)
+parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 args = parser.parse_args()
 
 torch.manual_seed(0)
 config = ProjectConfiguration(project_dir=args.out, automatic_checkpoint_naming=True)
-accelerator = Accelerator(cpu=True, project_config=config)
+accelerator = Accelerator(cpu=args.device == "cpu", project_config=config)
 
 dataset = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
 loader = DataLoader(dataset, batch_size=4)
