@@ -152,7 +152,9 @@ class Watcher:
         with self._lock:
             try:
                 self._flush_outbox()
-                self.channel.post_history(self._history())
+                # The call sites are worth their second only when another rank is still waiting in a collective.
+                waiting = any(s.get("active") for r, s in self.channel.statuses().items() if r != self.rank)
+                self.channel.post_history(self._history(stacks=error is not None or waiting))
                 now = time.time()
                 if failed:
                     # The collective this rank was in failed because a peer went away: report it as still waiting
@@ -196,7 +198,7 @@ class Watcher:
             divergence = diagnose(statuses, time.time(), self.options.limits) if self.options.hangs else None
             if divergence is not None:
                 return self._report_hang(divergence, statuses)
-            time.sleep(self.options.interval)
+            time.sleep(0.1)
         self._lead_findings()
         if self.rank == 0:
             self._write_report()
@@ -261,8 +263,9 @@ class Watcher:
             "exit": self._exit,
         }
 
-    def _history(self) -> list[dict[str, Any]]:
-        return [entry.as_dict() for entry in probe.recorded(limit=200) or []]
+    def _history(self, stacks: bool = True) -> list[dict[str, Any]]:
+        # With stacks the first dump costs about a second (symbolisation): only when a hang is being named.
+        return [entry.as_dict() for entry in probe.recorded(limit=200, stacks=stacks) or []]
 
     def _flush_outbox(self) -> None:
         outbox = self.checks.outbox
