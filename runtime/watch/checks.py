@@ -166,7 +166,8 @@ class Checks:
                 ),
             )
         if world > 1 and not samplers:
-            self._pending_batch = (str(site), {"hash": _batch_hash(batch), "counts": counts, "site": str(site)})
+            value = {"hash": _batch_hash(batch), "counts": counts, "site": site.as_list() if site else None}
+            self._pending_batch = (str(site), value)
 
     # -- LD110 / LD103: gradients that were never averaged -------------------------------------------------
     def _ddp_init(self, module: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -327,7 +328,7 @@ class Checks:
         value = {
             "sum": total,
             "abs": magnitude,
-            "site": str(caller_site()),
+            "site": _as_list(caller_site()),
             "backwards": self._window_backwards,
             "no_sync": self._window_no_sync,
             "no_sync_site": str(self._no_sync_site) if self._no_sync_site else None,
@@ -351,12 +352,12 @@ def compare_batches(key: str, values: dict[int, dict[str, Any]]) -> dict[str, An
         "ddp-loader-without-distributed-sampler",
         f"all {len(values)} ranks drew the same first batch from the loader at {key}, and {drawn}: every rank trains on "
         "the same data. Give the DataLoader `sampler=DistributedSampler(dataset)` (and call `set_epoch`).",
-        None,
+        Site.from_list(values[min(values)].get("site")),
         loader=key,
         ranks=len(values),
         samples_per_rank=counts[0] if counts else None,
         dataset_length=counts[1] if counts else None,
-    ) | {"where": key}
+    )
 
 
 def compare_gradients(step: str, values: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -377,14 +378,18 @@ def compare_gradients(step: str, values: dict[int, dict[str, Any]]) -> dict[str,
     return _finding(
         code,
         name,
-        f"the ranks' gradients differ right before optimizer step {step} at {first['site']} (relative spread "
+        f"the ranks' gradients differ right before optimizer step {step} at {Site.from_list(first['site'])} (relative spread "
         f"{spread:.2e}): {cause}, so each rank steps on its own gradients and the replicas drift apart. Leave the last "
         "micro-batch of each window outside `no_sync` (lintdist.runtime.grad_sync(model, sync=is_last)).",
-        None,
+        Site.from_list(first["site"]),
         step=int(step),
         relative_spread=spread,
         checksums={str(rank): value["sum"] for rank, value in values.items()},
-    ) | {"where": first["site"]}
+    )
+
+
+def _as_list(site: Site | None) -> list[Any] | None:
+    return site.as_list() if site else None
 
 
 def _wrap(owner: Any, name: str, hook: Callable[..., Any], *, around: bool = False) -> None:

@@ -219,12 +219,14 @@ def test_loader_counts_and_the_double_shard() -> None:
 
 
 def test_batch_and_gradient_comparisons() -> None:
-    same = {r: {"hash": "h", "counts": (64, 64, 4), "site": "t.py:5"} for r in (0, 1)}
-    assert checks.compare_batches("t.py:5", same)["code"] == "LD203"
+    same = {r: {"hash": "h", "counts": (64, 64, 4), "site": ["t.py", 5, "<module>"]} for r in (0, 1)}
+    found = checks.compare_batches("t.py:5", same)
+    assert (found["code"], found["file"], found["line"]) == ("LD203", "t.py", 5)
     assert checks.compare_batches("t.py:5", {0: same[0], 1: {**same[1], "hash": "other"}}) is None
-    value = {"sum": 1.0, "abs": 2.0, "site": "t.py:9", "backwards": 4, "no_sync": 4, "no_sync_site": "t.py:7"}
+    value = {"sum": 1.0, "abs": 2.0, "site": ["t.py", 9, ""], "backwards": 4, "no_sync": 4, "no_sync_site": "t.py:7"}
     differ = {0: value, 1: {**value, "sum": 1.5}}
-    assert checks.compare_gradients("1", differ)["code"] == "LD110"
+    found = checks.compare_gradients("1", differ)
+    assert (found["code"], found["line"]) == ("LD110", 9) and "t.py:7" in found["message"]
     assert checks.compare_gradients("1", {0: value, 1: {**differ[1], "no_sync": 0}})["code"] == "LD103"
     assert checks.compare_gradients("1", {0: value, 1: value}) is None
 

@@ -8,7 +8,8 @@ Variants:
   fixed      - `no_sync` on the non-final micro-batches only; the last backward all-reduces.
   benchmark  - a correct DDP loop (3 x Linear(256, 256), batch 64, accumulation 1,
                3500 steps); rank 0 prints
-               `LOOP_SECONDS=<x>`, the loop's wall time. With CASE_SEQUENCE=DIR each rank writes the
+               `LOOP_SECONDS=<x>` and `LOOP_CPU_SECONDS=<y>`, the loop's wall time and the CPU time of
+               rank 0's process (every thread: training, gloo, the watcher). With CASE_SEQUENCE=DIR each rank writes the
                collectives it made (torch's flight recorder) to DIR/rank<R>.json.
 """
 
@@ -45,7 +46,7 @@ STEPS = 3500 if args.variant == "benchmark" else 3
 generator = torch.Generator().manual_seed(rank)
 data = torch.randn(8, ACCUMULATION, 64, width, generator=generator).to(device)
 
-start = time.perf_counter()
+start, start_cpu = time.perf_counter(), time.process_time()
 for step in range(STEPS):
     for micro in range(ACCUMULATION):
         last = micro == ACCUMULATION - 1
@@ -60,10 +61,11 @@ for step in range(STEPS):
     optimizer.zero_grad()
 if args.device == "cuda":
     torch.cuda.synchronize()
-elapsed = time.perf_counter() - start
+elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
 
 if args.variant == "benchmark" and rank == 0:
     print(f"LOOP_SECONDS={elapsed:.2f}")
+    print(f"LOOP_CPU_SECONDS={elapsed_cpu:.2f}")
 if os.environ.get("CASE_SEQUENCE"):
     # The collectives this rank made, from torch's flight recorder: compared with and without the watcher.
     c10d = torch._C._distributed_c10d
