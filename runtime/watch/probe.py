@@ -62,7 +62,7 @@ class Site:
         return cls(value[0], int(value[1]), value[2] if len(value) > 2 else "") if value else None
 
     def __str__(self) -> str:
-        return f"{_short(self.file)}:{self.line}"
+        return f"{short_path(self.file)}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Collective:
         )
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     try:
         relative = os.path.relpath(path)
     except ValueError:

@@ -217,8 +217,9 @@ class Watcher:
         if requested > self._answered:
             self._answered = requested
             channel.post_history(self._history())
-        if self.rank == self._leader():
-            self._lead(now)
+        statuses = channel.statuses()
+        if self.rank == self._leader(statuses, now):
+            self._lead(now, statuses)
 
     def _status(self, now: float) -> dict[str, Any]:
         frame = probe.thread_frame(self._main)
@@ -279,15 +280,20 @@ class Watcher:
                 if self.rank == 0:
                     self._compare.append((kind, key))
 
-    def _leader(self) -> int:
-        return 0
+    def _leader(self, statuses: dict[int, dict[str, Any]], now: float) -> int:
+        """Rank 0, or the lowest rank still running when rank 0 has exited (it can no longer report)."""
+        running = [
+            rank
+            for rank, status in statuses.items()
+            if not status.get("exit") and now - float(status.get("t", now)) <= self.options.limits.stale
+        ]
+        return min(running, default=self.rank)
 
     # -- the leader ------------------------------------------------------------------------------------------------
-    def _lead(self, now: float) -> None:
+    def _lead(self, now: float, statuses: dict[int, dict[str, Any]]) -> None:
         self._lead_findings()
         if not self.options.hangs or self.world_size < 2:
             return
-        statuses = self.channel.statuses()
         divergence = diagnose(statuses, now, self.options.limits)
         if _DEBUG:
             print(
@@ -355,7 +361,7 @@ class Watcher:
     # -- output -----------------------------------------------------------------------------------------------------
     def _emit(self, finding: dict[str, Any], text: str | None = None, ending: bool = False) -> None:
         self.findings.append(finding)
-        where = f"{probe._short(finding['file'])}:{finding['line']}: " if finding.get("file") else ""
+        where = f"{probe.short_path(finding['file'])}:{finding['line']}: " if finding.get("file") else ""
         lines = [f"{PREFIX} {where}{text or finding['code'] + ' ' + finding['name'] + ': ' + finding['message']}"]
         if ending:
             lines.append(
@@ -388,10 +394,8 @@ def _write_json(path: Path, value: Any) -> None:
 def _exit_site(error: BaseException | None) -> Site | None:
     if error is None or error.__traceback__ is None:
         return None
-    frames = [frame for frame, _line in traceback.walk_tb(error.__traceback__)]
-    for frame in reversed(frames):
+    for frame, line in reversed(list(traceback.walk_tb(error.__traceback__))):
         if probe.is_user_file(frame.f_code.co_filename):
-            line = next(line for f, line in traceback.walk_tb(error.__traceback__) if f is frame)
             return Site(frame.f_code.co_filename, line, frame.f_code.co_name)
     return None
 

@@ -97,7 +97,7 @@ def test_case2_extra_all_reduce_names_the_first_divergence(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("variant", ["broken", "exit"])
 def test_case3_local_early_stop(tmp_path: Path, variant: str) -> None:
-    watched = launch("local_break.py", variant, tmp_path, watch=True)
+    watched = launch("local_break.py", variant, tmp_path / "watch", watch=True)
     finding = watched.finding("LD402")
     assert "break` at line {}".format(case_line("local_break.py", "break")) in finding["message"]
     rank0, rank1 = rank_view(finding, 0), rank_view(finding, 1)
@@ -109,12 +109,21 @@ def test_case3_local_early_stop(tmp_path: Path, variant: str) -> None:
         assert rank1["line"] == case_line("local_break.py", "dist.barrier()")
     _assert_reported_in_time(watched, finding)
 
-    plain = launch("local_break.py", variant, tmp_path, watch=False, deadline=ENDED_WITHIN_S)
+    plain = launch("local_break.py", variant, tmp_path / "plain", watch=False, deadline=ENDED_WITHIN_S)
     if variant == "exit":  # gloo fails fast when the peer's process is gone, naming no cause
         assert plain.returncode not in (0, None) and "Connection closed by peer" in plain.output
         assert "LD402" not in plain.output
     else:
         _assert_plain_hangs(plain)
+
+
+def test_case3_rank0_leaves_and_exits(tmp_path: Path) -> None:
+    """Rank 0 reports normally; here it is the rank that is gone, so rank 1 names it."""
+    run = launch("local_break.py", "exit", tmp_path, watch=True, args=("--leaver", "0"))
+    finding = run.finding("LD402")
+    assert "rank 0 left the loop" in finding["message"]
+    assert rank_view(finding, 0)["state"] == "exited" and rank_view(finding, 1)["state"] == "waiting"
+    _assert_reported_in_time(run, finding)
 
 
 def test_case3_fixed_stops_together(tmp_path: Path) -> None:

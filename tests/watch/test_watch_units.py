@@ -75,6 +75,18 @@ def test_without_a_recorder_the_blocking_functions_are_compared_after_a_while() 
     assert hang.diagnose(statuses, NOW).kind == "different"
 
 
+def test_the_leader_is_the_lowest_rank_still_running() -> None:
+    from lintdist.runtime.watch.watcher import Options, Watcher
+
+    watcher = Watcher(Options())
+    statuses = {0: _status(0), 1: _status(1), 2: _status(2)}
+    assert watcher._leader(statuses, NOW) == 0
+    statuses[0]["exit"] = {"site": None, "error": None}
+    assert watcher._leader(statuses, NOW) == 1
+    statuses[1]["t"] = NOW - 60  # gone silent
+    assert watcher._leader(statuses, NOW) == 2
+
+
 def _history(*entries):
     return [Collective("0", seq, op, [], Site("t.py", line), True) for seq, op, line in entries]
 

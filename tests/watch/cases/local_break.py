@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", choices=["broken", "exit", "fixed"], default="broken")
 parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+parser.add_argument("--leaver", type=int, default=1, help="the rank whose loss stops improving")
 args = parser.parse_args()
 
 dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
@@ -30,7 +31,7 @@ torch.manual_seed(0)
 model = DistributedDataParallel(nn.Linear(8, 1).to(device))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(16, 8).to(device)
-y = (torch.full((16, 1), 5.0) if rank == 0 else torch.zeros(16, 1)).to(device)
+y = (torch.zeros(16, 1) if rank == args.leaver else torch.full((16, 1), 5.0)).to(device)
 PATIENCE = 2
 best = float("inf")
 bad_steps = 0
