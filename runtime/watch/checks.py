@@ -87,8 +87,8 @@ class Checks:
         _wrap(torch.nn.functional, "cross_entropy", self._cross_entropy, around=True)
         _wrap(LRScheduler, "__init__", self._scheduler_init)
         _wrap(LRScheduler, "step", self._scheduler_step)
-        register_optimizer_step_pre_hook(self._before_step)
-        register_optimizer_step_post_hook(self._after_step)
+        register_optimizer_step_pre_hook(_quiet(self._before_step))
+        register_optimizer_step_post_hook(_quiet(self._after_step))
 
     def _report(self, claim: str, finding: dict[str, Any]) -> None:
         if claim not in self._reported:
@@ -101,6 +101,11 @@ class Checks:
             obj._lintdist_site = caller_site()
 
     def _sampler_iter(self, original: Callable[..., Iterator[Any]], sampler: Any) -> Iterator[Any]:
+        with contextlib.suppress(Exception):  # a check must never break the training step
+            self._note_sampler(sampler)
+        return original(sampler)
+
+    def _note_sampler(self, sampler: Any) -> None:
         epoch, shuffle = getattr(sampler, "epoch", None), getattr(sampler, "shuffle", False)
         try:
             previous = self._sampler_epochs.get(sampler)
@@ -122,7 +127,6 @@ class Checks:
                     loop=str(loop),
                 ),
             )
-        return original(sampler)
 
     # -- LD203 / LD204: what each rank draws ------------------------------------------------------------------
     def _loader_iter_init(self, iterator: Any, loader: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -132,15 +136,19 @@ class Checks:
 
     def _loader_next(self, original: Callable[[Any], Any], iterator: Any) -> Any:
         batch = original(iterator)
+        with contextlib.suppress(Exception):
+            self._note_batch(iterator, batch)
+        return batch
+
+    def _note_batch(self, iterator: Any, batch: Any) -> None:
         loader_ref = getattr(iterator, "_lintdist_loader", None)
         loader = loader_ref() if loader_ref else None
         if loader is None:
-            return batch
+            return
         self._last_loader = loader_ref
         if iterator._lintdist_first:
             iterator._lintdist_first = False
             self._first_batch(loader, batch)
-        return batch
 
     def _first_batch(self, loader: Any, batch: Any) -> None:
         world = self.world_size()
@@ -190,23 +198,27 @@ class Checks:
         self._window_backwards += 1
         self._window_no_sync += self._in_no_sync > 0
         if self._window_losses and self._window_losses[-1][2] is None:
-            self._window_losses[-1][2] = tensor.detach().reshape(-1)[0].float() if tensor.numel() else None
+            with contextlib.suppress(Exception):
+                self._window_losses[-1][2] = tensor.detach().reshape(-1)[0].float() if tensor.numel() else None
         return original(tensor, *args, **kwargs)
 
     # -- LD102: per-micro-batch token means --------------------------------------------------------------------
     def _cross_entropy(self, original: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
         output = original(*args, **kwargs)
-        if self._token_windows >= TOKEN_WINDOWS or not torch.is_grad_enabled():
-            return output
+        if self._token_windows < TOKEN_WINDOWS and torch.is_grad_enabled():
+            with contextlib.suppress(Exception):
+                self._note_loss(output, args, kwargs)
+        return output
+
+    def _note_loss(self, output: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         reduction = kwargs.get("reduction", args[6] if len(args) > 6 else "mean")
         target = kwargs.get("target", args[1] if len(args) > 1 else None)
         if reduction != "mean" or not isinstance(target, torch.Tensor) or target.is_floating_point():
-            return output
+            return
         if not output.requires_grad:
-            return output
+            return
         ignore_index = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
         self._window_losses.append([(target != ignore_index).sum(), output.detach().float(), None, caller_site()])
-        return output
 
     def _close_token_window(self) -> None:
         entries, self._window_losses = self._window_losses, []
@@ -386,6 +398,17 @@ def compare_gradients(step: str, values: dict[int, dict[str, Any]]) -> dict[str,
         relative_spread=spread,
         checksums={str(rank): value["sum"] for rank, value in values.items()},
     )
+
+
+def _quiet(hook: Callable[..., None]) -> Callable[..., None]:
+    """`hook`, with its exceptions swallowed: a check must never break the training step."""
+
+    @functools.wraps(hook)
+    def quiet(*args: Any, **kwargs: Any) -> None:
+        with contextlib.suppress(Exception):
+            hook(*args, **kwargs)
+
+    return quiet
 
 
 def _as_list(site: Site | None) -> list[Any] | None:

@@ -295,17 +295,13 @@ def _left_loop(
     exits = local_exits(loop)
     if not exits:
         return None
-    named = "; ".join(f"`{item.kind}` at line {item.line} under `if {item.condition}:`" for item in exits)
+    named = " or ".join(f"the `{item.kind}` at line {item.line} under `if {item.condition}:`" for item in exits)
     where = "has exited" if left.state in ("exited", "gone") else f"is at {left_site}, after the loop,"
     message = (
-        f"rank {left.rank} left the loop at {_loop_where(loop)} ({named}), a condition each rank computes for "
+        f"rank {left.rank} left the loop `{loop.header}` ({Site(loop.file, loop.line)}) through {named}, a condition each rank computes for "
         f"itself; it {where} while rank {stayed.rank} is still in the loop, waiting in {seq_text}. Decide the stop "
         "on every rank together (an all-reduce of the flag, accelerate's set_trigger/check_trigger, or "
         "lintdist.runtime.any_rank)."
     )
     left.note = (left.note + "; " if left.note else "") + f"left the loop at line {exits[0].line}"
     return HangReport("LD402", "local-early-stop", message, divergence, views, first)
-
-
-def _loop_where(loop: Any) -> str:
-    return f"{Site(loop.file, loop.line)} (`{loop.header}`)"
