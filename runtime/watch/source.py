@@ -47,21 +47,23 @@ def line_text(site: Site) -> str:
 
 
 @lru_cache(maxsize=64)
-def _tree(path: str) -> tuple[ast.AST, dict[ast.AST, ast.AST]] | None:
+def _tree(path: str) -> tuple[ast.AST, dict[ast.AST, ast.AST], str] | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            tree = ast.parse(handle.read(), filename=path)
+            text = handle.read()
+        tree = ast.parse(text, filename=path)
     except (OSError, SyntaxError, ValueError):
         return None
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    return tree, parents
+    return tree, parents, text
 
 
-def _innermost_statement(site: Site) -> tuple[ast.stmt, dict[ast.AST, ast.AST], str] | None:
-    parsed = _tree(site.file)
+def _around(site: Site | None) -> tuple[list[tuple[ast.AST, ast.AST]], dict[ast.AST, ast.AST], str] | None:
+    """The nodes around `site`'s statement, innermost first, up to its function: (parent, child) pairs."""
+    parsed = _tree(site.file) if site is not None else None
     if parsed is None:
         return None
-    tree, parents = parsed
+    tree, parents, text = parsed
     best = None
     for node in ast.walk(tree):
         inside = isinstance(node, ast.stmt) and node.lineno <= site.line <= (node.end_lineno or node.lineno)
@@ -69,8 +71,12 @@ def _innermost_statement(site: Site) -> tuple[ast.stmt, dict[ast.AST, ast.AST], 
             best = node
     if best is None:
         return None
-    with open(site.file, encoding="utf-8", errors="replace") as handle:
-        return best, parents, handle.read()
+    chain = []
+    for parent, child in _ancestors(best, parents):
+        if isinstance(parent, _SCOPES):
+            break
+        chain.append((parent, child))
+    return chain, parents, text
 
 
 def _ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]):
@@ -87,17 +93,10 @@ def _is_rank_test(test: str) -> bool:
 
 def rank_guard(site: Site | None) -> Guard | None:
     """The innermost `if` around `site` in its function whose test reads a rank."""
-    if site is None:
-        return None
-    found = _innermost_statement(site)
-    if found is None:
-        return None
-    node, parents, text = found
-    for parent, child in _ancestors(node, parents):
-        if isinstance(parent, _SCOPES):
-            break
+    found = _around(site)
+    for parent, child in found[0] if found else ():
         if isinstance(parent, ast.If):
-            test = ast.get_source_segment(text, parent.test) or ast.unparse(parent.test)
+            test = ast.get_source_segment(found[2], parent.test) or ast.unparse(parent.test)
             if _is_rank_test(test):
                 return Guard(parent.lineno, " ".join(test.split()), "if" if child in parent.body else "else")
     return None
@@ -117,22 +116,12 @@ class Loop:
 
 def enclosing_loop(site: Site | None) -> Loop | None:
     """The innermost loop around `site` in its function, with its early exits (`break`, `return`, `sys.exit`)."""
-    if site is None:
-        return None
-    found = _innermost_statement(site)
-    if found is None:
-        return None
-    node, parents, text = found
-    loop = None
-    for parent, _child in _ancestors(node, parents):
-        if isinstance(parent, _SCOPES):
-            break
-        if isinstance(parent, _LOOPS):
-            loop = parent
-            break
+    found = _around(site)
+    loop = next((parent for parent, _ in found[0] if isinstance(parent, _LOOPS)), None) if found else None
     if loop is None:
         return None
-    header = (text.splitlines()[loop.lineno - 1] if loop.lineno <= len(text.splitlines()) else "").strip()
+    _chain, parents, text = found
+    header = text.splitlines()[loop.lineno - 1].strip()
     return Loop(site.file, loop.lineno, loop.end_lineno or loop.lineno, header, tuple(_exits(loop, parents, text)))
 
 
@@ -179,15 +168,8 @@ def range_bound(site: Site | None, frame_locals: dict, frame_globals: dict) -> i
 
     Only names, attributes and subscripts with constant keys are evaluated; a call anywhere gives None.
     """
-    if site is None:
-        return None
-    found = _innermost_statement(site)
-    if found is None:
-        return None
-    node, parents, _text = found
-    for parent, _child in _ancestors(node, parents):
-        if isinstance(parent, _SCOPES):
-            return None
+    found = _around(site)
+    for parent, _child in found[0] if found else ():
         if (
             isinstance(parent, ast.For)
             and isinstance(parent.iter, ast.Call)
