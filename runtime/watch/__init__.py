@@ -43,10 +43,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-every", type=int, default=50, help="compare gradients every N optimizer steps")
     parser.add_argument("--no-hangs", action="store_true", help="only the data and optimisation checks")
     parser.add_argument("--no-checks", action="store_true", help="only hang detection")
-    parser.add_argument("-m", dest="module", help="run a module as the script (like python -m)")
-    parser.add_argument("script", nargs="?", help="the training script")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    parser.add_argument("-m", dest="module", help="run a module as the script (like python -m); the rest is its argv")
+    parser.add_argument("script", nargs="?", help="the training script; the rest is its argv")
     return parser
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the watcher's options with the script or `-m module`, the script's own arguments)."""
+    takes_value = {"--report", "--exit-code", "--confirm", "--stall", "--interval", "--grad-every"}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "-m":
+            return list(argv[: index + 2]), list(argv[index + 2 :])
+        if not token.startswith("-"):
+            return list(argv[: index + 1]), list(argv[index + 1 :])
+        index += 2 if token in takes_value else 1
+    return list(argv), []
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -63,7 +76,9 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m lintdist.runtime.watch`."""
-    args = _parser().parse_args(argv)
+    own, script_args = _split(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(own)
+    args.args = script_args
     if not args.module and not args.script:
         _parser().error("give the training script (or -m module)")
     options = options_from(args)
@@ -71,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     watcher = Watcher(options)
     watcher.start()
     if args.module:
-        sys.argv = [args.module, *([args.script] if args.script else []), *args.args]
+        sys.argv = [args.module, *args.args]
         return _run(watcher, lambda: runpy.run_module(args.module, run_name="__main__", alter_sys=True))
     sys.argv = [args.script, *args.args]
     sys.path[0] = os.path.dirname(os.path.abspath(args.script))

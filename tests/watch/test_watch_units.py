@@ -279,6 +279,16 @@ def test_main_runs_a_script_without_a_process_group_and_keeps_its_exit(tmp_path:
     assert raised.returncode == 1 and "ValueError: bad input" in raised.stderr
 
 
+def test_main_passes_the_script_its_own_options_and_runs_modules(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text('import sys\nprint("ARGV", sys.argv[1:], __name__)\n')
+    result = _watch("--report", "r.json", "-m", "pkg.train", "--lr", "3", "--report", "mine", cwd=tmp_path)
+    assert result.returncode == 0 and "ARGV ['--lr', '3', '--report', 'mine'] __main__" in result.stdout
+    result = _watch("--no-exit", "pkg/train.py", "-m", "x", cwd=tmp_path)
+    assert result.returncode == 0 and "ARGV ['-m', 'x'] __main__" in result.stdout
+
+
 def test_main_without_a_script_is_a_usage_error(tmp_path: Path) -> None:
     result = _watch(cwd=tmp_path)
     assert result.returncode == 2 and "give the training script" in result.stderr
