@@ -69,8 +69,20 @@ def run_ranks(script: Path, out_dir: Path, *, nproc: int = 2, args: tuple[str, .
         hung.append(output[-6000:])
         warnings.warn(f"{script.name}: torchrun hung for {RUN_TIMEOUT_S} s and was run again; stacks:\n{hung[-1]}")
     assert len(hung) < 2, f"{script} hung twice:\n" + "\n----\n".join(hung)
-    assert returncode == 0, f"{script} failed:\n{output[-8000:]}"
-    return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+    reports = [out_dir / f"rank{rank}.json" for rank in range(nproc)]
+    if returncode != 0 and _teardown_abort(output) and all(report.exists() for report in reports):
+        # gloo sometimes aborts a process at interpreter exit ("terminate called without an active exception"),
+        # after the script finished and wrote its report; plain torch does it too (tests/watch/cases/CASES.md).
+        warnings.warn(f"{script.name}: a rank aborted at exit after writing its report (gloo teardown)")
+    else:
+        assert returncode == 0, f"{script} failed:\n{output[-8000:]}"
+    return [json.loads(report.read_text()) for report in reports]
+
+
+def _teardown_abort(output: str) -> bool:
+    """gloo's abort at interpreter exit, with no Python error before it."""
+    before, marker, _after = output.partition("terminate called without an active exception")
+    return bool(marker) and "Traceback" not in before
 
 
 def _launch(command: list[str], env: dict, cwd: Path, log: Path) -> tuple[int | None, str]:
