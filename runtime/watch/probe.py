@@ -149,7 +149,7 @@ def blocking_function(frame: FrameType | None) -> str | None:
     """The torch.distributed collective the frame is inside, read from the stack (the fallback without a recorder)."""
     while frame is not None:
         code = frame.f_code
-        if code.co_name in COLLECTIVE_FUNCTIONS and code.co_filename.endswith(("distributed_c10d.py", "utils.py")):
+        if code.co_name in COLLECTIVE_FUNCTIONS and f"torch{os.sep}distributed{os.sep}" in code.co_filename:
             return code.co_name
         frame = frame.f_back
     return None

@@ -75,6 +75,19 @@ def test_without_a_recorder_the_blocking_functions_are_compared_after_a_while() 
     assert hang.diagnose(statuses, NOW).kind == "different"
 
 
+def test_without_a_recorder_the_blocking_collective_is_read_from_the_stack() -> None:
+    from lintdist.runtime.watch import probe
+
+    namespace: dict = {"probe": probe, "sys": sys}
+    torch_file = str(Path("/site/torch/distributed/distributed_c10d.py"))
+    code = "def barrier():\n    return probe.blocking_function(sys._getframe())\n"
+    # Functions whose frames claim to live in torch.distributed's file, and in a user's utils.py.
+    exec(compile(code, torch_file, "exec"), namespace)  # noqa: S102 - our own constant source
+    exec(compile(code.replace("barrier", "all_reduce"), "/home/me/utils.py", "exec"), namespace)  # noqa: S102
+    assert namespace["barrier"]() == "barrier"
+    assert namespace["all_reduce"]() is None  # the user's own function of that name
+
+
 def test_the_leader_is_the_lowest_rank_still_running() -> None:
     from lintdist.runtime.watch.watcher import Options, Watcher
 
