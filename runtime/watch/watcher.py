@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lintdist.runtime._dist import is_distributed
 from lintdist.runtime.watch import probe
 from lintdist.runtime.watch.channel import Channel
 from lintdist.runtime.watch.checks import Checks, compare_batches, compare_gradients
@@ -108,7 +109,7 @@ class Watcher:
         with self._lock:
             if self.channel is not None or self._closed:
                 return self.channel is not None
-            if not (dist.is_available() and dist.is_initialized()):
+            if not is_distributed():
                 return False
             try:
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -120,7 +121,7 @@ class Watcher:
             return True
 
     def _world_size(self) -> int:
-        return self.world_size or (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        return self.world_size or (dist.get_world_size() if is_distributed() else 1)
 
     def _run(self) -> None:
         while not self._stop.is_set() and not self.attach():
