@@ -161,8 +161,12 @@ class SchedulerLengthNotScaled(Rule):
     epochs * ceil(len(loader) / accumulation)` before `prepare`: only the branch
     where the user gives `--max_train_steps` is wrong, and the un-sharded one
     must stay as it is), in a helper that receives the length as a parameter
-    (its other callers would change too: scale the argument at the call), and
-    when no Accelerator is in sight where the scheduler is built.
+    (its other callers would change too: scale the argument at the call),
+    when the length is multiplied by `gradient_accumulation_steps` (that factor
+    must go rather than be wrapped: the schedule then ends after
+    `gradient_accumulation_steps`/`num_processes` of training, or never
+    finishes, and the message says so), and when no Accelerator is in sight
+    where the scheduler is built.
 
     ## References
     - accelerate `AcceleratedScheduler.step` (`accelerate/scheduler.py`)
@@ -696,42 +700,53 @@ for epoch in range(args.num_train_epochs):
             why += f" at line {self.context.span(value.where).line}"
         processes = self.context.settings.get("num_processes") if self.context.settings else None
         count = str(processes.value).strip() if processes is not None else ""
-        ends = (
-            f"1/{count} of training (the launch runs {count} processes)"
-            if count.isdigit()
-            else "1/`num_processes` of training (halfway with 2 processes)"
+        # A count multiplied by the accumulation steps is k times too long as well: the schedule then ends after
+        # k/W of training, and not at all when k >= W (accelerate steps it only on the optimizer step).
+        accumulated = isinstance(where, cst.BaseExpression) and any(
+            isinstance(op, cst.BinaryOperation)
+            and isinstance(op.operator, cst.Multiply)
+            and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
+            for op in self.facts.within(where, cst.BinaryOperation)
         )
-        effect = (
-            "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step, "
-            f"and the schedule ends after {ends}"
-        )
-        if not mixed:
+        if accumulated:
+            world = count if count.isdigit() else "`num_processes`"
+            effect = (
+                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step "
+                "and not at all while gradients accumulate: the schedule ends after `gradient_accumulation_steps`/"
+                f"{world} of training, and does not finish when the accumulation is at least the number of processes"
+            )
             message = (
-                f"{what} counts optimizer steps ({why}), but {effect}; multiply it by the number of processes "
+                f"{what} counts optimizer steps times `gradient_accumulation_steps` ({why}), but {effect}; drop the "
+                "accumulation factor and multiply the optimizer steps by the number of processes "
                 "(`scheduler_total_steps(n, accelerator)`)"
             )
+            replacements = []  # wrapping the product would keep the accumulation factor: no fix
         else:
-            message = (
-                f"{what} counts optimizer steps when the count is given rather than derived ({why}), but {effect}; "
-                "multiply the given count by "
-                "`accelerator.num_processes` (a count derived from the loader before `prepare` counts un-sharded "
-                "batches and needs no factor)"
+            ends = (
+                f"1/{count} of training (the launch runs {count} processes)"
+                if count.isdigit()
+                else "1/`num_processes` of training (halfway with 2 processes)"
             )
+            effect = (
+                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step, "
+                f"and the schedule ends after {ends}"
+            )
+            if not mixed:
+                message = (
+                    f"{what} counts optimizer steps ({why}), but {effect}; multiply it by the number of processes "
+                    "(`scheduler_total_steps(n, accelerator)`)"
+                )
+            else:
+                message = (
+                    f"{what} counts optimizer steps when the count is given rather than derived ({why}), but "
+                    f"{effect}; multiply the given count by `accelerator.num_processes` (a count derived from the "
+                    "loader before `prepare` counts un-sharded batches and needs no factor)"
+                )
         ignored = self._ignored_split_batches()
         if ignored is not None:
             message += (
                 f"; `split_batches=` given to `Accelerator(...)` at line {self.context.span(ignored).line} is ignored "
                 "by accelerate 1.x (accelerate #3177): only `DataLoaderConfiguration(split_batches=True)` is read"
-            )
-        if isinstance(where, cst.BaseExpression) and any(
-            isinstance(op, cst.BinaryOperation)
-            and isinstance(op.operator, cst.Multiply)
-            and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
-            for op in self.facts.within(where, cst.BinaryOperation)
-        ):
-            message += (
-                "; the `gradient_accumulation_steps` factor does not belong either: the wrapper does not step the "
-                "scheduler while gradients accumulate"
             )
         fix = None
         if replacements:

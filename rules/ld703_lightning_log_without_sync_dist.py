@@ -112,7 +112,10 @@ class LightningLogWithoutSyncDist(Rule):
     Each rank averages only the batches it saw. Without `sync_dist=True` the
     epoch value is never reduced across devices: the logger (rank 0) records
     rank 0's shard alone, and `ModelCheckpoint`/`EarlyStopping` monitoring
-    that key decide on a different number on every rank. Lightning warns
+    that key compare a different number on every rank. Lightning combines
+    their decisions (`reduce_boolean_decision`): `ModelCheckpoint` keeps a new
+    best only when every rank's own value improved, and `EarlyStopping` stops
+    every rank as soon as one rank's value stalls. Lightning warns
     once per key at run time (`PossibleUserWarning`: "It is recommended to use
     `self.log('val_loss', ..., sync_dist=True)` when logging on epoch level
     in distributed setting to accumulate the metric across devices."), a
@@ -427,8 +430,9 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_HOOKS)}`"
         message = (
             f"`self.{kind}` {where} logs on epoch level without `sync_dist=True`: each rank averages only its own "
-            "batches and the value is never reduced across devices (rank 0's shard is what the logger, "
-            '`ModelCheckpoint` and `EarlyStopping` see); Lightning warns "It is recommended to use '
+            "batches and the value is never reduced across devices (the logger records rank 0's shard; "
+            "`ModelCheckpoint` and `EarlyStopping` compare each rank's own value, a new best is kept only when every "
+            'rank agrees and training stops when any rank asks); Lightning warns "It is recommended to use '
             f'`self.log({shown}, ..., sync_dist=True)` when logging on epoch level in distributed setting"'
         )
         fix = None
