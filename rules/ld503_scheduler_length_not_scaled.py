@@ -156,11 +156,16 @@ class SchedulerLengthNotScaled(Rule):
     `lintdist.runtime.scheduler_total_steps(x, accelerator)`, which reads
     `split_batches`, `step_scheduler_with_optimizer` and `num_processes` at run
     time, and adds that import. In a `LambdaLR` lambda it wraps the step count
-    the lambda reads. There is no fix when the length can also come from the
-    un-sharded loader (`if args.max_train_steps is None: args.max_train_steps =
-    epochs * ceil(len(loader) / accumulation)` before `prepare`: only the branch
-    where the user gives `--max_train_steps` is wrong, and the un-sharded one
-    must stay as it is), in a helper that receives the length as a parameter
+    the lambda reads. When the length can also come from the un-sharded loader
+    (`if args.max_train_steps is None: args.max_train_steps = epochs *
+    ceil(len(loader) / accumulation)` before `prepare`), only the branch where
+    the user gives `--max_train_steps` is wrong: the fix gives that `if` an
+    `else:`, and both branches set the scheduler's own length
+    (`max_train_steps_for_scheduler`: the derived count as it is, the given
+    one through `scheduler_total_steps`), which the scheduler then reads; the
+    loop's bound keeps counting optimizer steps. That fix needs the test to be
+    `x is None` or `not x`, the `if` to have no `else`, and the Accelerator to
+    be bound before it. There is no fix in a helper that receives the length as a parameter
     (its other callers would change too: scale the argument at the call),
     when the length is multiplied by `gradient_accumulation_steps` (that factor
     must go rather than be wrapped: the schedule then ends after
@@ -445,6 +450,42 @@ for epoch in range(args.num_train_epochs):
             break
 """,
             lines=(15,),
+            unsafe_fixed="""\
+import math
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from transformers import get_scheduler
+from lintdist.runtime import scheduler_total_steps
+
+accelerator = Accelerator()
+train_dataloader = DataLoader(train_dataset, batch_size=8, shuffle=True)
+num_update_steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
+if args.max_train_steps is None:
+    args.max_train_steps = args.num_train_epochs * num_update_steps_per_epoch
+    max_train_steps_for_scheduler = args.max_train_steps
+else:
+    max_train_steps_for_scheduler = scheduler_total_steps(args.max_train_steps, accelerator)
+lr_scheduler = get_scheduler(
+    name=args.lr_scheduler_type,
+    optimizer=optimizer,
+    num_warmup_steps=scheduler_total_steps(args.num_warmup_steps, accelerator),
+    num_training_steps=max_train_steps_for_scheduler,
+)
+model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+    model, optimizer, train_dataloader, lr_scheduler
+)
+completed_steps = 0
+for epoch in range(args.num_train_epochs):
+    for batch in train_dataloader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            lr_scheduler.step()
+        if accelerator.sync_gradients:
+            completed_steps += 1
+        if completed_steps >= args.max_train_steps:
+            break
+""",
         ),
     )
 
@@ -603,16 +644,54 @@ for epoch in range(args.num_train_epochs):
             return
         mixed = not all(v.count and not v.unknown and v.world <= 0 for v in values)
         # a length a helper receives: its other callers would be changed too; the call site is the place
-        fixable = not mixed and not self._parameter_read(length, call)
+        fixable = not self._parameter_read(length, call)
         replacements = []
         accelerator = self.loop.accelerator_at(prepare, call) if fixable else None
         if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
-            replacements.append((length, _wrapped(length, accelerator)))
-            if warmup_spec is not None:
-                warmup = argument_of(call, *warmup_spec)
-                if warmup is not None and self._unscaled_warmup(warmup, call):
-                    replacements.append((warmup, _wrapped(warmup, accelerator)))
+            replacements = (
+                self._two_branch_fix(length, call, accelerator) if mixed else [(length, _wrapped(length, accelerator))]
+            )
+        if replacements and warmup_spec is not None:  # a warmup in optimizer steps is short by the same factor
+            warmup = argument_of(call, *warmup_spec)
+            if warmup is not None and self._unscaled_warmup(warmup, call):
+                replacements.append((warmup, _wrapped(warmup, accelerator)))
         self._report(length, f"`{length_name}`", bad[0], mixed, replacements)
+
+    def _two_branch_fix(self, length: cst.BaseExpression, call: cst.Call, accelerator: str) -> list:
+        """The given-or-derived length (``if args.max_train_steps is None: args.max_train_steps = <from the
+        un-sharded loader>``): only the given count needs the factor. Both branches set the scheduler's own length
+        (the derived count as it is, the given one through ``scheduler_total_steps``), and the scheduler reads it,
+        as the diffusers scripts do since their PR #8312. Empty when the shape is another."""
+        facts = self.facts
+        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
+        if key is None:
+            return []
+        bindings, falls_through = self._reaching(key, call)
+        if not falls_through or len(bindings) != 1:
+            return []
+        (binding,) = bindings
+        line = facts.parent(binding.statement)
+        branch = facts.parent(facts.parent(line))
+        if (
+            not isinstance(line, cst.SimpleStatementLine)
+            or not isinstance(branch, cst.If)
+            or branch.orelse is not None
+            or not _derives_when_missing(branch.test, key)
+            or facts.enclosing_function(branch) is not facts.enclosing_function(call)
+            or any(v.unknown or (v.count and v.world <= 0) for v in self._evaluate(binding.value, binding.statement, 1))
+        ):
+            return []
+        own = re.sub(r"\W", "_", key.rsplit(".", 1)[-1]) + "_for_scheduler"
+        if re.search(rf"\b{own}\b", self.context.text) or self.loop.accelerator_at(self._prepare, branch) != accelerator:
+            return []  # the name is taken, or the Accelerator is not yet bound where the branches run
+        derived = cst.parse_statement(f"{own} = {key}\n")
+        given = cst.parse_statement(f"{own} = {cst.Module([]).code_for_node(_wrapped(length, accelerator))}\n")
+        body = branch.body
+        mended = branch.with_changes(
+            body=body.with_changes(body=(*body.body, derived)),
+            orelse=cst.Else(body=cst.IndentedBlock(body=(given,), indent=body.indent)),
+        )
+        return [(branch, mended), (length, cst.Name(own))]
 
     def _check_lambda(self, call: cst.Call, prepare: cst.Call) -> None:
         """``LambdaLR(optimizer, lr_lambda)``: a step count the lambda reads (a free name of an inline lambda or of
@@ -689,7 +768,7 @@ for epoch in range(args.num_train_epochs):
         return None
 
     def _unscaled_warmup(self, warmup: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        if isinstance(warmup, cst.Integer) and warmup.evaluated_value == "0":
+        if isinstance(warmup, cst.Integer) and warmup.evaluated_value == 0:
             return False
         values = self._evaluate(warmup, at, 0)
         return bool(values) and all(not v.unknown and v.world <= 0 for v in values)
@@ -752,7 +831,10 @@ for epoch in range(args.num_train_epochs):
         if replacements:
             fix = Fix(
                 Applicability.UNSAFE,
-                "Wrap the scheduler's length in `scheduler_total_steps(..., accelerator)`",
+                "Give the scheduler a length of its own: the derived count as it is, the given one through "
+                "`scheduler_total_steps(..., accelerator)`"
+                if mixed
+                else "Wrap the scheduler's length in `scheduler_total_steps(..., accelerator)`",
                 replacements=tuple(replacements),
                 imports=(("lintdist.runtime", "scheduler_total_steps"),),
             )
@@ -1071,6 +1153,19 @@ def _world_subscript(expr: cst.Subscript) -> bool:
     if len(expr.slice) != 1 or not isinstance(expr.slice[0].slice, cst.Index):
         return False
     return string_value(expr.slice[0].slice.value) == "WORLD_SIZE"
+
+
+def _derives_when_missing(test: cst.BaseExpression, key: str) -> bool:
+    """The test of the branch that derives ``key`` when none was given: ``key is None`` or ``not key``."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return get_full_name_for_node(test.expression) == key
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Is)
+        and get_full_name_for_node(test.comparisons[0].comparator) == "None"
+        and get_full_name_for_node(test.left) == key
+    )
 
 
 def _wrapped(expr: cst.BaseExpression, accelerator: str) -> cst.Call:

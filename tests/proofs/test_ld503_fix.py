@@ -109,3 +109,31 @@ def test_ld502_opt_in_expectations(source, lintdist):
     expectation = source.with_name(source.stem + ".ld502.expected")
     expected = expectation.read_text().split("\n") if expectation.exists() else []
     assert found == [line for line in expected if line.strip()]
+
+
+@pytest.mark.slow
+def test_two_branch_fix_scales_only_the_given_count(tmp_path):
+    """The given-or-derived length: with `--max_train_steps 8` (optimizer steps) the broken schedule reaches 0 after
+    4 of the 8 steps on 2 ranks, the fixed one exactly at the 8th; with the count derived from the un-sharded loader
+    (16 batches x 2 epochs = 32, each rank making 16 optimizer steps) both end exactly at the last step, with the
+    same learning rates: the fix leaves that branch as it was."""
+    broken, fixed = fixed_copy("ld503_given_or_derived.py", tmp_path, codes="LD503", unsafe=True)
+    text = fixed.read_text()
+    assert "max_train_steps_for_scheduler = scheduler_total_steps(args.max_train_steps, accelerator)" in text
+    assert "num_training_steps=max_train_steps_for_scheduler" in text
+
+    given = ("--max_train_steps", "8")
+    broken_given = run_ranks(broken, tmp_path / "broken-given", args=given)
+    fixed_given = run_ranks(fixed, tmp_path / "fixed-given", args=given)
+    broken_derived = run_ranks(broken, tmp_path / "broken-derived")
+    fixed_derived = run_ranks(fixed, tmp_path / "fixed-derived")
+
+    for report in broken_given + fixed_given:
+        assert report["num_processes"] == 2 and len(report["lrs"]) == 8
+    assert all(_first_zero(report["lrs"]) == 4 for report in broken_given)
+    for report in fixed_given:
+        assert _first_zero(report["lrs"]) == 8 and all(lr > 0.0 for lr in report["lrs"][:-1])
+        assert report["lrs"] == pytest.approx([BASE_LR * (16 - 2 * step) / 16 for step in range(1, 9)], abs=1e-12)
+    for broken_report, fixed_report in zip(broken_derived, fixed_derived, strict=True):
+        assert len(fixed_report["lrs"]) == 16 and _first_zero(fixed_report["lrs"]) == 16
+        assert fixed_report["lrs"] == broken_report["lrs"]
