@@ -68,6 +68,13 @@ MAIN_FLAGS = frozenset(
     {"is_main_process", "is_local_main_process", "is_global_zero", "is_world_process_zero", "is_local_process_zero"}
     | {"is_master", "is_rank_zero", "is_rank_0", "master_process"}
 )
+# The number of processes, flags that say a job is distributed, and the calls that test for a process group.
+WORLD_SIZE_NAMES = frozenset({"world_size", "ddp_world_size", "num_processes"})
+DISTRIBUTED_FLAGS = frozenset({"distributed", "is_distributed", "ddp", "use_ddp", "multiprocessing_distributed"})
+PROCESS_GROUP_TESTS = frozenset(
+    {"torch.distributed.is_initialized", "torch.distributed.is_available"}
+    | {"torch.distributed.distributed_c10d.is_initialized"}
+)
 MAIN_ONLY_DECORATORS = frozenset(
     {"on_main_process", "on_local_main_process", "on_process", "on_local_process", "rank_zero_only"}
 )
@@ -1183,6 +1190,40 @@ class PythonFacts:
             return bool(tests) and all(self.main_when(t, value, depth + 1) for t in tests)
         return False
 
+    def single_process_branch(self, node: cst.CSTNode) -> cst.If | None:
+        """The ``if`` inside ``node``'s function whose taken branch runs only in a one-process job (``if RANK == -1
+        and stop:``, the ``else`` of ``if world_size > 1:``), or None. Rank-dependent control flow there cannot
+        make ranks disagree: there is one rank."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.If) and child is not ancestor.test:
+                if self.single_process_when(ancestor.test, child is ancestor.body):
+                    return ancestor
+            child = ancestor
+        return None
+
+    def single_process_when(self, test: cst.BaseExpression, value: bool) -> bool:
+        """``test`` evaluating to ``value`` implies a job of one process: a rank of -1 (``local_rank == -1``, the
+        convention of scripts that run with or without a launcher), a world size of 1, no process group
+        (``not dist.is_initialized()``), ``DistributedType.NO``, or a false distributed flag (``not args.distributed``,
+        nanoGPT's ``ddp``)."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self.single_process_when(test.expression, not value)
+        if isinstance(test, cst.BooleanOperation):
+            if isinstance(test.operator, cst.And if value else cst.Or):
+                return self.single_process_when(test.left, value) or self.single_process_when(test.right, value)
+            return False
+        if isinstance(test, cst.Comparison):
+            holds = _one_process_comparison(test)
+            return holds is not None and holds is value
+        if isinstance(test, cst.Call) and not value:
+            return bool(self.qualified_names(test.func) & PROCESS_GROUP_TESTS)
+        if isinstance(test, (cst.Name, cst.Attribute)) and not value:
+            return _last_name_lower(test).lstrip("_") in DISTRIBUTED_FLAGS
+        return False
+
     def excludes_main(self, test: cst.BaseExpression, value: bool, depth: int = 0) -> bool:
         """``test`` evaluating to ``value`` implies that this is NOT the main process: the dual of ``main_when``,
         needed for conjunctions (``rank != 0 and not evaluate`` true excludes the main process, but its being
@@ -1300,6 +1341,63 @@ def _integer(expr: cst.BaseExpression) -> int | None:
     ):
         return -int(expr.expression.value)
     return None
+
+
+def _one_process_comparison(test: cst.Comparison) -> bool | None:
+    """True if the comparison holds only in a one-process job, False if it fails only there, else None:
+    ``rank == -1``, ``local_rank != -1``, ``world_size == 1``, ``world_size > 1``, ``num_processes <= 1``,
+    ``distributed_type == DistributedType.NO``."""
+    if len(test.comparisons) != 1:
+        return None
+    left, operator, right = test.left, test.comparisons[0].operator, test.comparisons[0].comparator
+    if _integer(left) is not None or get_full_name_for_node(left) in {"DistributedType.NO", "NO"}:
+        left, right = right, left
+        flipped = {cst.LessThan: cst.GreaterThan, cst.GreaterThan: cst.LessThan}
+        flipped.update({cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual})
+        operator = flipped.get(type(operator), type(operator))()
+    equal, unequal = isinstance(operator, (cst.Equal, cst.Is)), isinstance(operator, (cst.NotEqual, cst.IsNot))
+    bound = _integer(right)
+    if _is_rank(left) or _is_rank_variable_read(left):
+        if bound == -1 and (equal or unequal):
+            return equal
+        return None
+    if _is_world_size(left) and bound is not None:
+        return {
+            cst.Equal: True if bound == 1 else None,
+            cst.NotEqual: False if bound == 1 else None,
+            cst.LessThanEqual: True if bound == 1 else None,
+            cst.LessThan: True if bound == 2 else None,
+            cst.GreaterThan: False if bound == 1 else None,
+            cst.GreaterThanEqual: False if bound == 2 else None,
+        }.get(type(operator))
+    if _last_name_lower(left) == "distributed_type" and (get_full_name_for_node(right) or "").endswith(
+        "DistributedType.NO"
+    ):
+        return True if equal else False if unequal else None
+    return None
+
+
+def _is_rank_variable_read(expr: cst.BaseExpression) -> bool:
+    """``RANK``, ``LOCAL_RANK`` as module constants (``RANK = int(os.getenv("RANK", -1))``)."""
+    return isinstance(expr, (cst.Name, cst.Attribute)) and _last_name(expr) in {"RANK", "LOCAL_RANK"}
+
+
+def _is_world_size(expr: cst.BaseExpression) -> bool:
+    """A job's process count: ``world_size``, ``WORLD_SIZE``, ``accelerator.num_processes``,
+    ``dist.get_world_size()``, ``int(os.environ["WORLD_SIZE"])``."""
+    if isinstance(expr, cst.Call):
+        name = _last_name(expr)
+        if name == "get_world_size":
+            return True
+        if name == "int" and expr.args:
+            return _is_world_size(expr.args[0].value)
+        if name in {"get", "getenv"} and expr.args:
+            return isinstance(expr.args[0].value, cst.SimpleString) and expr.args[0].value.evaluated_value == "WORLD_SIZE"
+        return False
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        key = expr.slice[0].slice.value
+        return isinstance(key, cst.SimpleString) and key.evaluated_value == "WORLD_SIZE"
+    return _last_name_lower(expr).lstrip("_") in WORLD_SIZE_NAMES
 
 
 def _rank_comparison(test: cst.Comparison) -> bool | None:

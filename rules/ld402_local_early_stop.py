@@ -137,8 +137,10 @@ class LocalEarlyStop(Rule):
     gathered predictions, a helper of this file that reduces),
     `accelerator.check_trigger()`, a flag broadcast from rank 0
     (`broadcast_object_list`), transformers' `control.should_training_stop`,
-    a loop that only the main process runs, and scripts with no sign of
-    running on several processes.
+    a loop that only the main process runs, an exit taken only in a
+    one-process job (`if LOCAL_RANK == -1 and stopper(score): break`, the
+    `else` of `if world_size > 1:`, `if not dist.is_initialized(): ...`),
+    and scripts with no sign of running on several processes.
 
     ## Why is this bad?
     Each rank evaluates the condition on its own values. The rank that stops
@@ -384,6 +386,8 @@ for epoch in range(10):
         loop = self._left_loop(exit_node)
         if loop is None or not self._collective_loop(loop) or not self._distributed(loop):
             return None
+        if facts.single_process_branch(exit_node) is not None:
+            return None  # `if local_rank == -1 and stopper(...): break`: taken only when there is one process
         guard = facts.rank_guard(exit_node)
         if guard is not None and not facts.is_within(guard, loop) and guard is not loop:
             guard = None  # the whole loop runs on the main process: nothing to wait for there
