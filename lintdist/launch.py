@@ -659,7 +659,8 @@ def build_project(
                 settings.set(
                     Setting("num_processes", 1, display.get(launch_path, str(launch_path)), line, column, "launcher")
                 )
-            settings.launch = command_launch(command, launch, settings, text, display.get(launch_path, str(launch_path)))
+            shown = display.get(launch_path, str(launch_path))
+            settings.launch = command_launch(command, launch, settings, text, shown)
             key = os.path.realpath(script)
             # A script run by several launch lines keeps only what they all agree on.
             project.links[key] = settings if key not in project.links else project.links[key].common(settings)
@@ -806,7 +807,9 @@ def _count(value: object, separator: str = "") -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def command_launch(command: LaunchCommand, launch: LaunchFile, settings: LaunchSettings, text: str, path: str) -> Launch:
+def command_launch(
+    command: LaunchCommand, launch: LaunchFile, settings: LaunchSettings, text: str, path: str
+) -> Launch:
     """What one launch line says of how its script runs: the launcher, the ``srun``/``mpiexec`` around it, and
     the counts its words (or the launcher's defaults) give. ``settings`` are the line's (config included)."""
 
@@ -905,7 +908,8 @@ def _starter_counts(starter: LaunchCommand, flag, flag_said) -> tuple[Said | Non
     and ``--ntasks-per-node``; mpiexec's ``-n``/``-np``. One task runs on one node; otherwise nodes are known only
     where srun names them (mpiexec places its ranks by hostfile or allocation, which the line does not show)."""
     if starter.launcher == "srun":
-        tasks, count, per_node = flag(starter, "n", "ntasks"), flag(starter, "N", "nodes"), flag(starter, "ntasks_per_node")
+        tasks, count = flag(starter, "n", "ntasks"), flag(starter, "N", "nodes")
+        per_node = flag(starter, "ntasks_per_node")
     else:
         tasks, count, per_node = flag(starter, "n", "np"), None, None
     nodes = flag_said(count, _count(count.value, "-")) if count is not None and _count(count.value, "-") else None

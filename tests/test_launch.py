@@ -266,7 +266,10 @@ def test_markdown_blocks_carry_srun_and_mpirun_lines():
 
     from lintdist.sources import launch_text
 
-    readme = "# Cluster\n\n```console\n$ srun -N 2 \\\n    torchrun --nproc_per_node 8 train.py\n$ mpirun -np 4 python eval.py\nrank 0 ready\n```\n"
+    readme = (
+        "# Cluster\n\n```console\n$ srun -N 2 \\\n    torchrun --nproc_per_node 8 train.py\n"
+        "$ mpirun -np 4 python eval.py\nrank 0 ready\n```\n"
+    )
     launch = parse_launch(launch_text(readme, Path("README.md")))
     assert [(c.launcher, c.script.text, c.wrapper and c.wrapper.launcher) for c in launch.commands] == [
         ("torchrun", "train.py", "srun"),
