@@ -117,6 +117,8 @@ class LaunchSettings:
     """The settings in force for one script, later spellings overriding earlier ones (YAML < env < flag)."""
 
     values: dict[str, Setting] = field(default_factory=dict)
+    # How the launch lines start the script (launcher, processes, nodes), where they say it; None: no line does.
+    launch: Launch | None = None
 
     def get(self, name: str) -> Setting | None:
         return self.values.get(name)
@@ -150,10 +152,13 @@ class LaunchSettings:
     def common(self, other: LaunchSettings) -> LaunchSettings:
         """The settings both launches give the same value (a script launched in two ways)."""
         shared = {k: s for k, s in self.values.items() if k in other.values and other.values[k].value == s.value}
-        return LaunchSettings(shared)
+        if self.launch is None or other.launch is None:
+            return LaunchSettings(shared, self.launch or other.launch)
+        return LaunchSettings(shared, self.launch.common(other.launch))
 
     def fingerprint(self) -> tuple:
-        return tuple(sorted((k, repr(s.value), s.path, s.line, s.column) for k, s in self.values.items()))
+        values = tuple(sorted((k, repr(s.value), s.path, s.line, s.column) for k, s in self.values.items()))
+        return (values, repr(self.launch)) if self.launch is not None else values
 
 
 # Nested sections of an accelerate config and the prefix the launcher gives their keys (``launch.py``:
@@ -203,14 +208,16 @@ def config_settings(document: ConfigDocument, path: str) -> list[Setting]:
 
 
 def command_settings(command: LaunchCommand, launch: LaunchFile, text: str, path: str) -> list[Setting]:
-    """The environment and flags of one launch line; later entries override earlier ones."""
+    """The environment and flags of one launch line; later entries override earlier ones. The options of an
+    ``srun``/``mpiexec`` that runs ``python`` itself are no launch settings (``-n`` counts its tasks: see
+    ``command_launch``)."""
     result = []
     for name, value, token in [*launch.exports, *command.env]:
         prefixed = name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))
         normalised = ENV_NAMES.get(name) or (name.lower() if prefixed else None)
         if normalised:
             result.append(Setting(normalised, value, path, *line_col(text, token.start), "env", raw=name, token=token))
-    for flag in command.flags:
+    for flag in command.flags if command.launcher not in STARTERS else ():
         written = flag.token.text.lstrip("-").partition("=")[0]
         result.append(
             Setting(
@@ -554,7 +561,7 @@ def in_force(launch: LaunchSettings | None, code: list[Setting], path: str) -> L
     ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, and a DeepSpeed launch to a code FSDP plugin. The same setting said twice in code with different
     values (two branches) is unknown: its expression stands for it.
     """
-    merged = LaunchSettings(dict(launch.values) if launch is not None else {})
+    merged = LaunchSettings(dict(launch.values) if launch is not None else {}, launch.launch if launch else None)
     said: dict[str, Setting] = {}
     for setting in code:
         setting = replace(setting, path=path)
@@ -652,6 +659,8 @@ def build_project(
                 settings.set(
                     Setting("num_processes", 1, display.get(launch_path, str(launch_path)), line, column, "launcher")
                 )
+            shown = display.get(launch_path, str(launch_path))
+            settings.launch = command_launch(command, launch, settings, text, shown)
             key = os.path.realpath(script)
             # A script run by several launch lines keeps only what they all agree on.
             project.links[key] = settings if key not in project.links else project.links[key].common(settings)
@@ -717,3 +726,266 @@ def resolve_launch_path(name: str, launch_path: Path) -> Path:
         return candidate
     beside = launch_path.parent / candidate
     return beside if beside.exists() else candidate
+
+
+# -- launched how? ---------------------------------------------------------------------------------------------
+
+# Launchers that start copies of a command and set none of torch.distributed's variables.
+STARTERS = frozenset({"mpiexec", "srun"})
+# Launchers that export MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE to every process they start: torchrun's
+# elastic agent (`local_elastic_agent.py::_start_workers`), `accelerate launch` (through torchrun, or
+# `prepare_simple_launcher_cmd_env`), DeepSpeed's launcher (`deepspeed/launcher/launch.py`), accelerate's
+# `notebook_launcher` (`elastic_launch`) and `debug_launcher` (`patch_environment`). `python`, `srun`,
+# `mpiexec` and `torch.multiprocessing.spawn` set none of them: the script does.
+SETS_RENDEZVOUS = frozenset({"torchrun", "accelerate", "deepspeed", "notebook_launcher", "debug_launcher"})
+
+
+@dataclass(frozen=True)
+class Said:
+    """One fact about a launch, with where it was said: ``2`` (processes) from ``-np 2`` at ``run.sh:3``."""
+
+    value: object
+    path: str
+    line: int
+    words: str  # as written (``-np 2``), or the word whose default it is (``torchrun``)
+
+    def where(self) -> str:
+        return f"`{self.words}` at {self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one entry script is launched, each fact with where it was said; None where nothing says.
+
+    ``launcher``: ``torchrun``, ``accelerate``, ``deepspeed``, ``python`` (one process), ``mpiexec``,
+    ``srun``, or the script's own ``spawn`` (``torch.multiprocessing.spawn``/``start_processes``),
+    ``notebook_launcher`` or ``debug_launcher``; ``under``: the ``srun``/``mpiexec`` that starts the launcher
+    (``srun torchrun ...``); ``processes`` and ``nodes``: counts; ``rendezvous``: True when the launcher
+    exports ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``, False when the script must set them.
+    """
+
+    launcher: Said | None = None
+    under: Said | None = None
+    processes: Said | None = None
+    nodes: Said | None = None
+    rendezvous: Said | None = None
+
+    @property
+    def one_process(self) -> bool:
+        return self.processes is not None and self.processes.value == 1
+
+    @property
+    def several_processes(self) -> bool:
+        return self.processes is not None and isinstance(self.processes.value, int) and self.processes.value > 1
+
+    @property
+    def one_node(self) -> bool:
+        return self.nodes is not None and self.nodes.value == 1
+
+    def common(self, other: Launch) -> Launch:
+        """What two launches of one script agree on (a README line and a Slurm script)."""
+
+        def agreed(mine: Said | None, theirs: Said | None) -> Said | None:
+            return mine if mine is not None and theirs is not None and mine.value == theirs.value else None
+
+        return Launch(
+            agreed(self.launcher, other.launcher),
+            agreed(self.under, other.under),
+            agreed(self.processes, other.processes),
+            agreed(self.nodes, other.nodes),
+            agreed(self.rendezvous, other.rendezvous),
+        )
+
+
+def _count(value: object, separator: str = "") -> int | None:
+    """A count as a launcher writes it: ``8``; a range (srun's ``2-2``, torchrun's ``1:1``) only when both ends
+    agree; None for anything else (``$SLURM_NNODES``, ``auto``, ``1:4``)."""
+    text = str(value).strip() if value is not None else ""
+    if separator and separator in text:
+        low, _, high = text.partition(separator)
+        return int(low) if low.isdigit() and low == high else None
+    return int(text) if text.isdigit() else None
+
+
+def command_launch(
+    command: LaunchCommand, launch: LaunchFile, settings: LaunchSettings, text: str, path: str
+) -> Launch:
+    """What one launch line says of how its script runs: the launcher, the ``srun``/``mpiexec`` around it, and
+    the counts its words (or the launcher's defaults) give. ``settings`` are the line's (config included)."""
+
+    def said(value: object, token: Token, words: str | None = None) -> Said:
+        return Said(value, path, line_col(text, token.start)[0], words or token.text)
+
+    def flag_said(flag, value: object) -> Said:
+        words = flag.token.text + (f" {flag.value_token.text}" if flag.value_token is not None else "")
+        return said(value, flag.token, words)
+
+    def flag(cmd: LaunchCommand, *names: str):
+        return next((f for f in reversed(cmd.flags) if f.name in names), None)
+
+    def env(name: str) -> tuple[str, Token] | None:
+        found = [(value, token) for n, value, token in [*launch.exports, *command.env] if n == name]
+        return found[-1] if found else None
+
+    starter = command.wrapper if command.wrapper is not None else command if command.launcher in STARTERS else None
+    started_processes, started_nodes = _starter_counts(starter, flag, flag_said) if starter else (None, None)
+    kind = command.launcher
+    launcher = said(kind, command.token) if command.token is not None else None
+    under = said(command.wrapper.launcher, command.wrapper.token) if command.wrapper is not None else None
+    rendezvous = said(kind in SETS_RENDEZVOUS, command.token) if command.token is not None else None
+    processes = nodes = None
+    if kind == "python":
+        processes = nodes = said(1, command.token)
+    elif kind in STARTERS:
+        processes, nodes = started_processes, started_nodes
+    elif kind == "torchrun":
+        nodes, per_node = _torchrun_counts(command, flag, flag_said, env, said, started_nodes)
+        processes = _product(per_node, nodes, path)
+    elif kind == "accelerate":
+        total, machines = number(settings.get("num_processes")), number(settings.get("num_machines"))
+        if total is not None:
+            processes = _setting_said(settings.get("num_processes"), total)
+        if machines is not None:
+            nodes = _setting_said(settings.get("num_machines"), machines)
+        elif total == 1:
+            nodes = processes
+        else:
+            nodes = started_nodes
+    elif kind == "deepspeed":
+        gpus, count = flag(command, "num_gpus"), flag(command, "num_nodes")
+        nodes = flag_said(count, _count(count.value)) if count is not None and _count(count.value) else started_nodes
+        per_node = flag_said(gpus, _count(gpus.value)) if gpus is not None and _count(gpus.value) else None
+        processes = _product(per_node, nodes, path)
+    return Launch(launcher, under, processes, nodes, rendezvous)
+
+
+def _setting_said(setting: Setting, value: int) -> Said:
+    return Said(value, setting.path, setting.line, written(setting, where=False).strip("`"))
+
+
+def _product(per_node: Said | None, nodes: Said | None, path: str) -> Said | None:
+    """Processes per node times nodes, said where the per-node count is."""
+    if per_node is None or nodes is None:
+        return None
+    if nodes.value == 1:
+        return per_node
+    return Said(per_node.value * nodes.value, per_node.path, per_node.line, f"{per_node.words} on {nodes.words}")
+
+
+def _torchrun_counts(command, flag, flag_said, env, said, started_nodes):
+    """torchrun's nodes and processes per node: its flags, else the ``PET_*`` variables it reads as defaults,
+    else its defaults (``--nnodes 1:1``, ``--nproc-per-node 1``), except that under ``srun``/``mpiexec`` the
+    nodes are the starter's."""
+    nodes = None
+    nnodes = flag(command, "nnodes")
+    if flag(command, "standalone") is not None:
+        nodes = flag_said(flag(command, "standalone"), 1)
+    elif nnodes is not None:
+        nodes = flag_said(nnodes, _count(nnodes.value, ":")) if _count(nnodes.value, ":") else None
+    elif (variable := env("PET_NNODES")) is not None:
+        value, token = variable
+        nodes = said(_count(value, ":"), token) if _count(value, ":") else None
+    elif command.wrapper is not None:
+        nodes = started_nodes
+    else:
+        nodes = said(1, command.token)
+    per_node = None
+    nproc = flag(command, "nproc_per_node")
+    if nproc is not None:
+        per_node = flag_said(nproc, _count(nproc.value)) if _count(nproc.value) else None
+    elif (variable := env("PET_NPROC_PER_NODE")) is not None:
+        value, token = variable
+        per_node = said(_count(value), token) if _count(value) else None
+    else:
+        per_node = said(1, command.token)
+    if nnodes is not None and nodes is None and started_nodes is not None:
+        nodes = started_nodes  # `--nnodes $SLURM_NNODES` under `srun -N 2`
+    return nodes, per_node
+
+
+def _starter_counts(starter: LaunchCommand, flag, flag_said) -> tuple[Said | None, Said | None]:
+    """The tasks and nodes an ``srun`` or ``mpiexec`` line asks for: srun's ``-n``/``--ntasks``, ``-N``/``--nodes``
+    and ``--ntasks-per-node``; mpiexec's ``-n``/``-np``. One task runs on one node; otherwise nodes are known only
+    where srun names them (mpiexec places its ranks by hostfile or allocation, which the line does not show)."""
+    if starter.launcher == "srun":
+        tasks, count = flag(starter, "n", "ntasks"), flag(starter, "N", "nodes")
+        per_node = flag(starter, "ntasks_per_node")
+    else:
+        tasks, count, per_node = flag(starter, "n", "np"), None, None
+    nodes = flag_said(count, _count(count.value, "-")) if count is not None and _count(count.value, "-") else None
+    processes = flag_said(tasks, _count(tasks.value)) if tasks is not None and _count(tasks.value) else None
+    if processes is None and per_node is not None and _count(per_node.value) and nodes is not None:
+        processes = _product(flag_said(per_node, _count(per_node.value)), nodes, nodes.path)
+    if nodes is None and processes is not None and processes.value == 1:
+        nodes = processes
+    return processes, nodes
+
+
+# Calls that start the script's processes from inside it: (the launcher's name, the keyword and position of its
+# process count, its default), and where accelerate's `notebook_launcher` takes its node count.
+SPAWN_CALLS = {
+    "torch.multiprocessing.spawn": ("spawn", "nprocs", 2, 1),
+    "torch.multiprocessing.spawn.spawn": ("spawn", "nprocs", 2, 1),
+    "torch.multiprocessing.start_processes": ("spawn", "nprocs", 2, 1),
+    "torch.multiprocessing.spawn.start_processes": ("spawn", "nprocs", 2, 1),
+    "accelerate.notebook_launcher": ("notebook_launcher", "num_processes", 2, None),
+    "accelerate.launchers.notebook_launcher": ("notebook_launcher", "num_processes", 2, None),
+    "accelerate.debug_launcher": ("debug_launcher", "num_processes", 2, 2),
+    "accelerate.launchers.debug_launcher": ("debug_launcher", "num_processes", 2, 2),
+}
+SPAWN_NAMES = frozenset(SPAWN_CALLS)
+NOTEBOOK_NODES = ("num_nodes", 7)
+
+
+def spawned(facts, span, path: str) -> Launch | None:
+    """The launch the script makes itself (``mp.spawn(fn, nprocs=4)``, ``notebook_launcher(fn, num_processes=2)``):
+    the processes it starts, on this machine; None when it starts none. Two such calls that disagree leave the
+    count unknown."""
+    import libcst as cst
+    from libcst.helpers import get_full_name_for_node
+
+    from lintdist.facts import argument_of
+
+    found: list[Launch] = []
+    for call in facts.calls:
+        if not facts.callee_is(call, SPAWN_NAMES):
+            continue
+        name = next(n for n in sorted(facts.qualified_names(call.func)) if n in SPAWN_CALLS)
+        kind, keyword, position, default = SPAWN_CALLS[name]
+        line = span(call).line
+        shown = f"{get_full_name_for_node(call.func) or kind}(...)"
+
+        def said(value: object, words: str = shown) -> Said:
+            return Said(value, path, line, words)
+
+        def counted(keyword: str, position: int, default: int | None) -> Said | None:
+            value = argument_of(call, keyword, position)
+            if value is None:
+                return said(default) if default is not None else None
+            literal = _literal(facts, value, call)
+            written = cst.Module([]).code_for_node(value)
+            return said(literal, f"{keyword}={written}") if type(literal) is int else None
+
+        processes = counted(keyword, position, default)
+        nodes = counted(*NOTEBOOK_NODES, 1) if kind == "notebook_launcher" else said(1)
+        if processes is not None and nodes is not None and nodes.value != 1:
+            processes = _product(processes, nodes, path)
+        found.append(Launch(said(kind), None, processes, nodes, said(kind in SETS_RENDEZVOUS)))
+    if not found:
+        return None
+    first = found[0]
+    for other in found[1:]:
+        first = first.common(other)
+    return first
+
+
+def script_launch(context) -> Launch:
+    """*Launched how?* for one checked file: the processes its own code starts (``mp.spawn``), else what the
+    launch lines that name it say, else nothing known. Asked once per file."""
+    facts = context.facts
+    linked = context.settings.launch if context.settings is not None else None
+    if facts is None:
+        return linked or Launch()
+    if "launch" not in facts._memo:
+        facts._memo["launch"] = spawned(facts, context.span, context.display_name) or linked or Launch()
+    return facts._memo["launch"]

@@ -282,9 +282,10 @@ class Factor:
 class TrainingLoop:
     """The training-loop facts of one file; ``TrainingLoop.of(context)`` builds them once per file."""
 
-    def __init__(self, facts: PythonFacts, settings=None) -> None:
+    def __init__(self, facts: PythonFacts, settings=None, launch=None) -> None:
         self.facts = facts
         self.settings = settings
+        self.launch = launch  # ``lintdist.launch.Launch``: how the script is launched, where known
         self._roles: dict[int, str | None] = {}
         self._heads: dict[int, str | None] = {}
         self._factors: dict[int, Factor] = {}
@@ -295,7 +296,9 @@ class TrainingLoop:
         facts = context.facts
         loop = facts._memo.get("loop")
         if loop is None:
-            loop = facts._memo["loop"] = cls(facts, context.settings)
+            from lintdist.launch import script_launch
+
+            loop = facts._memo["loop"] = cls(facts, context.settings, script_launch(context))
         return loop
 
     # -- backward passes ---------------------------------------------------------------------
@@ -817,13 +820,18 @@ class TrainingLoop:
         facts = self.facts
         if bool(facts.wrapped_models()) or any(facts.callee_is(call, DISTRIBUTED_CALLS) for call in facts.calls):
             return True
+        if self.launch is not None and self.launch.several_processes:
+            return True  # `torchrun --nproc_per_node 8`, `mpiexec -n 2`, `mp.spawn(fn, nprocs=2)`
         processes = self.settings.get("num_processes") if self.settings else None
         return processes is not None and str(processes.value).strip().isdigit() and int(processes.value) > 1
 
     @cached_property
     def surely_single(self) -> bool:
-        """The linked launch runs one process (`num_processes: 1`, `--num_processes 1`, a plain `python train.py`
-        line) and the script starts no processes of its own (`mp.spawn`, `notebook_launcher`)."""
+        """The launch runs one process (`num_processes: 1`, `--num_processes 1`, a plain `python train.py`,
+        `mpiexec -n 1` or `srun -n 1` line, `torchrun` with one process on one node) and the script starts no
+        processes of its own (`mp.spawn`, `notebook_launcher`) but one."""
+        if self.launch is not None and self.launch.processes is not None:
+            return self.launch.one_process
         processes = self.settings.get("num_processes") if self.settings else None
         if processes is None or str(processes.value).strip() != "1":
             return False

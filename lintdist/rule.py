@@ -99,6 +99,14 @@ class Rule:
         return facts._memo["settings"]
 
     @property
+    def launch(self):
+        """*Launched how?* (``lintdist.launch.Launch``): the launcher, processes and nodes, whether the launcher
+        sets the rendezvous variables, each with where it was said; a field is None where nothing says."""
+        from lintdist.launch import script_launch
+
+        return script_launch(self.context)
+
+    @property
     def versions(self):
         """The library versions the project declares (``lintdist.versions.Versions``): ask
         ``self.versions.allows("accelerate", ">=1.6")`` for True, False or None (unknown)."""

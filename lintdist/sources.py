@@ -126,7 +126,13 @@ def parse_config(text: str) -> ConfigDocument | None:
 
 LAUNCHERS = re.compile(
     r"accelerate\s+launch|accelerate\.commands\.launch|torchrun|torch\.distributed\.(?:run|launch)|(?<![\w.])deepspeed\s"
+    r"|(?<![\w.-])(?:mpiexec|mpirun|srun)\s"
 )
+# Commands that start copies of the command after them (``srun -N 2 torchrun ...``, ``mpirun -np 4 python t.py``),
+# by the name the launch table gives them.
+PROCESS_STARTERS = {"mpiexec": "mpiexec", "mpirun": "mpiexec", "srun": "srun"}
+# A short option with its count attached (``-n4``, ``-N2``), as srun's and mpiexec's option parsers accept it.
+ATTACHED_COUNT = re.compile(r"^-([nNc])(\d+)$")
 # A plain `python train.py` line: not a launcher, but it says how a script runs (one process).
 PYTHON_RUN = re.compile(r"\bpython[\d.]*\s+(?:-\S+\s+)*\S+\.py\b")
 # `python -m <module>` spellings of the launchers.
@@ -182,10 +188,15 @@ class Flag:
 
 @dataclass
 class LaunchCommand:
-    launcher: str  # "accelerate", "torchrun", "deepspeed" or "python" (one process)
+    # "accelerate", "torchrun", "deepspeed", "python" (one process), or "mpiexec"/"srun" starting `python` itself
+    launcher: str
     env: list[tuple[str, str, Token]] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
     script: Token | None = None
+    token: Token | None = None  # the launcher's first word (``torchrun``, ``accelerate``, ``mpirun``...)
+    # The ``srun``/``mpiexec`` command that starts this launcher (``srun -N 2 torchrun ...``): its flags, not
+    # the launcher's. None when the launcher is run directly, or is itself the ``srun``/``mpiexec``.
+    wrapper: LaunchCommand | None = None
 
 
 @dataclass
@@ -328,6 +339,8 @@ def _python_target(texts: list[str]) -> tuple[str | None, int] | None:
 
 def _launch_command(words: list[Token]) -> LaunchCommand | None:
     texts = [w.text for w in words]
+    if texts and Path(texts[0]).name in PROCESS_STARTERS:
+        return _started_command(words)
     if texts[:2] == ["accelerate", "launch"]:
         launcher, rest = "accelerate", words[2:]
     elif texts[:1] == ["torchrun"]:
@@ -339,7 +352,7 @@ def _launch_command(words: list[Token]) -> LaunchCommand | None:
         launcher, rest = "deepspeed", words[1:]
     else:
         return None
-    command = LaunchCommand(launcher)
+    command = LaunchCommand(launcher, token=words[0])
     i = 0
     while i < len(rest):
         word = rest[i]
@@ -357,3 +370,55 @@ def _launch_command(words: list[Token]) -> LaunchCommand | None:
             command.flags.append(Flag(name, None, word))
         i += 1
     return command
+
+
+def _started_command(words: list[Token]) -> LaunchCommand | None:
+    """``srun``/``mpiexec``/``mpirun`` with its options, then the command it starts: another launcher
+    (``srun torchrun ...`` is torchrun, with the srun command as its ``wrapper``), ``python train.py`` or a
+    ``train.py`` run directly (the srun/mpiexec command is then the launcher). None when it starts anything
+    else (``srun hostname``, ``mpirun bash -c "..."``)."""
+    starter = PROCESS_STARTERS[Path(words[0].text).name]
+    for i in range(1, len(words)):
+        if words[i].text.startswith("-"):
+            continue
+        inner = _launch_command(words[i:]) if Path(words[i].text).name not in PROCESS_STARTERS else None
+        before = words[i - 1].text
+        value = before.startswith("-") and "=" not in before and not ATTACHED_COUNT.match(before)  # `-o log.py`
+        direct = inner is None and not value and words[i].text.endswith(".py")
+        if inner is None and not direct:
+            continue
+        outer = LaunchCommand(starter, flags=_starter_flags(words[1:i]), token=words[0])
+        if direct:
+            outer.script = words[i]
+            return outer
+        if inner.launcher == "python":
+            outer.script = inner.script
+            return outer
+        inner.wrapper = outer
+        return inner
+    return None
+
+
+def _starter_flags(words: list[Token]) -> list[Flag]:
+    """The options of ``srun``/``mpiexec`` before the command they start. Names keep their case (srun's ``-n``
+    counts tasks, ``-N`` nodes); a value is the option's ``=value``, its attached count (``-n4``) or the next
+    word that is not an option."""
+    flags: list[Flag] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.text.startswith("-"):
+            i += 1
+            continue
+        if attached := ATTACHED_COUNT.match(word.text):
+            flags.append(Flag(attached[1], attached[2], word))
+        elif "=" in word.text:
+            name, _, value = word.text.lstrip("-").partition("=")
+            flags.append(Flag(name.replace("-", "_"), value, word))
+        elif i + 1 < len(words) and not words[i + 1].text.startswith("-"):
+            flags.append(Flag(word.text.lstrip("-").replace("-", "_"), words[i + 1].text, word, words[i + 1]))
+            i += 1
+        else:
+            flags.append(Flag(word.text.lstrip("-").replace("-", "_"), None, word))
+        i += 1
+    return flags

@@ -8,6 +8,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of, string_value
+from lintdist.launch import LaunchSettings, command_launch, command_settings
 from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sources import line_col
@@ -64,11 +65,12 @@ class HardCodedRendezvous(Rule):
     address. The script counts as launched when it reads `RANK`,
     `LOCAL_RANK` or `WORLD_SIZE` from the environment, calls
     `init_process_group()` with no `rank`/`world_size`, builds an
-    `Accelerator`/`PartialState`, or is named by a launch file. In a launch
-    file, a multi-node line (`--nnodes`/`--num_machines` above 1) that fixes
-    the address to a literal (`--master_addr 10.1.2.3`,
-    `--main_process_ip localhost`, `--rdzv_endpoint host:port`) is
-    reported too.
+    `Accelerator`/`PartialState`, or is named by a `torchrun`, `accelerate
+    launch` or `deepspeed` line (also under `srun` or `mpiexec`). In a launch
+    file, a multi-node line (`--nnodes`/`--num_machines` above 1, or `srun
+    -N 2` around the launcher) that fixes the address to a literal
+    (`--master_addr 10.1.2.3`, `--main_process_ip localhost`,
+    `--rdzv_endpoint host:port`) is reported too.
 
     ## Why is this bad?
     The launcher exports `MASTER_ADDR` and `MASTER_PORT` to every worker
@@ -85,7 +87,11 @@ class HardCodedRendezvous(Rule):
     launcher's values; and a file that starts its own processes
     (`mp.spawn`, `torch.multiprocessing.start_processes`, `mp.Process`,
     `notebook_launcher`), where a single-node job needs an address set
-    somewhere.
+    somewhere; and a script whose launch lines start it with a launcher that
+    sets no rendezvous (`python train.py`, `mpiexec -n 2 python train.py`,
+    `srun -N 2 python train.py`): there the script has to set
+    `MASTER_ADDR`/`MASTER_PORT` itself (from `SLURM_*` or the MPI
+    environment), and nothing is overwritten.
 
     ## Example
     ```python
@@ -119,6 +125,8 @@ class HardCodedRendezvous(Rule):
       instead of being overwritten by the script's value
     - pytorch/pytorch issue #73320: a fixed rendezvous port identifies the job;
       a second job on the same nodes must get another one
+    - Slurm `srun` and Open MPI `mpirun` export their own variables
+      (`SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`), not `MASTER_ADDR`/`MASTER_PORT`
     """
 
     code = "LD406"
@@ -164,6 +172,18 @@ local_rank = int(os.environ["LOCAL_RANK"])
             "torchrun --nnodes 1 --nproc_per_node 8 --master_addr localhost --master_port 29501 train.py\n",
             filename="launch.sh",
         ),
+        Valid(
+            """\
+import os
+
+import torch.distributed as dist
+
+os.environ["MASTER_ADDR"] = os.environ["SLURM_LAUNCH_NODE_IPADDR"]
+os.environ["MASTER_PORT"] = "29500"
+dist.init_process_group("nccl", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+""",
+            project={"job.sh": "srun -N 2 --ntasks-per-node 4 python train.py\n"},
+        ),
     )
     INVALID = (
         Invalid(
@@ -184,6 +204,11 @@ local_rank = int(os.environ["LOCAL_RANK"])
             lines=(1,),
             filename="launch.sh",
         ),
+        Invalid(
+            'srun -N 2 torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 8 --master_addr localhost train.py\n',
+            lines=(1,),
+            filename="launch.sh",
+        ),
     )
 
     def finish(self) -> None:
@@ -194,6 +219,9 @@ local_rank = int(os.environ["LOCAL_RANK"])
         facts = self.facts
         if facts is None or self._spawns():
             return
+        rendezvous = self.launch.rendezvous
+        if rendezvous is not None and rendezvous.value is False:
+            return  # `python`, `srun`, `mpiexec`: no launcher value to overwrite, the script must set it
         found = [*self._environment_writes(), *self._tcp_init_methods()]
         if not found:
             return
@@ -345,6 +373,9 @@ local_rank = int(os.environ["LOCAL_RANK"])
                     return "`init_process_group()` takes its rank and world size from the environment"
             elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_STATES):
                 return f"`{name}()` reads the environment `accelerate launch` sets"
+        launch = self.launch
+        if launch.rendezvous is not None and launch.rendezvous.value is True:
+            return f"{launch.launcher.where()} starts it"
         settings = self.context.settings
         if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
             return "a launch file starts it"
@@ -358,6 +389,10 @@ local_rank = int(os.environ["LOCAL_RANK"])
             flags = {f.name: f for f in command.flags}
             nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
             count = _node_count(nodes.value if nodes is not None else None)
+            written = f"--{nodes.name} {nodes.value}" if nodes is not None else ""
+            if count is None and command.wrapper is not None:  # `srun -N 2 torchrun --nnodes "$NNODES" ...`
+                started = self._started_nodes(command)
+                count, written = (started.value, started.words) if started is not None else (None, "")
             if count is None or count <= 1:
                 continue
             for name in ADDRESS_FLAGS.get(command.launcher, ()):
@@ -367,7 +402,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
                 host = flag.value.rsplit(":", 1)[0] if name == "rdzv_endpoint" else flag.value
                 local = host in LOCAL_ADDRESSES
                 message = (
-                    f"`--{name} {flag.value}` fixes the rendezvous of a multi-node launch (`--{nodes.name} {nodes.value}`) to "
+                    f"`--{name} {flag.value}` fixes the rendezvous of a multi-node launch (`{written}`) to "
                     + ("this machine: the other nodes cannot reach it" if local else "one machine's address")
                     + "; pass it in from the scheduler (`$MASTER_ADDR`, `$SLURM_...`, a script argument) so the job "
                     "runs wherever node 0 lands"
@@ -375,6 +410,14 @@ local_rank = int(os.environ["LOCAL_RANK"])
                 end = flag.value_token.end if flag.value_token is not None else flag.token.end
                 span = Span(*line_col(text, flag.token.start), *line_col(text, end))
                 self.report(None, message, span=span)
+
+    def _started_nodes(self, command):
+        """The nodes the line's ``srun``/``mpiexec`` starts the launcher on, as the engine reads the line."""
+        launch = self.context.launch
+        settings = LaunchSettings()
+        for setting in command_settings(command, launch, self.context.text, self.context.display_name):
+            settings.set(setting)
+        return command_launch(command, launch, settings, self.context.text, self.context.display_name).nodes
 
 
 def _node_count(value: str | None) -> int | None:

@@ -59,15 +59,20 @@ class DeviceFromGlobalRank(Rule):
     torch.cuda.device_count()` (or any expression computed from the rank),
     `LOCAL_RANK`, `local_process_index`, a parameter with no caller in sight,
     scripts that start their own processes with `mp.spawn` (the spawned
-    index is the local rank of a one-node job), and test modules (`tests/`,
-    `test_*.py`: launched on one node by their own harness).
+    index is the local rank of a one-node job), scripts whose launch lines
+    all run them on one node (`python train.py`, `torchrun` without
+    `--nnodes` or with `--nnodes 1`, `srun -N 1`, `mpiexec -n 1`, an
+    `accelerate launch` with `--num_machines 1`), where the global rank is
+    the local one, and test modules (`tests/`, `test_*.py`: launched on one
+    node by their own harness).
 
     It also reports, in a script that starts an NCCL process group
     (`init_process_group("nccl")`, or with no backend), the first `.cuda()`
     without an index, `.to("cuda")` or `torch.device("cuda")` when the script
     never picks a device per process (`torch.cuda.set_device`,
     `torch.cuda.device(...)`, `CUDA_VISIBLE_DEVICES`). A group of one process
-    (`world_size=1`) is not reported.
+    (`world_size=1`) is not reported, nor a script whose launch runs one
+    process (`python train.py`, `mpiexec -n 1`, `srun -n 1`).
 
     ## Why is this bad?
     Device indices are per machine: with 8 GPUs per node, the processes of
@@ -323,8 +328,8 @@ for batch in loader:
         return found
 
     def _check(self, index: cst.BaseExpression) -> None:
-        if self._spawns:
-            return
+        if self._spawns or self.launch.one_node:
+            return  # one node: the global rank is the local one
         source = self._global_rank(index, index, 0)
         if source is None:
             return
@@ -434,7 +439,7 @@ for batch in loader:
 
     def _unpinned(self) -> None:
         facts = self.facts
-        if PINNED.search(self.context.text or ""):
+        if PINNED.search(self.context.text or "") or self.launch.one_process:
             return
         if not any(facts.callee_is(call, INIT_PROCESS_GROUP) and self._nccl(call) for call in facts.calls):
             return

@@ -173,3 +173,107 @@ def test_a_readme_block_links_the_script_it_names(lintdist, tmp_path):
     [finding] = json.loads(result.output)
     assert finding["code"] == "LD303"
     assert "README.md:4" in finding["message"]
+
+
+SLURM_AND_MPI = """\
+#!/bin/bash
+#SBATCH --nodes=2
+srun -N 2 --ntasks-per-node=1 --gres=gpu:8 torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 8 train.py --lr 1
+mpirun --allow-run-as-root --mca btl tcp,self -np 4 python -u eval.py
+srun -n1 ./probe.py
+srun --label hostname
+mpiexec -n 2 python -m accelerate.commands.launch --num_processes 2 tune.py
+"""
+
+
+def test_srun_and_mpiexec_lines_keep_their_own_options_apart_from_the_launcher_they_start():
+    commands = parse_launch(SLURM_AND_MPI).commands
+    assert [(c.launcher, c.script.text, c.wrapper and c.wrapper.launcher) for c in commands] == [
+        ("torchrun", "train.py", "srun"),
+        ("mpiexec", "eval.py", None),
+        ("srun", "./probe.py", None),
+        ("accelerate", "tune.py", "mpiexec"),
+    ]
+    torchrun = commands[0]
+    assert [(f.name, f.value) for f in torchrun.flags] == [("nnodes", "$SLURM_NNODES"), ("nproc_per_node", "8")]
+    assert [(f.name, f.value) for f in torchrun.wrapper.flags] == [
+        ("N", "2"),
+        ("ntasks_per_node", "1"),
+        ("gres", "gpu:8"),
+    ]
+    assert ("np", "4") in [(f.name, f.value) for f in commands[1].flags]
+    assert [(f.name, f.value) for f in commands[2].flags] == [("n", "1")]
+
+
+def _launch_of(text: str, path: str = "run.sh"):
+    from lintdist.launch import command_launch
+
+    launch = parse_launch(text)
+    [command] = launch.commands
+    settings = LaunchSettings()
+    for setting in command_settings(command, launch, text, path):
+        settings.set(setting)
+    found = command_launch(command, launch, settings, text, path)
+    values = tuple(
+        getattr(found, name).value if getattr(found, name) is not None else None
+        for name in ("launcher", "under", "processes", "nodes", "rendezvous")
+    )
+    return values, found
+
+
+def test_each_launch_line_says_its_launcher_counts_and_whether_it_sets_the_rendezvous():
+    cases = {
+        "mpirun -np 2 python train.py": ("mpiexec", None, 2, None, False),
+        "mpiexec -n 1 python train.py": ("mpiexec", None, 1, 1, False),
+        "srun -N 2 python train.py": ("srun", None, None, 2, False),
+        "srun --nodes=2 --ntasks-per-node 4 python train.py": ("srun", None, 8, 2, False),
+        "srun --ntasks=1 python train.py": ("srun", None, 1, 1, False),
+        "srun -N 2-4 -n 8 python train.py": ("srun", None, 8, None, False),
+        "srun -N 2 torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 train.py": ("torchrun", "srun", 16, 2, True),
+        # an elastic range: the agents srun starts, one per node, are the nodes that meet
+        "srun -N 2 torchrun --nnodes 1:4 --nproc_per_node 8 train.py": ("torchrun", "srun", 16, 2, True),
+        "torchrun --nnodes 1:4 --nproc_per_node 8 train.py": ("torchrun", None, None, None, True),
+        "torchrun --nproc_per_node 2 train.py": ("torchrun", None, 2, 1, True),
+        "torchrun train.py": ("torchrun", None, 1, 1, True),
+        "torchrun --nnodes 2 --nproc-per-node=gpu train.py": ("torchrun", None, None, 2, True),
+        "PET_NNODES=2 torchrun --nproc_per_node 4 train.py": ("torchrun", None, 8, 2, True),
+        "accelerate launch --num_processes 2 train.py": ("accelerate", None, 2, None, True),
+        "accelerate launch --num_processes 16 --num_machines 2 train.py": ("accelerate", None, 16, 2, True),
+        "deepspeed --num_gpus 2 train.py": ("deepspeed", None, None, None, True),
+        "deepspeed --num_nodes 1 --num_gpus 2 train.py": ("deepspeed", None, 2, 1, True),
+        "python train.py": ("python", None, 1, 1, False),
+    }
+    assert {text: _launch_of(text + "\n")[0] for text in cases} == cases
+
+
+def test_a_launch_fact_says_where_it_was_said():
+    text = "#!/bin/sh\nsrun -N 2 \\\n  torchrun --nproc_per_node 4 train.py\n"
+    _, found = _launch_of(text, "job.sh")
+    assert (found.nodes.words, found.nodes.line, found.nodes.path) == ("-N 2", 2, "job.sh")
+    assert (found.launcher.words, found.launcher.line) == ("torchrun", 3)
+    assert (found.under.words, found.under.line) == ("srun", 2)
+    assert found.processes.value == 8 and found.processes.line == 3
+
+
+def test_srun_and_mpiexec_options_are_not_launch_settings():
+    text = "srun -n 2 --cpu-bind=cores python train.py\n"
+    launch = parse_launch(text)
+    assert command_settings(launch.commands[0], launch, text, "run.sh") == []
+
+
+def test_markdown_blocks_carry_srun_and_mpirun_lines():
+    from pathlib import Path
+
+    from lintdist.sources import launch_text
+
+    readme = (
+        "# Cluster\n\n```console\n$ srun -N 2 \\\n    torchrun --nproc_per_node 8 train.py\n"
+        "$ mpirun -np 4 python eval.py\nrank 0 ready\n```\n"
+    )
+    launch = parse_launch(launch_text(readme, Path("README.md")))
+    assert [(c.launcher, c.script.text, c.wrapper and c.wrapper.launcher) for c in launch.commands] == [
+        ("torchrun", "train.py", "srun"),
+        ("mpiexec", "eval.py", None),
+    ]
+    srun = launch.commands[0].wrapper
+    assert readme[srun.token.start : srun.token.end] == "srun"
