@@ -55,6 +55,12 @@ class FileContext:
             or name == "conftest.py"
         )
 
+    @property
+    def is_documentation(self) -> bool:
+        """A page of documentation (Markdown, MDX, reStructuredText): its commands are examples a reader adapts,
+        and a literal address or path in them stands for the reader's own."""
+        return self.path.suffix.lower() in {".md", ".mdx", ".rst"}
+
     def runtime_name_free(self, name: str) -> bool:
         """A fix may import ``name`` from ``lintdist.runtime``: no other module-level ``name`` is in the way."""
         return all(

@@ -52,6 +52,9 @@ ADDRESS_FLAGS = {
 NODE_FLAGS = {"torchrun": ("nnodes",), "accelerate": ("num_machines",), "deepspeed": ("num_nodes",)}
 SHELL_VALUE = re.compile(r"[$`]")
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
+# A value that stands for an address to fill in: `<MASTER_IP>`, `{head_node}`, `xxx.xxx.xxx.xxx`, `MASTER_IP`,
+# `your_ip`.
+PLACEHOLDER = re.compile(r"[<>{}\[\]]|^[xX*.]+$|^[A-Z][A-Z0-9_]*$|(?i:your|_here\b)")
 
 
 class HardCodedRendezvous(Rule):
@@ -70,7 +73,11 @@ class HardCodedRendezvous(Rule):
     file, a multi-node line (`--nnodes`/`--num_machines` above 1, or `srun
     -N 2` around the launcher) that fixes the address to a literal
     (`--master_addr 10.1.2.3`, `--main_process_ip localhost`,
-    `--rdzv_endpoint host:port`) is reported too.
+    `--rdzv_endpoint host:port`) is reported too, unless the value is a
+    placeholder (`<MASTER_IP>`, `xxx.xxx.xxx.xxx`, `MASTER_IP`, `your_ip`).
+    In documentation (a launch block of a Markdown page) an address is the
+    reader's to replace: only `localhost` and its kin, wrong on every copy of
+    a multi-node command, are reported there.
 
     ## Why is this bad?
     The launcher exports `MASTER_ADDR` and `MASTER_PORT` to every worker
@@ -401,6 +408,8 @@ local_rank = int(os.environ["LOCAL_RANK"])
                     continue
                 host = flag.value.rsplit(":", 1)[0] if name == "rdzv_endpoint" else flag.value
                 local = host in LOCAL_ADDRESSES
+                if PLACEHOLDER.search(host) or (self.context.is_documentation and not local):
+                    continue  # the reader's own address goes there: only `localhost` is wrong in every copy
                 message = (
                     f"`--{name} {flag.value}` fixes the rendezvous of a multi-node launch (`{written}`) to "
                     + ("this machine: the other nodes cannot reach it" if local else "one machine's address")
