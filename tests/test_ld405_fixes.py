@@ -150,14 +150,24 @@ def _run(code: str, function: str, main: bool, *args) -> list:
     return calls
 
 
+BARRIER = ("wait_for_everyone",)
+
+
 @pytest.mark.parametrize(
     ("code", "function", "args"), [(CHECKPOINT, "step_end", (Args(), 4)), (EXPORT, "end_of_epoch", ("m", Args()))]
 )
 def test_fixed_code_runs_the_collective_on_every_rank(code, function, args, tmp_path):
     fixed, findings = _fix(code, tmp_path)
     assert [f for f in findings if f.code == "LD405"] == []
-    # the main process does what it did before, in the same order
-    assert _run(fixed, function, True, *args) == _run(code, function, True, *args)
+    # the main process does what it did before, in the same order, but for the barrier the fix adds after the
+    # rank-0 work that precedes a save (CHECKPOINT's rotation; EXPORT's collectives come first)
+    main_before = _run(code, function, True, *args)
+    main_after = _run(fixed, function, True, *args)
+    added = BARRIER in main_after and BARRIER not in main_before
+    assert added == (code is CHECKPOINT)
+    if added:
+        main_after.remove(BARRIER)
+    assert main_after == main_before
     # another rank skipped the collective before the fix, and reaches it (and nothing of rank 0's work) after
     before = _run(code, function, False, *args)
     after = _run(fixed, function, False, *args)
@@ -170,7 +180,107 @@ def test_fixed_code_runs_the_collective_on_every_rank(code, function, args, tmp_
 def test_fixed_checkpoint_skips_steps_between_checkpoints(tmp_path):
     fixed, _ = _fix(CHECKPOINT, tmp_path)
     assert _run(fixed, "step_end", False, Args(), 3) == []
-    assert _run(fixed, "step_end", False, Args(), 4) == [("save_state", "out/checkpoint-4")]
+    assert _run(fixed, "step_end", False, Args(), 4) == [BARRIER, ("save_state", "out/checkpoint-4")]
+
+
+def test_fixed_checkpoint_saves_after_the_rotation_on_every_rank(tmp_path):
+    # the rotation stays on the main process, before a barrier that every rank reaches, so that no rank creates
+    # the new checkpoint folder while the main process still lists the old ones
+    fixed, _ = _fix(CHECKPOINT, tmp_path)
+    assert _run(fixed, "step_end", True, Args(), 4) == [
+        "rotate",
+        BARRIER,
+        ("save_state", "out/checkpoint-4"),
+        "saved out/checkpoint-4",
+    ]
+
+
+NO_WORK_BEFORE = """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+
+
+def save(step, output_dir):
+    if accelerator.is_main_process and step % 10 == 0:
+        accelerator.save_state(output_dir)
+        print("saved")
+
+
+if __name__ == "__main__":
+    save(10, "out")
+"""
+
+WORK_BEFORE_A_GATHER = """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+
+
+def report(step, loss):
+    if accelerator.is_main_process:
+        print("step", step)
+        losses = accelerator.gather(loss)
+        print(losses.mean())
+
+
+if __name__ == "__main__":
+    report(1, loss)
+"""
+
+BARRIER_ALREADY_THERE = """\
+import shutil
+
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+
+
+def save(step, output_dir):
+    if accelerator.is_main_process:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(output_dir)
+
+
+if __name__ == "__main__":
+    save(10, "out")
+"""
+
+
+@pytest.mark.parametrize("code", [NO_WORK_BEFORE, WORK_BEFORE_A_GATHER, BARRIER_ALREADY_THERE])
+def test_no_barrier_added_where_nothing_of_rank_0_can_race_the_collective(code, tmp_path):
+    fixed, findings = _fix(code, tmp_path)
+    assert fixed != code and [f for f in findings if f.code == "LD405"] == []
+    assert fixed.count("wait_for_everyone()") == code.count("wait_for_everyone()")
+
+
+ROTATION_IN_AN_EARLIER_BLOCK = """\
+import shutil
+
+from accelerate import Accelerator
+
+acc = Accelerator()
+
+
+def save(step, output_dir, fresh):
+    if acc.is_main_process:
+        if fresh:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        if step % 10 == 0:
+            acc.save_state(output_dir)
+
+
+if __name__ == "__main__":
+    save(10, "out", True)
+"""
+
+
+def test_barrier_spelled_as_the_script_names_its_accelerator(tmp_path):
+    # the rotation sits in an earlier block than the save: the barrier goes just before the save, in its block
+    fixed, findings = _fix(ROTATION_IN_AN_EARLIER_BLOCK, tmp_path)
+    assert [f for f in findings if f.code == "LD405"] == []
+    assert "    if step % 10 == 0:\n        acc.wait_for_everyone()\n        acc.save_state(output_dir)\n" in fixed
 
 
 def test_one_finding_per_guarded_block_at_the_first_collective(tmp_path):
@@ -206,11 +316,37 @@ def save(step, output_dir):
 """
 
 
+HELPER_AFTER_ROTATION = """\
+import os
+import shutil
+
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+
+
+def checkpoint(path):
+    accelerator.save_state(path)
+
+
+def train(rank, path):
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        checkpoint(path)
+
+
+if __name__ == "__main__":
+    train(int(os.environ["RANK"]), "out")
+"""
+
+
 @pytest.mark.parametrize(
     ("code", "reason"),
     [
         (RANK_CONDITION, "reads the rank"),
         (SET_ON_MAIN, "calls `make_dir()`"),
+        # the save needs a barrier after the rotation, and nothing at `checkpoint(path)` names the Accelerator
+        (HELPER_AFTER_ROTATION, "no Accelerator is in sight at the helper's call"),
     ],
 )
 def test_no_fix_when_moving_code_could_change_behaviour(code, reason, tmp_path):
