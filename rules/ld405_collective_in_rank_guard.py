@@ -125,6 +125,25 @@ ALL_RANKS_PATTERN = (
     "training checkpoint (optimizer, scheduler, RNG and dataloader state) is `accelerator.save_state(d)` on every rank"
 )
 SAVE_MODEL_REMEDY = "call it on every rank: it writes the files on the main process only"
+# What a main-only `save_state`, `save_model` or `get_state_dict` does under each backend (accelerate 1.15), for
+# a project that selects none under which it hangs.
+_BY_BACKEND = {
+    "save_state": (
+        "hangs under FSDP and under DeepSpeed at every ZeRO stage, where it is a collective (the engine's "
+        "`save_checkpoint`), and under any backend with `automatic_checkpoint_naming` (it calls "
+        "`wait_for_everyone()`); under DDP without automatic naming only the other ranks' RNG state "
+        "(`random_states_<i>.pkl`) is lost"
+    ),
+    "save_model": (
+        "hangs under FSDP and DeepSpeed ZeRO-3, where it gathers the model's shards; under DDP and DeepSpeed "
+        "ZeRO-1/2 it writes the same files, as it writes them on the main process only"
+    ),
+    "get_state_dict": (
+        "hangs under FSDP and DeepSpeed ZeRO-3, where it gathers the model's shards; under DDP and DeepSpeed "
+        "ZeRO-1/2 it returns the local weights, and the guard costs nothing"
+    ),
+}
+UNSELECTED = "nothing in this project selects FSDP or DeepSpeed"
 
 
 RANK_TEST = Pattern(
@@ -266,12 +285,19 @@ class CollectiveInRankGuard(Rule):
     guard, in a `for`/`with`/`try` block or an `else` of the guard, when a
     condition or set-up reads the rank, when the rank-0 code can leave the
     block early, or when a name the moved code binds is read elsewhere.
-    `save_state`, `save_model` and `get_state_dict` are errors when the
-    script or its launch configuration selects FSDP or DeepSpeed (and
-    `save_state` when `ProjectConfiguration(automatic_checkpoint_naming=True)`
-    makes it wait for every rank under any backend), warnings otherwise:
-    under DDP without automatic naming, `save_state` on the main process only
-    loses the other ranks' RNG state.
+    `save_state`, `save_model` and `get_state_dict` under a main-process
+    guard are errors when the script or its launch configuration selects
+    FSDP or DeepSpeed (and `save_state` when
+    `ProjectConfiguration(automatic_checkpoint_naming=True)` makes it wait
+    for every rank under any backend), warnings when the script only tests
+    `DistributedType.FSDP` (it is meant to run under FSDP, as for the
+    DeepSpeed-or-main guard), and info otherwise, the message saying what
+    the call does under each backend: `save_state` hangs under FSDP and
+    DeepSpeed, while under DDP without automatic naming only the other
+    ranks' RNG state (`random_states_<i>.pkl`) is lost; `get_state_dict` and
+    `save_model` hang under FSDP and DeepSpeed ZeRO-3, while under DDP and
+    ZeRO-1/2 they read the local weights (and `save_model` writes on the main
+    process only), so the guard costs nothing there.
 
     ## References
     - accelerate `Accelerator.save_state` (FSDP: `save_fsdp_model`; DeepSpeed:
@@ -536,14 +562,27 @@ def save(output_dir):
         helper = get_full_name_for_node(call.func) or "this helper"
         reached = get_full_name_for_node(inner.func) or "a collective"
         place = f"{there.context.path.name}:{there.context.span(inner).line}"
+        line = self.context.span(guard).line
+        remedy = (
+            "call the helper on every rank and keep only the file writes and logging under the guard "
+            "(no automatic fix: the collective is in another module)"
+        )
+        method = there.facts.method_name(inner)
+        waits = method == "save_state" and self._automatic_naming
+        if what == "sharded" and not (self._sharded_backend() or waits):
+            # nothing in the project selects a backend under which it hangs: say what it costs under each
+            message = (
+                f"`{helper}()` reaches `{reached}()` ({place}), and only the main process calls it here (the "
+                f"main-process guard at line {line}): `{reached}()` {_BY_BACKEND[method]}; {UNSELECTED}; {remedy}"
+            )
+            self.report(call, message, severity=Severity.INFO)
+            return
         does = "gathers the model's shards under FSDP and DeepSpeed" if what == "sharded" else "is a collective"
         message = (
             f"`{helper}()` reaches `{reached}()` ({place}), which {does}, but only the main process calls it here "
-            f"(the main-process guard at line {self.context.span(guard).line}): the other ranks never join and the "
-            "job hangs; call the helper on every rank and keep only the file writes and logging under the guard "
-            "(no automatic fix: the collective is in another module)"
+            f"(the main-process guard at line {line}): the other ranks never join and the job hangs; {remedy}"
         )
-        self.report(call, message, severity=None if what == "always" else Severity.WARNING)
+        self.report(call, message)
 
     # -- what is a collective ---------------------------------------------------------------
 
@@ -824,9 +863,10 @@ def save(output_dir):
                 "is a collective under FSDP and under DeepSpeed at every ZeRO stage (the engine's `save_checkpoint`), "
                 "and under any backend with `automatic_checkpoint_naming` (it calls `wait_for_everyone()`)"
             )
-            tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
             # with automatic checkpoint naming it waits for every rank whatever the backend
             sharded = self._sharded_backend() or self._waits_for_everyone(call)
+            if sharded or either:
+                tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
             remedy = (
                 "call it on every rank (it writes the model and optimizer files on the main process only) and keep "
                 "only the rank-0 file work (checkpoint rotation, logging, uploads) under the guard"
@@ -838,9 +878,14 @@ def save(output_dir):
         else:
             does, sharded = "is a collective", True
             remedy = "call it on every rank and keep only the file writes and logging under the guard"
-        if not sharded:
-            severity = Severity.WARNING
-            does += " (it hangs once the script is launched with FSDP or DeepSpeed)"
+        # nothing in the project selects a backend under which it hangs: say what it costs under each
+        conditional = not sharded and not either
+        if conditional:
+            possible = self._fsdp_evidence()
+            severity = Severity.WARNING if possible else Severity.INFO
+            does = f"{_BY_BACKEND[method]}; " + (
+                f"{possible}, so it is meant to run under FSDP" if possible else UNSELECTED
+            )
         does += tail
         if either:
             line = self.context.span(guard).line
@@ -885,10 +930,13 @@ def save(output_dir):
         if isinstance(call.func, cst.Attribute):
             identified = self.facts.identified(call.func.value, call, "accelerator")
             basis = f" ({identified})" if identified else ""
-        message = (
-            f"`{callee}()`{basis} {does}, but only the main process reaches it ({where}): the other ranks never join "
-            f"and the job hangs; {remedy}"
-        )
+        if conditional:
+            message = f"`{callee}()`{basis} runs only on the main process ({where}): it {does}; {remedy}"
+        else:
+            message = (
+                f"`{callee}()`{basis} {does}, but only the main process reaches it ({where}): the other ranks never "
+                f"join and the job hangs; {remedy}"
+            )
         if why_not:
             message += f" (no automatic fix: {why_not})"
         self.report(call, message, severity=severity, fix=fix)

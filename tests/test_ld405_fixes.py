@@ -386,3 +386,78 @@ def test_save_state_message_follows_accelerate_source(tmp_path):
     assert "DeepSpeed at every ZeRO stage" in finding.message
     assert "random_states_<i>.pkl" in finding.message
     assert "save_pretrained" not in finding.message  # a model export does not replace a training checkpoint
+
+
+# Severity by evidence: an error where the project selects a backend under which the call hangs, info with what it
+# costs under each backend where nothing does (accelerate 1.15: `save_state` is a collective under FSDP and
+# DeepSpeed; `get_state_dict` and `save_model` gather under FSDP and ZeRO-3 and read local weights under DDP).
+GUARDED_CALL = """\
+from accelerate import Accelerator
+{imports}
+
+def main():
+    accelerator = Accelerator({arguments})
+    {before}
+    if accelerator.is_main_process:
+        {call}
+
+
+if __name__ == "__main__":
+    main()
+"""
+SAVE_STATE = "accelerator.save_state('out')"
+GET_STATE_DICT = "accelerator.save(accelerator.get_state_dict(model), 'model.bin')"
+SAVE_MODEL = "accelerator.save_model(model, 'exported')"
+FSDP_TEST = "if accelerator.distributed_type == DistributedType.FSDP:\n        print('sharded')"
+
+
+@pytest.mark.parametrize(
+    ("call", "imports", "arguments", "before", "severity", "says"),
+    [
+        (SAVE_STATE, "", "", "", "info", "under DDP without automatic naming only the other ranks' RNG state"),
+        (GET_STATE_DICT, "", "", "", "info", "under DDP and DeepSpeed ZeRO-1/2 it returns the local weights"),
+        (SAVE_MODEL, "", "", "", "info", "under DDP and DeepSpeed ZeRO-1/2 it writes the same files"),
+        (
+            SAVE_STATE,
+            "from accelerate.utils import DistributedType",
+            "",
+            FSDP_TEST,
+            "warning",
+            "the script tests `DistributedType.FSDP` at line 6, so it is meant to run under FSDP",
+        ),
+        (SAVE_STATE, "", "fsdp_plugin=plugin", "", "error", "the other ranks never join and the job hangs"),
+        (GET_STATE_DICT, "", "deepspeed_plugin=plugin", "", "error", "the other ranks never join and the job hangs"),
+        (
+            SAVE_STATE,
+            "from accelerate.utils import ProjectConfiguration",
+            "project_config=ProjectConfiguration(automatic_checkpoint_naming=True)",
+            "",
+            "error",
+            "the other ranks never join and the job hangs",
+        ),
+    ],
+)
+def test_sharded_checkpoint_call_severity_follows_the_evidence(
+    call, imports, arguments, before, severity, says, tmp_path
+):
+    code = GUARDED_CALL.format(call=call, imports=imports, arguments=arguments, before=before)
+    path = tmp_path / "train.py"
+    (finding,) = fix_text(code, path=path, display="train.py", kind="python", rules=[RULE], unsafe=False).findings
+    assert finding.severity.value == severity
+    assert says in finding.message, finding.message
+    unselected = "nothing in this project selects FSDP or DeepSpeed"
+    assert (unselected in finding.message) == (severity == "info")
+    assert ("the job hangs" in finding.message) == (severity == "error")
+
+
+def test_helper_in_another_module_is_info_unless_the_project_selects_a_sharded_backend(tmp_path, lintdist):
+    (tmp_path / "ckpt.py").write_text("def save_checkpoint(accelerator, folder):\n    accelerator.save_state(folder)\n")
+    train = tmp_path / "train.py"
+    call = "save_checkpoint(accelerator, 'out')"
+    code = GUARDED_CALL.format(call=call, imports="from ckpt import save_checkpoint", arguments="{}", before="")
+    for arguments, severity in (("", "info"), ("fsdp_plugin=plugin", "error")):
+        train.write_text(code.replace("{}", arguments))
+        result = lintdist("check", "--no-cache", "--select", "LD405", "--output-format", "json", str(train))
+        (finding,) = json.loads(result.output)
+        assert finding["severity"] == severity
+        assert "reaches `accelerator.save_state()` (ckpt.py:2)" in finding["message"]
