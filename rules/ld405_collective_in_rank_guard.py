@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cached_property
 
 import libcst as cst
@@ -124,6 +125,25 @@ ALL_RANKS_PATTERN = (
     "training checkpoint (optimizer, scheduler, RNG and dataloader state) is `accelerator.save_state(d)` on every rank"
 )
 SAVE_MODEL_REMEDY = "call it on every rank: it writes the files on the main process only"
+# What a main-only `save_state`, `save_model` or `get_state_dict` does under each backend (accelerate 1.15), for
+# a project that selects none under which it hangs.
+_BY_BACKEND = {
+    "save_state": (
+        "hangs under FSDP and under DeepSpeed at every ZeRO stage, where it is a collective (the engine's "
+        "`save_checkpoint`), and under any backend with `automatic_checkpoint_naming` (it calls "
+        "`wait_for_everyone()`); under DDP without automatic naming only the other ranks' RNG state "
+        "(`random_states_<i>.pkl`) is lost"
+    ),
+    "save_model": (
+        "hangs under FSDP and DeepSpeed ZeRO-3, where it gathers the model's shards; under DDP and DeepSpeed "
+        "ZeRO-1/2 it writes the same files, as it writes them on the main process only"
+    ),
+    "get_state_dict": (
+        "hangs under FSDP and DeepSpeed ZeRO-3, where it gathers the model's shards; under DDP and DeepSpeed "
+        "ZeRO-1/2 it returns the local weights, and the guard costs nothing"
+    ),
+}
+UNSELECTED = "nothing in this project selects FSDP or DeepSpeed"
 
 
 RANK_TEST = Pattern(
@@ -204,6 +224,7 @@ class CollectiveInRankGuard(Rule):
         if accelerator.is_main_process:
             remove_old_checkpoints(args.output_dir)
         save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+        accelerator.wait_for_everyone()  # the rotation ends before any rank creates the new folder
         accelerator.save_state(save_path)  # writes the model files on the main process only
         if accelerator.is_main_process:
             logger.info(f"Saved state to {save_path}")
@@ -225,16 +246,33 @@ class CollectiveInRankGuard(Rule):
     state_dict=accelerator.get_state_dict(m))`) is first bound to a new name
     on every rank. Every other statement (checkpoint rotation, logging,
     uploads) stays under a copy of the guard's test, in its place, so the
-    main process runs what it ran before, in the same order. It is safe when
+    main process runs what it ran before, in the same order (with the
+    barrier below where one is needed). It is safe when
     the hoisted conditions and set-up values are the same on every rank
     (step counters, `args.*`) and the moved assignments have no side
     effects: lintdist checks that they read no rank, no per-rank value
     (`.item()`, a rank-derived name) and call only pure helpers
     (`os.path.join`, `unwrap_model`, ...), but cannot prove that the values
-    agree, and the other ranks now also evaluate them. A helper called under
-    the guard (`checkpoint(args, step, accelerator)`) has its call moved the
-    same way when its body does nothing a rank must not repeat: it only sets
-    names from pure values, calls collectives and logs (a `logger.*` call,
+    agree, and the other ranks now also evaluate them. Where rank-0 work
+    that stays under the guard comes before a `save_state` or `save_model`
+    (checkpoint rotation that lists the output folder and deletes the oldest
+    checkpoints), the fix puts `accelerator.wait_for_everyone()` just before
+    the moved call, on the Accelerator as the code there names it (the
+    call's receiver; for a helper's call, its argument that holds one or
+    the guard's `accelerator.is_main_process`; no fix where neither does):
+    both create the folder and write files on every rank
+    (`random_states_<i>.pkl`, the shards), and without the barrier the other
+    ranks could create the new checkpoint folder before the main process
+    lists the old ones; the rotation then counts the new folder, deleting one
+    old checkpoint too many, or, with a limit of 1, the new folder with the
+    other ranks' files in it. Every rank reaches that barrier, since it
+    reaches the moved call. No barrier is added where no rank-0 work
+    precedes the call, where a barrier already stands between them, or
+    before a collective that writes nothing on the other ranks (`gather`,
+    `get_state_dict`). A helper called under the guard
+    (`checkpoint(args, step, accelerator)`) has its call moved the same way
+    when its body does nothing a rank must not repeat: it only sets names
+    from pure values, calls collectives and logs (a `logger.*` call,
     accelerate's logger logging on the main process by default, or
     `accelerator.print`). Guards nested in the guard
     (`if sync and accelerator.is_main_process:` around
@@ -247,12 +285,19 @@ class CollectiveInRankGuard(Rule):
     guard, in a `for`/`with`/`try` block or an `else` of the guard, when a
     condition or set-up reads the rank, when the rank-0 code can leave the
     block early, or when a name the moved code binds is read elsewhere.
-    `save_state`, `save_model` and `get_state_dict` are errors when the
-    script or its launch configuration selects FSDP or DeepSpeed (and
-    `save_state` when `ProjectConfiguration(automatic_checkpoint_naming=True)`
-    makes it wait for every rank under any backend), warnings otherwise:
-    under DDP without automatic naming, `save_state` on the main process only
-    loses the other ranks' RNG state.
+    `save_state`, `save_model` and `get_state_dict` under a main-process
+    guard are errors when the script or its launch configuration selects
+    FSDP or DeepSpeed (and `save_state` when
+    `ProjectConfiguration(automatic_checkpoint_naming=True)` makes it wait
+    for every rank under any backend), warnings when the script only tests
+    `DistributedType.FSDP` (it is meant to run under FSDP, as for the
+    DeepSpeed-or-main guard), and info otherwise, the message saying what
+    the call does under each backend: `save_state` hangs under FSDP and
+    DeepSpeed, while under DDP without automatic naming only the other
+    ranks' RNG state (`random_states_<i>.pkl`) is lost; `get_state_dict` and
+    `save_model` hang under FSDP and DeepSpeed ZeRO-3, while under DDP and
+    ZeRO-1/2 they read the local weights (and `save_model` writes on the main
+    process only), so the guard costs nothing there.
 
     ## References
     - accelerate `Accelerator.save_state` (FSDP: `save_fsdp_model`; DeepSpeed:
@@ -402,6 +447,7 @@ for step, batch in enumerate(loader):
         if accelerator.is_main_process:
             prune_checkpoints(args.output_dir)  # keep the last three
         save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+        accelerator.wait_for_everyone()
         accelerator.save_state(save_path)
         if accelerator.is_main_process:
             print(f"saved {save_path}")
@@ -467,11 +513,13 @@ def save(output_dir):
             if either and not self._either_applies(call, what):
                 continue
             anchors: list[cst.CSTNode] = []
+            syncs: dict[int, _Sync] = {}
             for item in group:
                 anchor = item[3] or item[0]
                 if all(anchor is not a for a in anchors):
                     anchors.append(anchor)
-            self._report(call, what, guard, via, either, anchors)
+                    syncs[id(anchor)] = self._sync(item[0], item[3], item[2])
+            self._report(call, what, guard, via, either, anchors, syncs)
 
     # -- collectives in the project's other modules -------------------------------------------
 
@@ -514,14 +562,27 @@ def save(output_dir):
         helper = get_full_name_for_node(call.func) or "this helper"
         reached = get_full_name_for_node(inner.func) or "a collective"
         place = f"{there.context.path.name}:{there.context.span(inner).line}"
+        line = self.context.span(guard).line
+        remedy = (
+            "call the helper on every rank and keep only the file writes and logging under the guard "
+            "(no automatic fix: the collective is in another module)"
+        )
+        method = there.facts.method_name(inner)
+        waits = method == "save_state" and self._automatic_naming
+        if what == "sharded" and not (self._sharded_backend() or waits):
+            # nothing in the project selects a backend under which it hangs: say what it costs under each
+            message = (
+                f"`{helper}()` reaches `{reached}()` ({place}), and only the main process calls it here (the "
+                f"main-process guard at line {line}): `{reached}()` {_BY_BACKEND[method]}; {UNSELECTED}; {remedy}"
+            )
+            self.report(call, message, severity=Severity.INFO)
+            return
         does = "gathers the model's shards under FSDP and DeepSpeed" if what == "sharded" else "is a collective"
         message = (
             f"`{helper}()` reaches `{reached}()` ({place}), which {does}, but only the main process calls it here "
-            f"(the main-process guard at line {self.context.span(guard).line}): the other ranks never join and the "
-            "job hangs; call the helper on every rank and keep only the file writes and logging under the guard "
-            "(no automatic fix: the collective is in another module)"
+            f"(the main-process guard at line {line}): the other ranks never join and the job hangs; {remedy}"
         )
-        self.report(call, message, severity=None if what == "always" else Severity.WARNING)
+        self.report(call, message)
 
     # -- what is a collective ---------------------------------------------------------------
 
@@ -787,6 +848,7 @@ def save(output_dir):
         via: cst.Call | None,
         either: bool,
         anchors: list[cst.CSTNode],
+        syncs: dict[int, _Sync],
     ) -> None:
         callee = get_full_name_for_node(call.func) or "this call"
         method = self.facts.method_name(call)
@@ -801,9 +863,10 @@ def save(output_dir):
                 "is a collective under FSDP and under DeepSpeed at every ZeRO stage (the engine's `save_checkpoint`), "
                 "and under any backend with `automatic_checkpoint_naming` (it calls `wait_for_everyone()`)"
             )
-            tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
             # with automatic checkpoint naming it waits for every rank whatever the backend
             sharded = self._sharded_backend() or self._waits_for_everyone(call)
+            if sharded or either:
+                tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
             remedy = (
                 "call it on every rank (it writes the model and optimizer files on the main process only) and keep "
                 "only the rank-0 file work (checkpoint rotation, logging, uploads) under the guard"
@@ -815,9 +878,14 @@ def save(output_dir):
         else:
             does, sharded = "is a collective", True
             remedy = "call it on every rank and keep only the file writes and logging under the guard"
-        if not sharded:
-            severity = Severity.WARNING
-            does += " (it hangs once the script is launched with FSDP or DeepSpeed)"
+        # nothing in the project selects a backend under which it hangs: say what it costs under each
+        conditional = not sharded and not either
+        if conditional:
+            possible = self._fsdp_evidence()
+            severity = Severity.WARNING if possible else Severity.INFO
+            does = f"{_BY_BACKEND[method]}; " + (
+                f"{possible}, so it is meant to run under FSDP" if possible else UNSELECTED
+            )
         does += tail
         if either:
             line = self.context.span(guard).line
@@ -845,7 +913,7 @@ def save(output_dir):
         elif not why_not:
             outer, inner = self._outermost_guard(guard)
             try:
-                statements, _ = _Hoist(self.facts, outer, anchors, inner).fix()
+                statements, _ = _Hoist(self.facts, outer, anchors, inner, syncs).fix()
             except _NoFix as reason:
                 why_not = str(reason)
             else:
@@ -862,13 +930,35 @@ def save(output_dir):
         if isinstance(call.func, cst.Attribute):
             identified = self.facts.identified(call.func.value, call, "accelerator")
             basis = f" ({identified})" if identified else ""
-        message = (
-            f"`{callee}()`{basis} {does}, but only the main process reaches it ({where}): the other ranks never join "
-            f"and the job hangs; {remedy}"
-        )
+        if conditional:
+            message = f"`{callee}()`{basis} runs only on the main process ({where}): it {does}; {remedy}"
+        else:
+            message = (
+                f"`{callee}()`{basis} {does}, but only the main process reaches it ({where}): the other ranks never "
+                f"join and the job hangs; {remedy}"
+            )
         if why_not:
             message += f" (no automatic fix: {why_not})"
         self.report(call, message, severity=severity, fix=fix)
+
+    def _sync(self, call: cst.Call, via: cst.Call | None, guard: cst.CSTNode) -> _Sync:
+        """How the collective ``call`` (reached through the helper call ``via``, if any) is ordered against the
+        rank-0 work before it once it leaves the guard: a barrier orders that work itself; ``save_state`` and
+        ``save_model`` create the folder and write files on every rank, so they need a barrier first, called on the
+        Accelerator as the code at the guard spells it; the other collectives write nothing on the other ranks."""
+        if self._is_barrier(call):
+            return _Sync(barrier=True)
+        if self.facts.method_name(call) not in FOLDER_WRITERS or not isinstance(call.func, cst.Attribute):
+            return _Sync()
+        if via is None:
+            return _Sync(writes=True, owner=call.func.value)
+        # an Accelerator as the code at the call names it: an argument of the helper, or the guard's own
+        # (`if accelerator.is_main_process:`), both in scope there
+        facts = self.facts
+        test = guard.test if isinstance(guard, cst.If) else None
+        tested = [a.value for a in facts.within(test, cst.Attribute) if a.attr.value in MAIN_FLAGS] if test else []
+        owners = [arg.value for arg in via.args] + tested
+        return _Sync(writes=True, owner=next((o for o in owners if facts.accelerator_like(o, via)), None))
 
     def _outermost_guard(self, guard: cst.If) -> tuple[cst.If, list[cst.If]]:
         """The outermost main-only ``if`` around ``guard`` in its function (``if sync and accelerator.is_main_process:``
@@ -1040,9 +1130,21 @@ PER_RANK_NAMES = (
     | frozenset({"RANK", "LOCAL_RANK", "is_last_process", "local_main_process_first", "main_process_first", "device"})
 )
 PER_RANK_METHODS = frozenset({"item", "tolist", "cpu", "detach", "numpy", "mean", "sum", "compute", "backward"})
+# Accelerator methods that create the target folder and write files on every rank (`random_states_<i>.pkl`, the
+# shards): rank-0 work before them (checkpoint rotation) must end before the other ranks start them.
+FOLDER_WRITERS = frozenset({"save_state", "save_model"})
 # Collectives that return a value, so that a call nested in a larger statement can be bound to a name first.
 VALUE_COLLECTIVES = frozenset({"get_state_dict", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 _ESCAPES = (cst.Return, cst.Break, cst.Continue)
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """How a collective that leaves the guard is ordered against the rank-0 work that stays guarded before it."""
+
+    barrier: bool = False  # it is a barrier: that work ends before any rank passes it
+    writes: bool = False  # it writes on every rank (`save_state`): a barrier must come first
+    owner: cst.BaseExpression | None = None  # the Accelerator that barrier is called on (None: none in sight)
 
 
 class _NoFix(Exception):
@@ -1058,12 +1160,24 @@ class _Hoist:
     and the statement stays guarded; or is an ``if`` whose condition reads no rank: the ``if`` leaves the guard and its
     blocks are split the same way. The statements that set up the call's arguments (``save_path = ...``) leave with
     it; every other statement stays under a copy of the guard's test, in its place, so the main process runs the
-    same statements in the same order as before."""
+    same statements in the same order as before. A call that writes on every rank (``save_state``) and follows
+    rank-0 work that stays guarded (checkpoint rotation) gets a barrier just before it: without one the other ranks
+    would create the new folder while the main process may still be listing the old ones to delete them."""
 
-    def __init__(self, facts, guard: cst.If, anchors: list[cst.CSTNode], inner: list[cst.If] = ()) -> None:
+    def __init__(
+        self,
+        facts,
+        guard: cst.If,
+        anchors: list[cst.CSTNode],
+        inner: list[cst.If] = (),
+        syncs: dict[int, _Sync] | None = None,
+    ) -> None:
         self.facts = facts
         self.guard = guard
         self.anchors = anchors
+        self.syncs = syncs or {}  # by anchor: how its collective is ordered against the rank-0 work before it
+        self.copies: list[cst.If] = []  # the copies of the guard, around the statements that stay guarded
+        self.ordered: dict[int, _Sync] = {}  # the lines that leave the guard whole, by their anchor's `_Sync`
         self.inner = list(inner)  # main-process guards inside ``guard``: their statements join its copies
         self.function = facts.enclosing_function(guard)
         self.scope = self.function if self.function is not None else facts.index.module
@@ -1092,6 +1206,7 @@ class _Hoist:
                 self._check_uniform(part, "condition")
             self.test = _conjunction(mains)
         statements, needed = self._split(list(guard.body.body), set())
+        statements, _ = self._barriers(statements, False)
         if rest:
             needed |= set().union(*(self._reads(part) for part in rest))
             header = cst.TrailingWhitespace() if self.header_used else guard.body.header
@@ -1223,6 +1338,8 @@ class _Hoist:
         )
         if whole:
             self._check_call(small.value if isinstance(small, (cst.Expr, cst.Assign)) else small)
+            if id(small.value) in self.syncs:
+                self.ordered[id(line)] = self.syncs[id(small.value)]
             bound = self._bound(line)
             self.bound |= bound
             return [line], None, (needed - bound) | self._reads(line)
@@ -1255,13 +1372,52 @@ class _Hoist:
         if self.header_used:
             header = cst.TrailingWhitespace()
         self.header_used = True
-        return self.guard.with_changes(
+        copy = self.guard.with_changes(
             test=self.test.deep_clone(),
             body=self.guard.body.with_changes(
                 header=header, body=[first.with_changes(leading_lines=()), *run[1:]], footer=()
             ),
             leading_lines=first.leading_lines,
         )
+        self.copies.append(copy)
+        return copy
+
+    def _barriers(self, statements: list[cst.BaseStatement], after_work: bool) -> tuple[list, bool]:
+        """``statements`` with a barrier before each line that writes on every rank and that rank-0 work (a copy of
+        the guard) may precede on some path, ``after_work`` saying whether some did before them; and whether some
+        may still precede what follows them."""
+        out: list[cst.BaseStatement] = []
+        for statement in statements:
+            sync = self.ordered.get(id(statement))
+            if any(statement is copy for copy in self.copies):
+                after_work = True
+            elif isinstance(statement, cst.If):
+                statement, after_work = self._if_barriers(statement, after_work)
+            elif sync is not None and sync.barrier:
+                after_work = False
+            elif sync is not None and sync.writes and after_work:
+                if sync.owner is None:
+                    raise _NoFix(
+                        "rank-0 work comes before the call, and no Accelerator is in sight at the helper's call to "
+                        "make the other ranks wait for it"
+                    )
+                wait = cst.Call(cst.Attribute(value=sync.owner.deep_clone(), attr=cst.Name("wait_for_everyone")))
+                out.append(cst.SimpleStatementLine(body=[cst.Expr(wait)], leading_lines=statement.leading_lines))
+                statement = statement.with_changes(leading_lines=())
+                after_work = False
+            out.append(statement)
+        return out, after_work
+
+    def _if_barriers(self, statement: cst.If, after_work: bool) -> tuple[cst.If, bool]:
+        body, after_body = self._barriers(list(statement.body.body), after_work)
+        orelse, after_other = statement.orelse, after_work
+        if isinstance(orelse, cst.If):
+            orelse, after_other = self._if_barriers(orelse, after_work)
+        elif isinstance(orelse, cst.Else):
+            else_body, after_other = self._barriers(list(orelse.body.body), after_work)
+            orelse = orelse.with_changes(body=orelse.body.with_changes(body=else_body))
+        new = statement.with_changes(body=statement.body.with_changes(body=body), orelse=orelse)
+        return new, after_body or after_other
 
     # -- checks -----------------------------------------------------------------------------
 
