@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -28,7 +29,9 @@ class DataParallelUsed(Rule):
     ## What it does
     Reports a model wrapped in `torch.nn.DataParallel` (under any name:
     `nn.DataParallel`, `torch.nn.parallel.DataParallel`, an alias such as
-    `from torch.nn import DataParallel as DP`, or a subclass of this file),
+    `from torch.nn import DataParallel as DP`, or a subclass of this file;
+    a subclass that this file defines but does not build is reported at its
+    base, since the project builds it elsewhere),
     and calls of the functional `torch.nn.parallel.data_parallel(module,
     inputs)`. A wrap behind `if torch.cuda.device_count() > 1:` is still
     reported: that is the case where `DataParallel` runs. A test such as
@@ -172,13 +175,23 @@ out = data_parallel(net, batch, device_ids=[0, 1])
         # subclasses of this file (`class Wrapped(nn.DataParallel)`), by name, so that only their calls and the
         # calls the resolver can cheaply rule in are resolved
         subclasses = {name for name, bases in facts.local_classes().items() if not bases.isdisjoint(DATA_PARALLEL)}
+        built: set[str] = set()
         for call in facts.calls:
             if not _may_be_class(call):
                 continue
             if facts.callee_is(call, DATA_PARALLEL_FUNCTIONS):
                 self.report(call, _message("`torch.nn.parallel.data_parallel(...)`"))
             elif facts.callee_is(call, DATA_PARALLEL) or _last(call) in subclasses:
+                built.add(_last(call))
                 self.report(call, _message("`torch.nn.DataParallel`"))
+        # a subclass the project builds elsewhere (`from utils import CustomDataParallel`): the class is the place
+        for cls in facts.classes:
+            if cls.name.value in subclasses - built and facts.enclosing_class(cls) is None:
+                base = next(a for a in cls.bases if not self._bases(a).isdisjoint(DATA_PARALLEL))
+                self.report(base, _message(f"`{cls.name.value}`, a subclass of `torch.nn.DataParallel`,"))
+
+    def _bases(self, arg: cst.Arg) -> set[str]:
+        return set(self.facts.qualified_names(arg.value)) | {get_full_name_for_node(arg.value) or ""}
 
 
 def _may_be_class(call: cst.Call) -> bool:
