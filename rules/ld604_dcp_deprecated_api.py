@@ -17,6 +17,10 @@ OLD = {
     f"{DCP}.state_dict_saver.save_state_dict": ("save", "storage_writer"),
     f"{DCP}.load_state_dict": ("load", "storage_reader"),
     f"{DCP}.state_dict_loader.load_state_dict": ("load", "storage_reader"),
+    # the old package name, which torch 2.13 keeps as an alias of `torch.distributed.checkpoint`
+    # (`torch/distributed/_shard/checkpoint/__init__.py` replaces itself in `sys.modules`)
+    "torch.distributed._shard.checkpoint.save_state_dict": ("save", "storage_writer"),
+    "torch.distributed._shard.checkpoint.load_state_dict": ("load", "storage_reader"),
 }
 OLD_NAMES = frozenset(OLD)
 
@@ -29,7 +33,9 @@ class DcpDeprecatedApi(Rule):
     """
     ## What it does
     Reports calls of `torch.distributed.checkpoint.save_state_dict` and
-    `load_state_dict` (under any alias: `dcp.save_state_dict`, a from-import)
+    `load_state_dict` (under any alias: `dcp.save_state_dict`, a from-import,
+    or the old package name `torch.distributed._shard.checkpoint`, which torch
+    keeps as an alias of `torch.distributed.checkpoint`)
     and rewrites them to `dcp.save` / `dcp.load`. `model.load_state_dict` and
     other methods of the same name are not concerned: the callee is resolved
     through the imports. Nothing is reported when the project pins
@@ -88,7 +94,9 @@ class DcpDeprecatedApi(Rule):
     fix_kind = "safe"
     triggers = ("save_state_dict", "load_state_dict")
     # ... and the module, imported or spelled out (`load_state_dict` alone is every model's method)
-    also_triggers = (("distributed.checkpoint", "distributed import checkpoint"),)
+    also_triggers = (
+        ("distributed.checkpoint", "distributed import checkpoint", "_shard.checkpoint", "_shard import checkpoint"),
+    )
 
     VALID = (
         Valid("import torch.distributed.checkpoint as dcp\n\ndcp.save(state, checkpoint_id=path)\n"),
@@ -156,11 +164,11 @@ class DcpDeprecatedApi(Rule):
             self.report(
                 call,
                 message,
-                fix=self._fix(call, new, storage),
+                fix=self._fix(call, new, storage, old.rsplit(".", 1)[0]),
                 severity=Severity.ERROR if fails else Severity.WARNING,
             )
 
-    def _fix(self, call: cst.Call, new: str, storage: str) -> Fix | None:
+    def _fix(self, call: cst.Call, new: str, storage: str, module: str) -> Fix | None:
         args = _rewritten(call, storage)
         if args is None:
             return None
@@ -176,7 +184,7 @@ class DcpDeprecatedApi(Rule):
             func = cst.Name(new)
             imports = ((DCP, new),)
             if func_name in {"save_state_dict", "load_state_dict"}:  # not an alias: drop it once unused
-                stale = ((DCP, func_name),)
+                stale = ((module, func_name),)
         else:
             return None
         return Fix(
