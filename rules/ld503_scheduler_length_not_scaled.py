@@ -799,6 +799,17 @@ for epoch in range(args.num_train_epochs):
                 "accumulation factor and multiply the optimizer steps by the number of processes "
                 "(`scheduler_total_steps(n, accelerator)`)"
             )
+            if mixed:  # the count derived from the un-sharded loader needs no factor: the product is k times long
+                message = (
+                    f"{what} is a step budget times `gradient_accumulation_steps` ({why}), but `accelerator.prepare` "
+                    "wraps the scheduler so that it steps `num_processes` times per optimizer step and not at all "
+                    "while gradients accumulate: with a given budget the schedule ends after "
+                    f"`gradient_accumulation_steps`/{world} of training (or never finishes, when the accumulation is "
+                    "at least the number of processes), and with a budget derived from the un-sharded loader before "
+                    "`prepare` it gets only 1/`gradient_accumulation_steps` of the way; drop the accumulation "
+                    "factor, and multiply a given budget by the number of processes "
+                    "(`scheduler_total_steps(n, accelerator)`)"
+                )
             replacements = []  # wrapping the product would keep the accumulation factor: no fix
         else:
             ends = (

@@ -32,3 +32,10 @@ def test_a_count_times_the_accumulation_steps_ends_after_k_over_w_and_has_no_wra
     assert "1/`num_processes`" not in finding.message
     assert "drop the accumulation factor" in finding.message
     assert finding.fix is None
+
+
+def test_a_given_or_derived_budget_times_the_accumulation_steps_names_both_effects():
+    (finding,) = _findings("budget_times_accumulation.py")
+    assert "with a given budget the schedule ends after `gradient_accumulation_steps`/" in finding.message
+    assert "gets only 1/`gradient_accumulation_steps` of the way" in finding.message
+    assert finding.fix is None
