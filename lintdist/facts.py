@@ -18,6 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.conventions import implied_module
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
@@ -181,13 +182,6 @@ class PythonFacts:
             function = self.enclosing_function(statement)
             if function is not None and statement.value is not None:
                 self.returns[function].append(statement.value)
-        # Modules the file imports from, anywhere in it (`import a.b` -> "a.b", `from a.b import c` -> "a.b").
-        self.imported_modules: list[str] = []
-        for statement in index.nodes(cst.Import, cst.ImportFrom):
-            if isinstance(statement, cst.Import):
-                self.imported_modules.extend(get_full_name_for_node(alias.name) or "" for alias in statement.names)
-            elif statement.module is not None:
-                self.imported_modules.append(get_full_name_for_node(statement.module) or "")
         self._bindings: dict[str, list[Binding]] = defaultdict(list)
         for statement in index.nodes(cst.Assign, cst.AnnAssign):
             if isinstance(statement, cst.Assign):
@@ -205,11 +199,27 @@ class PythonFacts:
         self._stand_in_notes: dict[int, str] = {}
 
     @property
+    def imported_modules(self) -> list[str]:
+        """Modules the file imports from, anywhere in it (`import a.b` -> "a.b", `from a.b import c` -> "a.b"), and
+        those of the conventional names it reads unbound (`dist.barrier()` alone -> "torch.distributed")."""
+        if "imported_modules" not in self._memo:
+            modules = []
+            for statement in self.index.nodes(cst.Import, cst.ImportFrom):
+                if isinstance(statement, cst.Import):
+                    modules.extend(get_full_name_for_node(alias.name) or "" for alias in statement.names)
+                elif statement.module is not None:
+                    modules.append(get_full_name_for_node(statement.module) or "")
+            modules.extend(implied_module(name) for name in sorted(self.names.unbound_conventional()))
+            self._memo["imported_modules"] = modules
+        return self._memo["imported_modules"]
+
+    @property
     def imported_names(self) -> frozenset[str]:
         """The local names that imports bind anywhere in the file (``b`` of ``from a import b``, ``c`` of ``import a
-        as c``): a call of any other bare name cannot reach an imported function."""
+        as c``), and the conventional names it reads unbound (``dist``, ``DDP``), which stand for imports: a call of
+        any other bare name cannot reach an imported function."""
         if "imported_names" not in self._memo:
-            names = set()
+            names = set(self.names.unbound_conventional())
             for statement in self.index.nodes(cst.Import, cst.ImportFrom):
                 if isinstance(statement.names, cst.ImportStar):
                     continue
@@ -315,7 +325,7 @@ class PythonFacts:
     def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
         func = call.func
         # Resolving a callee is the costly part: `x.<attr>(...)` can only be one of `names` if the attribute is
-        # their last part, and a bare name only if it is that last part or an import's alias.
+        # their last part, and a bare name only if it is that last part, an import's alias or a conventional name.
         if isinstance(func, cst.Attribute) and func.attr.value not in _last_parts(names):
             return False
         if (
