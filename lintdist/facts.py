@@ -18,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.conventions import implied_module
+from lintdist.conventions import CONVENTIONAL_NAMES, implied_module
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
@@ -228,6 +228,29 @@ class PythonFacts:
                     names.add(get_full_name_for_node(bound).split(".", 1)[0])
             self._memo["imported_names"] = frozenset(names)
         return self._memo["imported_names"]
+
+    def alias_spellings(self, last_parts: frozenset[str]) -> set[str] | None:
+        """The other bare names a callee with one of these last parts (``DistributedDataParallel``) may be spelled
+        with in this file: ``as`` aliases that imports bind (``from ... import DistributedDataParallel as DDP``) and
+        the conventional names the file reads unbound that stand for one (``DDP`` in a snippet). None where a star
+        import may bind anything."""
+        spellings = set()
+        for statement in self.index.nodes(cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar):
+                return None
+            for alias in statement.names:
+                if alias.asname is not None and get_full_name_for_node(alias.name) in last_parts:
+                    spellings.add(get_full_name_for_node(alias.asname.name) or "")
+        for name in self.names.unbound_conventional():
+            if CONVENTIONAL_NAMES[name].rsplit(".", 1)[-1] in last_parts:
+                spellings.add(name)
+        return spellings
+
+    def conventional_spelling(self, qualified: str) -> str | None:
+        """A conventional name the file reads unbound that means ``qualified`` (``dist`` for ``torch.distributed``
+        in a snippet without imports): a fix may write it as the snippet does, without adding an import."""
+        names = sorted(self.names.unbound_conventional())
+        return next((name for name in names if CONVENTIONAL_NAMES[name] == qualified), None)
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
         function = self.enclosing_function(statement)
