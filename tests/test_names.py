@@ -356,7 +356,9 @@ CONVENTIONAL = {
 }
 
 
-@pytest.mark.parametrize(("code", "text", "occurrence", "expected"), list(CONVENTIONAL.values()), ids=list(CONVENTIONAL))
+@pytest.mark.parametrize(
+    ("code", "text", "occurrence", "expected"), list(CONVENTIONAL.values()), ids=list(CONVENTIONAL)
+)
 def test_conventional_name(code, text, occurrence, expected):
     index, resolver, wrapper = _both(code)
     node = _nodes_with_code(index, text)[occurrence]
