@@ -18,6 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.conventions import CONVENTIONAL_NAMES, implied_module
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
@@ -188,13 +189,6 @@ class PythonFacts:
             function = self.enclosing_function(statement)
             if function is not None and statement.value is not None:
                 self.returns[function].append(statement.value)
-        # Modules the file imports from, anywhere in it (`import a.b` -> "a.b", `from a.b import c` -> "a.b").
-        self.imported_modules: list[str] = []
-        for statement in index.nodes(cst.Import, cst.ImportFrom):
-            if isinstance(statement, cst.Import):
-                self.imported_modules.extend(get_full_name_for_node(alias.name) or "" for alias in statement.names)
-            elif statement.module is not None:
-                self.imported_modules.append(get_full_name_for_node(statement.module) or "")
         self._bindings: dict[str, list[Binding]] = defaultdict(list)
         for statement in index.nodes(cst.Assign, cst.AnnAssign):
             if isinstance(statement, cst.Assign):
@@ -212,11 +206,27 @@ class PythonFacts:
         self._stand_in_notes: dict[int, str] = {}
 
     @property
+    def imported_modules(self) -> list[str]:
+        """Modules the file imports from, anywhere in it (`import a.b` -> "a.b", `from a.b import c` -> "a.b"), and
+        those of the conventional names it reads unbound (`dist.barrier()` alone -> "torch.distributed")."""
+        if "imported_modules" not in self._memo:
+            modules = []
+            for statement in self.index.nodes(cst.Import, cst.ImportFrom):
+                if isinstance(statement, cst.Import):
+                    modules.extend(get_full_name_for_node(alias.name) or "" for alias in statement.names)
+                elif statement.module is not None:
+                    modules.append(get_full_name_for_node(statement.module) or "")
+            modules.extend(implied_module(name) for name in sorted(self.names.unbound_conventional()))
+            self._memo["imported_modules"] = modules
+        return self._memo["imported_modules"]
+
+    @property
     def imported_names(self) -> frozenset[str]:
         """The local names that imports bind anywhere in the file (``b`` of ``from a import b``, ``c`` of ``import a
-        as c``): a call of any other bare name cannot reach an imported function."""
+        as c``), and the conventional names it reads unbound (``dist``, ``DDP``), which stand for imports: a call of
+        any other bare name cannot reach an imported function."""
         if "imported_names" not in self._memo:
-            names = set()
+            names = set(self.names.unbound_conventional())
             for statement in self.index.nodes(cst.Import, cst.ImportFrom):
                 if isinstance(statement.names, cst.ImportStar):
                     continue
@@ -225,6 +235,29 @@ class PythonFacts:
                     names.add(get_full_name_for_node(bound).split(".", 1)[0])
             self._memo["imported_names"] = frozenset(names)
         return self._memo["imported_names"]
+
+    def alias_spellings(self, last_parts: frozenset[str]) -> set[str] | None:
+        """The other bare names a callee with one of these last parts (``DistributedDataParallel``) may be spelled
+        with in this file: ``as`` aliases that imports bind (``from ... import DistributedDataParallel as DDP``) and
+        the conventional names the file reads unbound that stand for one (``DDP`` in a snippet). None where a star
+        import may bind anything."""
+        spellings = set()
+        for statement in self.index.nodes(cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar):
+                return None
+            for alias in statement.names:
+                if alias.asname is not None and get_full_name_for_node(alias.name) in last_parts:
+                    spellings.add(get_full_name_for_node(alias.asname.name) or "")
+        for name in self.names.unbound_conventional():
+            if CONVENTIONAL_NAMES[name].rsplit(".", 1)[-1] in last_parts:
+                spellings.add(name)
+        return spellings
+
+    def conventional_spelling(self, qualified: str) -> str | None:
+        """A conventional name the file reads unbound that means ``qualified`` (``dist`` for ``torch.distributed``
+        in a snippet without imports): a fix may write it as the snippet does, without adding an import."""
+        names = sorted(self.names.unbound_conventional())
+        return next((name for name in names if CONVENTIONAL_NAMES[name] == qualified), None)
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, statement: cst.CSTNode) -> None:
         function = self.enclosing_function(statement)
@@ -322,7 +355,7 @@ class PythonFacts:
     def callee_is(self, call: cst.Call, names: frozenset[str]) -> bool:
         func = call.func
         # Resolving a callee is the costly part: `x.<attr>(...)` can only be one of `names` if the attribute is
-        # their last part, and a bare name only if it is that last part or an import's alias.
+        # their last part, and a bare name only if it is that last part, an import's alias or a conventional name.
         if isinstance(func, cst.Attribute) and func.attr.value not in _last_parts(names):
             return False
         if (

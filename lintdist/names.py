@@ -3,7 +3,9 @@
 ``import torch.distributed as dist`` ... ``dist.barrier()`` resolves to
 ``torch.distributed.barrier``, ``from torch.utils.data import DataLoader as DL`` ... ``DL(...)``
 to ``torch.utils.data.DataLoader``, a name bound in the file to its local qualified name
-(``f.<locals>.x``, ``C.x``), a builtin to ``builtins.name``. The answers follow libcst's
+(``f.<locals>.x``, ``C.x``), a builtin to ``builtins.name``, and a conventional name nothing binds to its
+conventional meaning (``dist.barrier()`` in a snippet without imports: ``torch.distributed.barrier``, see
+``lintdist.conventions``). Apart from that last rule, which libcst does not have, the answers follow libcst's
 ``QualifiedNameProvider`` (the oracle in ``tests/test_names.py``): scopes are the module,
 classes, functions, lambdas and comprehensions; a class body is invisible to the functions in
 it; decorators, defaults, annotations, base classes and a comprehension's first iterable belong
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.conventions import CONVENTIONAL_NAMES, conventional_meaning
 from lintdist.syntax import SyntaxIndex
 
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
@@ -67,6 +70,10 @@ class NameResolver:
         self._deferred: list[tuple[cst.Name, cst.CSTNode, int]] | None = None
         self._memo: dict[int, frozenset[str]] = {}
         self._block_scopes: dict[int, Scope] = {}
+        # a star import or a `global`/`nonlocal` declaration of a name: the file binds it in ways not tracked here
+        self._star_import = False
+        self._declared_names: set[str] = set()
+        self._unbound_conventional: frozenset[str] | None = None
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -76,6 +83,22 @@ class NameResolver:
         if found is None:
             found = self._memo[key] = frozenset(self._qualified_names(node))
         return found
+
+    def unbound_conventional(self) -> frozenset[str]:
+        """The conventional names (``dist``, ``DDP``) the file reads somewhere with their conventional meaning."""
+        if self._unbound_conventional is None:
+            self._build()
+            module = self._scope_of_owner(self.index.module)
+            found = set()
+            for node in self.index.nodes(cst.Name):
+                name = node.value
+                # a module-level binding is visible everywhere: no read of the name is unbound
+                if name in found or name not in CONVENTIONAL_NAMES or name in module.bindings:
+                    continue
+                if CONVENTIONAL_NAMES[name] in self.qualified_names(node):
+                    found.add(name)
+            self._unbound_conventional = frozenset(found)
+        return self._unbound_conventional
 
     def module_bindings(self, name: str) -> list[Binding]:
         """The bindings of ``name`` at module level."""
@@ -94,7 +117,10 @@ class NameResolver:
                 return stored.qualified_names(full_name)
             if self._is_read(node):
                 position = self.index.order(node)
-                return {q for b in self._access(node.value, scope, position) for q in b.qualified_names(node.value)}
+                found = self._access(node.value, scope, position)
+                if found:
+                    return {q for b in found for q in b.qualified_names(node.value)}
+                return self._conventional(node.value, scope)
         prefix: str | None = full_name
         while prefix:
             found = self._lookup(prefix, scope)
@@ -102,7 +128,19 @@ class NameResolver:
                 return {q for b in found for q in b.qualified_names(full_name)}
             cut = prefix.rfind(".")
             prefix = None if cut < 0 else prefix[:cut]
-        return set()
+        return self._conventional(full_name, scope)
+
+    def _conventional(self, full_name: str, scope: Scope) -> set[str]:
+        """The conventional meaning of ``full_name`` read in ``scope``, where nothing in the file binds its first
+        part: no binding in any scope visible from there (a later one in the same scope included), no
+        ``global``/``nonlocal`` declaration of it, no star import (which may bind anything)."""
+        meaning = conventional_meaning(full_name)
+        if meaning is None or self._star_import:
+            return set()
+        root = full_name.partition(".")[0]
+        if root in self._declared_names or self._lookup(root, scope):
+            return set()
+        return {meaning}
 
     def _has_scope(self, node: cst.CSTNode) -> bool:
         """libcst resolves no names in an attribute's ``attr``, a keyword argument's name, an import
@@ -233,6 +271,8 @@ class NameResolver:
             self.scope_of(statement).globals.update(item.name.value for item in statement.names)
         for statement in index.nodes(cst.Nonlocal):
             self.scope_of(statement).nonlocals.update(item.name.value for item in statement.names)
+        for statement in index.nodes(cst.Global, cst.Nonlocal):
+            self._declared_names.update(item.name.value for item in statement.names)
         self._deferred = []
         for statement in index.nodes(cst.Import, cst.ImportFrom):
             self._bind_import(statement)
@@ -297,6 +337,7 @@ class NameResolver:
 
     def _bind_import(self, statement: cst.Import | cst.ImportFrom) -> None:
         if isinstance(statement.names, cst.ImportStar):
+            self._star_import = True
             return
         scope = self.scope_of(statement)
         position = self.index.end(statement)

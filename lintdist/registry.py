@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 from typing import TYPE_CHECKING
 
+from lintdist.conventions import text_with_implied_imports
+
 if TYPE_CHECKING:
     from lintdist.rule import Rule
 
@@ -102,9 +104,13 @@ def manifest() -> tuple[RuleInfo, ...]:
 
 
 def rules_wanted(codes: frozenset[str], text: str, kind: str) -> list[type[Rule]]:
-    """The enabled rules whose entry points occur in ``text`` (a file of ``kind``), their modules imported now."""
+    """The enabled rules whose entry points occur in ``text`` (a file of ``kind``), their modules imported now.
+    A Python file is read with the imports its unbound conventional names stand for (``dist.barrier()`` alone
+    wants what ``import torch.distributed as dist`` does)."""
     found = []
     seen: dict[str, bool] = {}
+    if kind == "python":
+        text = text_with_implied_imports(text)
     for info in manifest():
         if info.code in codes and info.wanted(text, kind, seen):
             module = importlib.import_module(info.module)

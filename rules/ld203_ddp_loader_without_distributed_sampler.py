@@ -425,16 +425,13 @@ for x, y in loader:
         return True
 
     def _wrappers(self) -> list[cst.Call]:
-        """``facts.wrapped_models()``, asked only when some call is spelled like a wrapper or an imported alias of
+        """``facts.wrapped_models()``, asked only when some call is spelled like a wrapper or an alias of
         one (resolving every call's name costs more than the rest of the rule in a file that wraps nothing)."""
         facts = self.facts
-        spellings = set(WRAPPER_NAMES)
-        for statement in facts.index.nodes(cst.ImportFrom):
-            if isinstance(statement.names, cst.ImportStar):
-                return facts.wrapped_models()
-            for alias in statement.names:
-                if alias.asname is not None and get_full_name_for_node(alias.name) in WRAPPER_NAMES:
-                    spellings.add(get_full_name_for_node(alias.asname.name) or "")
+        aliases = facts.alias_spellings(frozenset(WRAPPER_NAMES))
+        if aliases is None:
+            return facts.wrapped_models()
+        spellings = set(WRAPPER_NAMES) | aliases
         if not any((get_full_name_for_node(c.func) or "").rsplit(".", 1)[-1] in spellings for c in facts.calls):
             return []
         return facts.wrapped_models()

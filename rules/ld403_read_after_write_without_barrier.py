@@ -556,7 +556,7 @@ def _keyword(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
 
 def _distributed_name(facts) -> str | None:
     """How the script spells ``torch.distributed``: ``dist`` of ``import torch.distributed as dist``,
-    ``torch.distributed`` after ``import torch``; None when nothing imports it."""
+    ``torch.distributed`` after ``import torch``, ``dist`` read unbound in a snippet; None when nothing imports it."""
     plain_torch = False
     for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
         if isinstance(statement.names, cst.ImportStar):
@@ -577,4 +577,4 @@ def _distributed_name(facts) -> str | None:
                 and full == "distributed"
             ):
                 return bound or "distributed"
-    return "torch.distributed" if plain_torch else None
+    return "torch.distributed" if plain_torch else facts.conventional_spelling("torch.distributed")

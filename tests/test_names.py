@@ -14,8 +14,10 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider, ScopeProvider
 
+from lintdist.conventions import CONVENTIONAL_NAMES
 from lintdist.engine import check_text
 from lintdist.names import NameResolver
 from lintdist.registry import all_rules
@@ -82,15 +84,50 @@ def _libcst_names(answers, node: cst.CSTNode) -> frozenset[str]:
     return frozenset(q.name for q in (value() if callable(value) else value))
 
 
+def _oracle(wrapper: MetadataWrapper, node: cst.CSTNode) -> frozenset[str]:
+    """libcst's answer, but for one rule libcst does not have: a conventional name nothing in the file binds
+    (``dist.barrier()`` in a snippet without imports) takes its conventional meaning, so that snippets, notebook
+    cells and documentation code resolve. libcst answers nothing there. "Nothing binds" is decided here from
+    libcst's own scopes (every assignment visible from the node's scope, later ones included), plus the two
+    things that make a name bound in ways neither tracks: a star import, a ``global``/``nonlocal`` declaration."""
+    theirs = _libcst_names(wrapper.resolve(QualifiedNameProvider), node)
+    full_name = get_full_name_for_node(node)
+    scope = wrapper.resolve(ScopeProvider).get(node)
+    if theirs or full_name is None or scope is None:
+        return theirs
+    root, dot, rest = full_name.partition(".")
+    if root not in CONVENTIONAL_NAMES or scope[root]:
+        return theirs
+    module = wrapper.module
+    declared = {item.name.value for statement in _all(module, cst.Global, cst.Nonlocal) for item in statement.names}
+    star = any(isinstance(statement.names, cst.ImportStar) for statement in _all(module, cst.ImportFrom))
+    if root in declared or star:
+        return theirs
+    return frozenset({f"{CONVENTIONAL_NAMES[root]}{dot}{rest}"})
+
+
+def _all(module: cst.Module, *types: type) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, types):
+                found.append(node)
+            return True
+
+    module.visit(Collect())
+    return found
+
+
 def _nodes_with_code(index: SyntaxIndex, code: str) -> list[cst.CSTNode]:
     module = index.module
     return [node for node in index.nodes(cst.Name, cst.Attribute) if module.code_for_node(node) == code]
 
 
-def _both(code: str) -> tuple[SyntaxIndex, NameResolver, object]:
+def _both(code: str) -> tuple[SyntaxIndex, NameResolver, MetadataWrapper]:
     module = cst.parse_module(code)
     index = SyntaxIndex(module)
-    return index, NameResolver(index), MetadataWrapper(module, unsafe_skip_copy=True).resolve(QualifiedNameProvider)
+    return index, NameResolver(index), MetadataWrapper(module, unsafe_skip_copy=True)
 
 
 # -- the files ---------------------------------------------------------------------------------
@@ -167,7 +204,7 @@ def _compare(display: str) -> Comparison:
     def mismatch(resolver: NameResolver, node: cst.CSTNode) -> str | None:
         if node not in answers[id(resolver)]:
             return f"{type(node).__name__} not in the module: {cst.Module([]).code_for_node(node)!r}"
-        ours, theirs = resolver.qualified_names(node), _libcst_names(answers[id(resolver)], node)
+        ours, theirs = resolver.qualified_names(node), _oracle(oracles[id(resolver)], node)
         if ours == theirs:
             return None
         start = oracles[id(resolver)].resolve(PositionProvider)[node].start
@@ -203,9 +240,9 @@ def test_rules_ask_about_names():
     "difference", DELIBERATE_DIFFERENCES, ids=[d.code.split("\n", 1)[0] for d in DELIBERATE_DIFFERENCES]
 )
 def test_deliberate_differences_differ_as_stated(difference):
-    index, resolver, answers = _both(difference.code)
+    index, resolver, wrapper = _both(difference.code)
     node = _nodes_with_code(index, difference.node)[difference.occurrence]
-    assert _libcst_names(answers, node) == difference.libcst
+    assert _libcst_names(wrapper.resolve(QualifiedNameProvider), node) == difference.libcst
     assert resolver.qualified_names(node) == difference.lintdist
     assert difference.libcst != difference.lintdist
 
@@ -224,8 +261,8 @@ SCOPING = {
         {"x.y": [{".x.y"}], "c": [set(), {"..a.b"}]},
     ),
     "import-in-function": (
-        "def f():\n    import torch\n    torch.cuda.synchronize()\n\n\ntorch.cuda.synchronize()\n",
-        {"torch.cuda.synchronize": [{"torch.cuda.synchronize"}, set()]},
+        "def f():\n    import apex\n    apex.amp.scale_loss()\n\n\napex.amp.scale_loss()\n",
+        {"apex.amp.scale_loss": [{"apex.amp.scale_loss"}, set()]},
     ),
     "try-import-alternatives": (
         "try:\n    from apex import amp\nexcept ImportError:\n    from torch.cuda import amp\namp.autocast()\n",
@@ -265,9 +302,86 @@ SCOPING = {
 
 @pytest.mark.parametrize(("code", "expected"), list(SCOPING.values()), ids=list(SCOPING))
 def test_scoping_snippet(code, expected):
-    index, resolver, answers = _both(code)
+    index, resolver, wrapper = _both(code)
     for text, answers_in_order in expected.items():
         nodes = _nodes_with_code(index, text)
         assert [set(resolver.qualified_names(node)) for node in nodes] == answers_in_order, text
     for node in index.nodes(cst.Name, cst.Attribute):
-        assert resolver.qualified_names(node) == _libcst_names(answers, node), index.module.code_for_node(node)
+        assert resolver.qualified_names(node) == _oracle(wrapper, node), index.module.code_for_node(node)
+
+
+# -- conventional names: snippets without imports -------------------------------------------------
+
+# code, the text of the node asked about, which of the nodes with that text, and lintdist's answer.
+CONVENTIONAL = {
+    "unbound-dist": ("if rank == 0:\n    dist.barrier()\n", "dist.barrier", 0, {"torch.distributed.barrier"}),
+    "unbound-in-function": (
+        "def sync():\n    dist.all_reduce(t)\n",
+        "dist.all_reduce",
+        0,
+        {"torch.distributed.all_reduce"},
+    ),
+    "unbound-class": ("model = DDP(model)\n", "DDP", 0, {"torch.nn.parallel.DistributedDataParallel"}),
+    "unbound-module-chain": ("y = F.relu(x)\n", "F.relu", 0, {"torch.nn.functional.relu"}),
+    # the import is in another function: at module level (and in `g`) the name is still unbound
+    "bound-only-elsewhere": (
+        "def f():\n    import mylib as dist\n\n\ndef g():\n    dist.barrier()\n",
+        "dist.barrier",
+        0,
+        {"torch.distributed.barrier"},
+    ),
+    "assigned": ("dist = make_group()\ndist.barrier()\n", "dist.barrier", 0, {"dist.barrier"}),
+    "assigned-later-at-module-level": ("dist.barrier()\ndist = make_group()\n", "dist.barrier", 0, {"dist.barrier"}),
+    "parameter": ("def f(dist):\n    dist.barrier()\n", "dist.barrier", 0, {"f.<locals>.dist.barrier"}),
+    "import-of-something-else": ("import mylib as dist\ndist.barrier()\n", "dist.barrier", 0, {"mylib.barrier"}),
+    "from-import-of-something-else": ("from mylib import F\nF.relu(x)\n", "F.relu", 0, {"mylib.F.relu"}),
+    "later-local-binding": (
+        "def f():\n    dist.barrier()\n    dist = make_group()\n",
+        "dist.barrier",
+        0,
+        {"f.<locals>.dist.barrier"},
+    ),
+    "later-local-binding-bare-read": ("def f():\n    print(dist)\n    dist = 1\n", "dist", 0, set()),
+    "enclosing-function-binds": (
+        "def f(dist):\n    def g():\n        dist.barrier()\n",
+        "dist.barrier",
+        0,
+        {"f.<locals>.dist.barrier"},
+    ),
+    "global-declaration": ("def f():\n    global dist\n    dist.barrier()\n", "dist.barrier", 0, set()),
+    "star-import": ("from helpers import *\ndist.barrier()\n", "dist.barrier", 0, set()),
+    "class-body-binding": ("class C:\n    F = loss_functions\n    F.relu\n", "F.relu", 0, {"C.F.relu"}),
+    "not-conventional": ("accelerator.wait_for_everyone()\n", "accelerator.wait_for_everyone", 0, set()),
+    "attribute-named-like-one": ("cfg.dist.barrier()\n", "cfg.dist.barrier", 0, set()),
+}
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "occurrence", "expected"), list(CONVENTIONAL.values()), ids=list(CONVENTIONAL)
+)
+def test_conventional_name(code, text, occurrence, expected):
+    index, resolver, wrapper = _both(code)
+    node = _nodes_with_code(index, text)[occurrence]
+    assert resolver.qualified_names(node) == expected
+    assert resolver.qualified_names(node) == _oracle(wrapper, node)  # libcst's answer, but for this one rule
+
+
+def test_conventional_names_the_file_reads_unbound():
+    code = "import torch\n\n\ndef f(nn):\n    return nn\n\n\ndist.barrier()\nDDP(torch.nn.Linear(1, 1))\n"
+    _, resolver, _ = _both(code)
+    assert resolver.unbound_conventional() == {"dist", "DDP"}
+
+
+def test_conventional_names_stand_for_imports_in_the_facts():
+    """Checks that ask "does the file import accelerate?" or "can this bare name be an imported function?" see the
+    imports a snippet's conventional names stand for."""
+    from lintdist.facts import PythonFacts
+
+    index, resolver, _ = _both("accelerator = Accelerator()\nmodel = DDP(model)\n")
+    facts = PythonFacts(index, resolver)
+    assert facts.imports("accelerate") and facts.imports("torch.nn.parallel")
+    assert {"Accelerator", "DDP"} <= facts.imported_names
+    call = index.nodes(cst.Call)[1]
+    assert facts.callee_is(call, frozenset({"torch.nn.parallel.DistributedDataParallel"}))
+    bound, bound_resolver, _ = _both("from mylib import DDP\nmodel = DDP(model)\n")
+    assert not PythonFacts(bound, bound_resolver).imports("torch")
