@@ -18,6 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist import spelling
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
@@ -1056,6 +1057,18 @@ class PythonFacts:
         ):
             return True
         return self.identified(expr, at or expr, "accelerator") is not None
+
+    @property
+    def accelerator_constructions(self) -> list[cst.Call]:
+        """``Accelerator(...)`` calls, in source order."""
+        if "accelerator_constructions" not in self._memo:
+            self._memo["accelerator_constructions"] = [c for c in self.calls if self.callee_is(c, ACCELERATOR_CLASSES)]
+        return self._memo["accelerator_constructions"]
+
+    def accelerator_at(self, at: cst.CSTNode) -> str | None:
+        """Source text naming an Accelerator bound where ``at`` is (``self.accelerator``), or None: see
+        ``lintdist.spelling``."""
+        return spelling.accelerator_at(self, at)
 
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""

@@ -572,7 +572,7 @@ class TrainingLoop:
     @cached_property
     def accelerators(self) -> list[cst.Call]:
         """``Accelerator(...)`` constructions."""
-        return [c for c in self.facts.calls if self.facts.callee_is(c, ACCELERATOR_CLASSES)]
+        return self.facts.accelerator_constructions
 
     @cached_property
     def accumulation_plugins(self) -> list[cst.Call]:
