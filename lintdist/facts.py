@@ -1070,6 +1070,10 @@ class PythonFacts:
         ``lintdist.spelling``."""
         return spelling.accelerator_at(self, at)
 
+    def distributed_at(self, at: cst.CSTNode | None = None) -> str | None:
+        """How the script spells ``torch.distributed`` where ``at`` is (``dist``), or None: see ``lintdist.spelling``."""
+        return spelling.distributed_at(self, at)
+
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""
         if "local_classes" in self._memo:

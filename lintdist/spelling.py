@@ -1,8 +1,9 @@
 """How a script spells an object at a point, so that a fix writes it the way the script already does.
 
-A fix that calls the Accelerator has to name it with an expression that is bound where the fix lands:
-``self.accelerator`` in a method, ``accelerator`` in ``main()``. The answers come from the facts' indexes (no walk of
-their own); ``PythonFacts`` exposes them as ``accelerator_at``.
+A fix that calls the Accelerator or ``torch.distributed`` has to name them with an expression that is bound where the
+fix lands: ``self.accelerator`` in a method, ``accelerator`` in ``main()``, ``dist`` after ``import
+torch.distributed as dist``. The answers come from the facts' indexes (no walk of their own); ``PythonFacts``
+exposes them as ``accelerator_at`` and ``distributed_at``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ ACCELERATOR_ATTRIBUTES = frozenset(
     | {"gather", "gather_for_metrics", "get_state_dict", "save_model", "accumulate", "clip_grad_norm_", "log"}
     | {"is_main_process", "is_local_main_process", "num_processes"}
 )
+DISTRIBUTED = "torch.distributed"
 
 
 def accelerator_at(facts: PythonFacts, at: cst.CSTNode) -> str | None:
@@ -47,6 +49,33 @@ def accelerator_at(facts: PythonFacts, at: cst.CSTNode) -> str | None:
         return None
     name = _accelerator_used(facts, None, dotted=False)
     return name if name is not None and _module_name_visible(facts, name, at) else None
+
+
+def distributed_at(facts: PythonFacts, at: cst.CSTNode | None = None) -> str | None:
+    """How the script spells ``torch.distributed`` where ``at`` is (anywhere at module level when ``at`` is None).
+
+    ``dist`` of ``import torch.distributed as dist`` or ``from torch import distributed as dist``, wherever it stands
+    among the imports; else ``torch.distributed`` (``th.distributed``) after ``import torch`` (``as th``) or ``import
+    torch.<any>``; None when nothing imports torch. Imports inside a function count only where ``at`` is inside that
+    function."""
+    through_torch = None
+    for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar) or not _in_sight(facts, statement, at):
+            continue
+        for alias in statement.names:
+            full = get_full_name_for_node(alias.name) or ""
+            bound = get_full_name_for_node(alias.asname.name) if alias.asname is not None else None
+            if isinstance(statement, cst.Import):
+                if full == DISTRIBUTED and bound:
+                    return bound
+                if full == "torch" and bound:
+                    through_torch = through_torch or f"{bound}.distributed"
+                elif full == "torch" or full.startswith("torch."):
+                    through_torch = through_torch or DISTRIBUTED
+            elif statement.module is not None and get_full_name_for_node(statement.module) == "torch":
+                if full == "distributed":
+                    return bound or "distributed"
+    return through_torch
 
 
 def _accelerator_used(facts: PythonFacts, function: cst.FunctionDef | None, *, dotted: bool) -> str | None:
@@ -86,3 +115,9 @@ def _is_method(facts: PythonFacts, function: cst.FunctionDef) -> bool:
 def _module_name_visible(facts: PythonFacts, name: str, at: cst.CSTNode) -> bool:
     """A module-level ``name`` is what ``name`` means at ``at``: the function there does not bind it itself."""
     return all(b.function is None for b in facts.bindings(name, at))
+
+
+def _in_sight(facts: PythonFacts, node: cst.CSTNode, at: cst.CSTNode | None) -> bool:
+    """``node`` is at module level, or in a function that ``at`` is inside."""
+    function = facts.enclosing_function(node)
+    return function is None or (at is not None and facts.is_within(at, function))

@@ -512,7 +512,7 @@ state = torch.load(path, map_location="cpu")
             return text, (), text
         if facts.imports("accelerate"):
             return "PartialState().wait_for_everyone()", (("accelerate", "PartialState"),), "wait_for_everyone()"
-        module = _distributed_name(facts)
+        module = facts.distributed_at(read_anchor)
         if module is None:
             return "torch.distributed.barrier()", (("torch.distributed", None),), "torch.distributed.barrier()"
         return f"{module}.barrier()", (), f"{module}.barrier()"
@@ -524,29 +524,3 @@ def _argument(call: cst.Call, keyword: str, position: int) -> cst.BaseExpression
 
 def _keyword(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
     return next((a.value for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
-
-
-def _distributed_name(facts) -> str | None:
-    """How the script spells ``torch.distributed``: ``dist`` of ``import torch.distributed as dist``,
-    ``torch.distributed`` after ``import torch``; None when nothing imports it."""
-    plain_torch = False
-    for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
-        if isinstance(statement.names, cst.ImportStar):
-            continue
-        for alias in statement.names:
-            full = get_full_name_for_node(alias.name) or ""
-            bound = get_full_name_for_node(alias.asname.name) if alias.asname is not None else None
-            if isinstance(statement, cst.Import):
-                if full == "torch.distributed":
-                    return bound or "torch.distributed"
-                if full == "torch" or full.startswith("torch."):
-                    plain_torch = plain_torch or bound is None or full == "torch"
-                    if full == "torch" and bound:
-                        return f"{bound}.distributed"
-            elif (
-                statement.module is not None
-                and get_full_name_for_node(statement.module) == "torch"
-                and full == "distributed"
-            ):
-                return bound or "distributed"
-    return "torch.distributed" if plain_torch else None

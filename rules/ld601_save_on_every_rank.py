@@ -55,20 +55,6 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def dist_alias(rule: Rule) -> str | None:
-    """The name this file imports ``torch.distributed`` under (``dist``), when it is a plain module-level name."""
-    facts = rule.facts
-    for call in facts.calls:
-        func = call.func
-        if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and "torch.distributed" in facts.qualified_names(func.value)
-        ):
-            return func.value.value
-    return None
-
-
 def mentions_rank(rule: Rule, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
     """``expr`` reads the process's rank: a rank name, a rank getter, ``"RANK"``, or a name bound to such."""
     if expr is None:
@@ -351,6 +337,22 @@ if not dist.is_initialized() or dist.get_rank() == 0:
     torch.save({"step": step}, "state.pt")
 """,
         ),
+        Invalid(
+            """\
+import torch
+
+torch.distributed.init_process_group("gloo")
+torch.save({"step": step}, "state.pt")
+""",
+            lines=(4,),
+            fixed="""\
+import torch
+
+torch.distributed.init_process_group("gloo")
+if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+    torch.save({"step": step}, "state.pt")
+""",
+        ),
     )
 
     def finish(self) -> None:
@@ -547,7 +549,7 @@ if not dist.is_initialized() or dist.get_rank() == 0:
         if accelerator is not None:
             test = f"{accelerator}.is_main_process"
         else:
-            alias = dist_alias(self)
+            alias = self.facts.distributed_at(call)
             if alias is None:
                 return None
             test = f"not {alias}.is_initialized() or {alias}.get_rank() == 0"

@@ -134,7 +134,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 model = DDP(net)
 checkpoint = {"model": model.state_dict(), "step": step}
-torch.save(checkpoint, "ckpt.pt")
+if torch.distributed.get_rank() == 0:
+    torch.save(checkpoint, "ckpt.pt")
 """,
             lines=(5,),
             fixed="""\
@@ -143,7 +144,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 model = DDP(net)
 checkpoint = {"model": model.module.state_dict(), "step": step}
-torch.save(checkpoint, "ckpt.pt")
+if torch.distributed.get_rank() == 0:
+    torch.save(checkpoint, "ckpt.pt")
 """,
         ),
     )

@@ -110,3 +110,49 @@ def test_an_accelerator_used_only_inside_a_function_is_not_in_sight_at_module_le
         """
     )
     assert facts.accelerator_at(_call(facts, "torch.save")) is None
+
+
+# -- how the file spells torch.distributed ---------------------------------------------------------
+
+
+def _distributed(code: str) -> str | None:
+    facts = _facts(code)
+    return facts.distributed_at(_call(facts, "save"))
+
+
+def test_distributed_is_spelled_by_its_import_alias():
+    assert _distributed("import torch\nimport torch.distributed as dist\nsave()\n") == "dist"
+    assert _distributed("from torch import distributed as d\nsave()\n") == "d"
+    assert _distributed("from torch import distributed\nsave()\n") == "distributed"
+
+
+def test_distributed_is_reached_through_torch_when_no_alias_is_imported():
+    assert _distributed("import torch\nsave()\n") == "torch.distributed"
+    assert _distributed("import torch as th\nsave()\n") == "th.distributed"
+    assert _distributed("import torch.nn as nn\nsave()\n") == "torch.distributed"
+    assert _distributed("import os\nsave()\n") is None
+
+
+def test_an_alias_wins_over_torch_wherever_it_is_imported():
+    assert _distributed("import torch\nimport os\nimport torch.distributed as dist\nsave()\n") == "dist"
+    assert _distributed("import torch as th\nfrom torch import distributed as dist\nsave()\n") == "dist"
+
+
+def test_an_import_inside_another_function_is_not_in_sight():
+    code = """
+    import torch
+
+    def setup():
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+
+    def main():
+        save()
+    """
+    assert _distributed(code) == "torch.distributed"
+    inside = """
+    def main():
+        import torch.distributed as dist
+        save()
+    """
+    assert _distributed(inside) == "dist"
