@@ -308,6 +308,39 @@ class PythonFacts:
 
     # -- names ----------------------------------------------------------------------------
 
+    def is_variable(self, name: cst.Name) -> bool:
+        """``name`` names a variable (read or bound): not the ``attr`` of ``x.name``, nor a keyword ``name=``."""
+        parent = self.parent(name)
+        if isinstance(parent, cst.Attribute) and parent.attr is name:
+            return False
+        return not (isinstance(parent, cst.Arg) and parent.keyword is name)
+
+    def is_read(self, name: cst.Name) -> bool:
+        """``name`` is read as a value: a variable that no assignment, ``for``, ``with``, ``del``, comprehension,
+        walrus or ``except`` binds (inside a tuple target too), and not the name a ``def``, ``class``, parameter,
+        import, ``global`` or ``nonlocal`` declares. ``x += 1`` reads ``x``."""
+        if not self.is_variable(name):
+            return False
+        child, parent = name, self.parent(name)
+        if isinstance(parent, cst.Attribute):  # `a` of `a.b`: read, unless the chain is a module an import names
+            while isinstance(parent, cst.Attribute):
+                parent = self.parent(parent)
+            return not isinstance(parent, (cst.ImportAlias, cst.ImportFrom))
+        while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+            child, parent = parent, self.parent(parent)
+        if isinstance(parent, (cst.AssignTarget, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
+            return parent.target is not child
+        if isinstance(parent, cst.AsName):
+            return False  # `with ... as x`, `except E as x`, `import a as x`
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param)):
+            return parent.name is not name
+        return not isinstance(parent, (cst.ImportAlias, cst.NameItem))
+
+    def reads_of(self, name: str, scope: cst.CSTNode) -> list[cst.Name]:
+        """The reads of the variable ``name`` inside ``scope`` (nested functions included), in source order."""
+        return [n for n in self.within(scope, cst.Name) if n.value == name and self.is_read(n)]
+
+
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
         if id(node) in self.stand_ins:
             return frozenset({get_full_name_for_node(node) or ""})

@@ -786,7 +786,7 @@ for x, y in loader:
                 if self.context.names.module_bindings(root):
                     return self.context.module.code_for_node(attribute), ()
         if self.context.names.module_bindings("DistributedSampler") or any(
-            n.value == "DistributedSampler" and not _attribute_part(n, facts) for n in facts.index.nodes(cst.Name)
+            n.value == "DistributedSampler" and facts.is_variable(n) for n in facts.index.nodes(cst.Name)
         ):
             return None, ()
         return "DistributedSampler", (("torch.utils.data", "DistributedSampler"),)
@@ -838,14 +838,6 @@ def _is_sampler_class(qualified: str) -> bool:
     """torch's samplers (``DistributedSampler``, ``RandomSampler``...), and subclasses named like them."""
     module, _, name = qualified.rpartition(".")
     return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))
-
-
-def _attribute_part(name: cst.Name, facts) -> bool:
-    """The ``name`` of ``x.name``, or a keyword ``name=``: not a variable."""
-    parent = facts.parent(name)
-    return (isinstance(parent, cst.Attribute) and parent.attr is name) or (
-        isinstance(parent, cst.Arg) and parent.keyword is name
-    )
 
 
 def _iterable_name(qualified: str) -> bool:

@@ -156,3 +156,77 @@ def test_an_import_inside_another_function_is_not_in_sight():
         save()
     """
     assert _distributed(inside) == "dist"
+
+
+# -- is this name read -------------------------------------------------------------------------------
+
+
+def _names(facts: PythonFacts, value: str) -> list[cst.Name]:
+    return [n for n in facts.index.nodes(cst.Name) if n.value == value]
+
+
+def test_a_name_is_read_where_its_value_is_used():
+    facts = _facts(
+        """
+        sd = load()
+        print(sd)
+        sd += 1
+        model.sd.x = f(sd=sd)
+        """
+    )
+    names = _names(facts, "sd")
+    # bound, read, read and rebound (`+=`), the attribute `.sd`, the keyword `sd=`, the argument
+    assert [facts.is_read(n) for n in names] == [False, True, True, False, False, True]
+    assert [facts.is_variable(n) for n in names] == [True, True, True, False, False, True]
+
+
+def test_binding_forms_are_not_reads():
+    facts = _facts(
+        """
+        import a.sd
+        from b import sd
+        import c as sd
+        a, (sd, *rest) = pair
+        for sd in items:
+            pass
+        with open(p) as sd:
+            pass
+        try:
+            pass
+        except OSError as sd:
+            pass
+        ys = [sd for sd in xs]
+        if (sd := f()):
+            pass
+        del sd
+        def sd(sd, *, other=sd):
+            global sd
+        class sd:
+            pass
+        """
+    )
+    reads = [n for n in _names(facts, "sd") if facts.is_read(n)]
+    # only the comprehension's element and the parameter default read a value
+    assert [facts.index.module.code_for_node(facts.parent(n)).strip()[:12] for n in reads] == [
+        "[sd for sd i",
+        "other=sd",
+    ]
+    imported_a = _names(facts, "a")[0]  # the `a` of `import a.sd`
+    assert isinstance(facts.parent(imported_a), cst.Attribute) and not facts.is_read(imported_a)
+
+
+def test_reads_of_a_name_inside_a_scope():
+    facts = _facts(
+        """
+        def main():
+            state = convert()
+            for state in states:
+                pass
+
+        def other():
+            print(state)
+        """
+    )
+    main = next(f for f in facts.index.nodes(cst.FunctionDef) if f.name.value == "main")
+    assert facts.reads_of("state", main) == []
+    assert len(facts.reads_of("state", facts.index.module)) == 1
