@@ -18,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist import spelling
+from lintdist import lightning, spelling
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
 from lintdist.syntax import SyntaxIndex, _walk_detached
@@ -1106,6 +1106,14 @@ class PythonFacts:
     def distributed_at(self, at: cst.CSTNode | None = None) -> str | None:
         """How the script spells ``torch.distributed`` where ``at`` is (``dist``), or None: see ``lintdist.spelling``."""
         return spelling.distributed_at(self, at)
+
+    def is_lightning_module(self, cls: cst.ClassDef) -> bool:
+        """``cls`` derives from Lightning's ``LightningModule`` (see ``lintdist.lightning``)."""
+        return lightning.is_lightning_module(self, cls)
+
+    def lightning_module_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        """The LightningModule whose method ``node`` is in, or None (see ``lintdist.lightning``)."""
+        return lightning.lightning_module_of(self, node)
 
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""

@@ -24,9 +24,6 @@ from lintdist.loop import (
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-LIGHTNING_MODULES = frozenset(
-    {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
-)
 # dict methods that change a batch in place
 DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
 
@@ -635,8 +632,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
-        cls = self.facts.enclosing_class(function)
-        if cls is None or not self.facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
+        cls = self.facts.lightning_module_of(function.body)
+        if cls is None:
             return
         scale = self._lightning_scale(cls)
         if scale is None:

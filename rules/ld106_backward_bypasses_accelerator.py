@@ -16,9 +16,6 @@ from lintdist.rule import Invalid, Rule, Valid
 GRAD_SCALERS = frozenset(
     {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
 )
-LIGHTNING_MODULES = frozenset(
-    {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
-)
 LIGHTNING_DEEPSPEED = frozenset(
     {
         "lightning.pytorch.strategies.DeepSpeedStrategy",
@@ -473,9 +470,8 @@ class Module(pl.LightningModule):
     def _lightning(self, site: BackwardSite) -> bool:
         """A ``loss.backward()`` in a LightningModule method (reported when it optimizes manually)."""
         facts = self.facts
-        function = facts.enclosing_function(site.call)
-        cls = facts.enclosing_class(function) if function is not None else None
-        if cls is None or not facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
+        cls = facts.lightning_module_of(site.call)
+        if cls is None:
             return False
         if site.kind == "tensor" and self._manual_optimization(cls) and in_method(self.facts, site.call):
             loss_text = cst.Module([]).code_for_node(_bare(site.loss))

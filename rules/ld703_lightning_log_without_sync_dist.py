@@ -28,17 +28,6 @@ from lintdist.facts import LIGHTNING_TRAINERS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-_MODULE_HOMES = (
-    "lightning",
-    "lightning.pytorch",
-    "lightning.pytorch.core",
-    "lightning.pytorch.core.module",
-    "pytorch_lightning",
-    "pytorch_lightning.core",
-    "pytorch_lightning.core.module",
-    "pytorch_lightning.core.lightning",
-)
-LIGHTNING_MODULES = frozenset(f"{home}.LightningModule" for home in _MODULE_HOMES)
 # Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
 EPOCH_HOOKS = frozenset(
     {
@@ -332,7 +321,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         if self.context.is_test_module:
             return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
         facts = self.facts
-        modules = [cls for cls in facts.classes if facts.derives_from(cls, LIGHTNING_MODULES.__contains__)]
+        modules = [cls for cls in facts.classes if facts.is_lightning_module(cls)]
         if not modules or self._single_device():
             return
         for call in facts.calls:

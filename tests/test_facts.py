@@ -230,3 +230,43 @@ def test_reads_of_a_name_inside_a_scope():
     main = next(f for f in facts.index.nodes(cst.FunctionDef) if f.name.value == "main")
     assert facts.reads_of("state", main) == []
     assert len(facts.reads_of("state", facts.index.module)) == 1
+
+
+# -- Lightning -------------------------------------------------------------------------------------
+
+
+def test_a_lightning_module_is_known_under_every_import_home_and_through_local_bases():
+    facts = _facts(
+        """
+        from pytorch_lightning.core.lightning import LightningModule
+        import lightning as L
+
+        class Old(LightningModule):
+            def training_step(self, batch, batch_idx):
+                return loss
+
+        class Base(L.LightningModule):
+            pass
+
+        class Child(Base):
+            def training_step(self, batch, batch_idx):
+                def inner():
+                    return 1
+                return inner()
+
+            x = compute()
+
+        class Plain:
+            def training_step(self, batch, batch_idx):
+                return loss
+        """
+    )
+    classes = {cls.name.value: cls for cls in facts.classes}
+    assert [name for name, cls in classes.items() if facts.is_lightning_module(cls)] == ["Old", "Base", "Child"]
+    code = facts.index.module.code_for_node
+    inner_return = next(r for r in facts.index.nodes(cst.Return) if code(r).strip() == "return 1")
+    assert facts.lightning_module_of(inner_return) is classes["Child"]
+    plain_step = next(f for f in facts.functions["training_step"] if facts.enclosing_class(f) is classes["Plain"])
+    assert facts.lightning_module_of(facts.returns[plain_step][0]) is None
+    class_body_call = _call(facts, "compute")
+    assert facts.lightning_module_of(class_body_call) is None  # in the class body, not in a method
