@@ -1115,6 +1115,17 @@ class PythonFacts:
         """The LightningModule whose method ``node`` is in, or None (see ``lintdist.lightning``)."""
         return lightning.lightning_module_of(self, node)
 
+    @property
+    def lightning_trainers(self) -> list[cst.Call]:
+        """Lightning ``Trainer(...)`` calls, in source order."""
+        if "lightning_trainers" not in self._memo:
+            self._memo["lightning_trainers"] = [c for c in self.calls if self.callee_is(c, LIGHTNING_TRAINERS)]
+        return self._memo["lightning_trainers"]
+
+    def trainer_devices(self, trainer: cst.Call) -> str | None:
+        """"one", "several" or None: how many devices a ``Trainer(...)`` runs on (see ``lintdist.lightning``)."""
+        return lightning.trainer_devices(self, trainer)
+
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""
         if "local_classes" in self._memo:

@@ -9,7 +9,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.edits import remove_division
 from lintdist.facts import argument_of
-from lintdist.loop import LIGHTNING_TRAINERS, Accumulation, BackwardSite, in_method
+from lintdist.loop import Accumulation, BackwardSite, in_method
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -503,11 +503,9 @@ class Module(pl.LightningModule):
     def _lightning_scaled(self) -> bool:
         """A Lightning Trainer with fp16 mixed precision or a DeepSpeed strategy in this file."""
         facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, LIGHTNING_DEEPSPEED):
-                return True
-            if not facts.callee_is(call, LIGHTNING_TRAINERS):
-                continue
+        if any(facts.callee_is(call, LIGHTNING_DEEPSPEED) for call in facts.calls):
+            return True
+        for call in facts.lightning_trainers:
             precision = argument_of(call, "precision", None)
             if isinstance(precision, (cst.SimpleString, cst.Integer)):
                 value = precision.evaluated_value if isinstance(precision, cst.SimpleString) else precision.value

@@ -24,7 +24,7 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.edits import with_keyword_last
-from lintdist.facts import LIGHTNING_TRAINERS, argument_of
+from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -502,32 +502,8 @@ trainer = L.Trainer(devices=4, strategy="ddp")
 
     def _single_device(self) -> bool:
         """Every `Trainer(...)` of this file runs on one device; False when there is none."""
-        trainers = [call for call in self.facts.calls if self.facts.callee_is(call, LIGHTNING_TRAINERS)]
-        return bool(trainers) and all(self._one_device(call) for call in trainers)
-
-    def _one_device(self, trainer: cst.Call) -> bool:
-        if any(arg.star for arg in trainer.args):
-            return False
-        nodes = argument_of(trainer, "num_nodes", None)
-        if nodes is not None and _literal(nodes) != 1:
-            return False
-        devices = argument_of(trainer, "devices", None)
-        if devices is not None:
-            origins = self.facts.origins(devices, trainer)
-            return bool(origins) and all(o.index is None and _at_most_one(o.node) for o in origins)
-        accelerator = _literal(argument_of(trainer, "accelerator", None))
-        return accelerator in {"cpu", "mps"}  # `devices="auto"` is one device there
-
-
-def _at_most_one(node: cst.CSTNode) -> bool:
-    """``1``, ``"1"``, ``[0]``, or ``min(1, ...)``."""
-    if _literal(node) in {0, 1, "1"} and not isinstance(_literal(node), bool):
-        return True
-    if isinstance(node, cst.List):
-        return len(node.elements) == 1
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "min":
-        return any(_literal(arg.value) in {0, 1} for arg in node.args)
-    return False
+        trainers = self.facts.lightning_trainers
+        return bool(trainers) and all(self.facts.trainer_devices(call) == "one" for call in trainers)
 
 
 def _literal(expr: cst.BaseExpression | None) -> object:

@@ -270,3 +270,49 @@ def test_a_lightning_module_is_known_under_every_import_home_and_through_local_b
     assert facts.lightning_module_of(facts.returns[plain_step][0]) is None
     class_body_call = _call(facts, "compute")
     assert facts.lightning_module_of(class_body_call) is None  # in the class body, not in a method
+
+
+def _devices(arguments: str, before: str = "") -> str | None:
+    facts = _facts(f"import lightning as L\n{before}\ntrainer = L.Trainer({arguments})\n")
+    (trainer,) = facts.lightning_trainers
+    return facts.trainer_devices(trainer)
+
+
+def test_a_trainer_on_one_device():
+    assert _devices("devices=1") == "one"
+    assert _devices('devices="1", num_nodes=1') == "one"
+    assert _devices("devices=[0]") == "one"
+    assert _devices("devices=n", before="n = min(1, torch.cuda.device_count())") == "one"
+    assert _devices('accelerator="cpu"') == "one"
+    assert _devices('devices=1, strategy="ddp"') == "one"  # one process: nothing to average
+
+
+def test_a_trainer_on_several_devices():
+    assert _devices("devices=4") == "several"
+    assert _devices("devices=[0, 1]") == "several"
+    assert _devices("devices=1, num_nodes=2") == "several"
+    assert _devices("devices=gpus", before="gpus = 8") == "several"
+    assert _devices('strategy="fsdp"') == "several"
+    assert _devices("devices=4, **extra") == "several"
+
+
+def test_a_trainer_whose_devices_are_not_known():
+    assert _devices("") is None
+    assert _devices("devices=args.gpus") is None
+    assert _devices('devices="auto"') is None
+    assert _devices("devices=1, **extra") is None  # `extra` may hold num_nodes
+    assert _devices("devices=-1") is None
+
+
+def test_trainers_are_found_under_every_import_home():
+    facts = _facts(
+        """
+        import pytorch_lightning as pl
+        from lightning.pytorch.trainer.trainer import Trainer
+
+        a = pl.Trainer()
+        b = Trainer(devices=2)
+        c = Other()
+        """
+    )
+    assert [facts.index.module.code_for_node(c.func) for c in facts.lightning_trainers] == ["pl.Trainer", "Trainer"]
