@@ -1285,6 +1285,42 @@ def _last_parts(names: frozenset[str]) -> frozenset[str]:
     return frozenset(name.rsplit(".", 1)[-1] for name in names)
 
 
+def single_pass(loop: Loop) -> bool:
+    """A ``for`` loop that runs at most once: over a literal of one element, or ``range(1)``."""
+    if not isinstance(loop, cst.For):
+        return False
+    iterator = loop.iter
+    if isinstance(iterator, (cst.List, cst.Tuple)):
+        return len(iterator.elements) <= 1
+    return (
+        isinstance(iterator, cst.Call)
+        and get_full_name_for_node(iterator.func) == "range"
+        and len(iterator.args) == 1
+        and isinstance(iterator.args[0].value, cst.Integer)
+        and iterator.args[0].value.evaluated_value <= 1
+    )
+
+
+def epoch_counter(loop: Loop) -> str | None:
+    """The loop's epoch counter: a plain ``for`` target, or a ``while`` body's ``name += 1``."""
+    if isinstance(loop, cst.For):
+        target = loop.target
+        return target.value if isinstance(target, cst.Name) and target.value != "_" else None
+    if isinstance(loop.body, cst.IndentedBlock):
+        for statement in loop.body.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if (
+                        isinstance(small, cst.AugAssign)
+                        and isinstance(small.operator, cst.AddAssign)
+                        and isinstance(small.target, cst.Name)
+                        and isinstance(small.value, cst.Integer)
+                        and small.value.value == "1"
+                    ):
+                        return small.target.value
+    return None
+
+
 def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseExpression | None:
     """The argument a call passes for a parameter, by keyword or by position."""
     positional = 0

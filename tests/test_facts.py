@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.facts import PythonFacts
+from lintdist.facts import PythonFacts, epoch_counter, single_pass
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -316,3 +316,26 @@ def test_trainers_are_found_under_every_import_home():
         """
     )
     assert [facts.index.module.code_for_node(c.func) for c in facts.lightning_trainers] == ["pl.Trainer", "Trainer"]
+
+
+# -- epoch loops -------------------------------------------------------------------------------------
+
+
+def _loop(code: str):
+    return _facts(code).loops[0]
+
+
+def test_a_loop_over_one_element_or_range_1_is_a_single_pass():
+    assert single_pass(_loop("for epoch in range(1):\n    train()\n"))
+    assert single_pass(_loop("for epoch in [0]:\n    train()\n"))
+    assert not single_pass(_loop("for epoch in range(epochs):\n    train()\n"))
+    assert not single_pass(_loop("for epoch in range(2):\n    train()\n"))
+    assert not single_pass(_loop("while True:\n    train()\n"))
+
+
+def test_the_epoch_counter_is_the_for_target_or_a_while_loops_increment():
+    assert epoch_counter(_loop("for epoch in range(3):\n    train()\n")) == "epoch"
+    assert epoch_counter(_loop("for _ in range(3):\n    train()\n")) is None
+    assert epoch_counter(_loop("for i, batch in enumerate(loader):\n    train()\n")) is None
+    assert epoch_counter(_loop("while epoch < n:\n    train()\n    epoch += 1\n")) == "epoch"
+    assert epoch_counter(_loop("while epoch < n:\n    epoch += 2\n")) is None
