@@ -21,6 +21,7 @@ ACCELERATOR_ATTRIBUTES = frozenset(
     {"prepare", "backward", "wait_for_everyone", "save", "save_state", "load_state", "unwrap_model", "print"}
     | {"gather", "gather_for_metrics", "get_state_dict", "save_model", "accumulate", "clip_grad_norm_", "log"}
     | {"is_main_process", "is_local_main_process", "num_processes"}
+    | {"no_sync", "autocast", "reduce", "pad_across_processes", "end_training", "free_memory", "sync_gradients"}
 )
 DISTRIBUTED = "torch.distributed"
 

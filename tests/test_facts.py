@@ -39,6 +39,24 @@ def test_accelerator_used_in_the_same_function_is_named_as_written():
     assert facts.accelerator_at(_call(facts, "torch.save")) == "accelerator"
 
 
+def test_accelerator_known_by_an_accelerate_only_method_it_is_called_with():
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+
+        def setup():
+            return Accelerator()
+
+        def run(model):
+            acc = setup()
+            with acc.autocast():
+                pass
+            torch.save(model, "m.pt")
+        """
+    )
+    assert facts.accelerator_at(_call(facts, "torch.save")) == "acc"
+
+
 def test_accelerator_in_a_method_is_the_attribute_the_class_sets():
     facts = _facts(
         """
