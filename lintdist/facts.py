@@ -18,6 +18,7 @@ from functools import lru_cache
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist import lightning, spelling
 from lintdist.conventions import CONVENTIONAL_NAMES, implied_module
 from lintdist.names import NameResolver
 from lintdist.project import ProjectView, Site
@@ -346,6 +347,39 @@ class PythonFacts:
         return [call for call in self.index.within(node, cst.Call) if call is not node]
 
     # -- names ----------------------------------------------------------------------------
+
+    def is_variable(self, name: cst.Name) -> bool:
+        """``name`` names a variable (read or bound): not the ``attr`` of ``x.name``, nor a keyword ``name=``."""
+        parent = self.parent(name)
+        if isinstance(parent, cst.Attribute) and parent.attr is name:
+            return False
+        return not (isinstance(parent, cst.Arg) and parent.keyword is name)
+
+    def is_read(self, name: cst.Name) -> bool:
+        """``name`` is read as a value: a variable that no assignment, ``for``, ``with``, ``del``, comprehension,
+        walrus or ``except`` binds (inside a tuple target too), and not the name a ``def``, ``class``, parameter,
+        import, ``global`` or ``nonlocal`` declares. ``x += 1`` reads ``x``."""
+        if not self.is_variable(name):
+            return False
+        child, parent = name, self.parent(name)
+        if isinstance(parent, cst.Attribute):  # `a` of `a.b`: read, unless the chain is a module an import names
+            while isinstance(parent, cst.Attribute):
+                parent = self.parent(parent)
+            return not isinstance(parent, (cst.ImportAlias, cst.ImportFrom))
+        while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+            child, parent = parent, self.parent(parent)
+        if isinstance(parent, (cst.AssignTarget, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
+            return parent.target is not child
+        if isinstance(parent, cst.AsName):
+            return False  # `with ... as x`, `except E as x`, `import a as x`
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param)):
+            return parent.name is not name
+        return not isinstance(parent, (cst.ImportAlias, cst.NameItem))
+
+    def reads_of(self, name: str, scope: cst.CSTNode) -> list[cst.Name]:
+        """The reads of the variable ``name`` inside ``scope`` (nested functions included), in source order."""
+        return [n for n in self.within(scope, cst.Name) if n.value == name and self.is_read(n)]
+
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
         if id(node) in self.stand_ins:
@@ -1097,6 +1131,41 @@ class PythonFacts:
             return True
         return self.identified(expr, at or expr, "accelerator") is not None
 
+    @property
+    def accelerator_constructions(self) -> list[cst.Call]:
+        """``Accelerator(...)`` calls, in source order."""
+        if "accelerator_constructions" not in self._memo:
+            self._memo["accelerator_constructions"] = [c for c in self.calls if self.callee_is(c, ACCELERATOR_CLASSES)]
+        return self._memo["accelerator_constructions"]
+
+    def accelerator_at(self, at: cst.CSTNode) -> str | None:
+        """Source text naming an Accelerator bound where ``at`` is (``self.accelerator``), or None: see
+        ``lintdist.spelling``."""
+        return spelling.accelerator_at(self, at)
+
+    def distributed_at(self, at: cst.CSTNode | None = None) -> str | None:
+        """How the script spells ``torch.distributed`` where ``at`` is (``dist``), or None: see ``lintdist.spelling``."""
+        return spelling.distributed_at(self, at)
+
+    def is_lightning_module(self, cls: cst.ClassDef) -> bool:
+        """``cls`` derives from Lightning's ``LightningModule`` (see ``lintdist.lightning``)."""
+        return lightning.is_lightning_module(self, cls)
+
+    def lightning_module_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        """The LightningModule whose method ``node`` is in, or None (see ``lintdist.lightning``)."""
+        return lightning.lightning_module_of(self, node)
+
+    @property
+    def lightning_trainers(self) -> list[cst.Call]:
+        """Lightning ``Trainer(...)`` calls, in source order."""
+        if "lightning_trainers" not in self._memo:
+            self._memo["lightning_trainers"] = [c for c in self.calls if self.callee_is(c, LIGHTNING_TRAINERS)]
+        return self._memo["lightning_trainers"]
+
+    def trainer_devices(self, trainer: cst.Call) -> str | None:
+        """"one", "several" or None: how many devices a ``Trainer(...)`` runs on (see ``lintdist.lightning``)."""
+        return lightning.trainer_devices(self, trainer)
+
     def local_classes(self) -> dict[str, set[str]]:
         """Class name -> qualified names of its bases, for subclasses defined in this file."""
         if "local_classes" in self._memo:
@@ -1288,6 +1357,42 @@ def barrier_unsafe(reach: Reach) -> str:
 @lru_cache(maxsize=512)
 def _last_parts(names: frozenset[str]) -> frozenset[str]:
     return frozenset(name.rsplit(".", 1)[-1] for name in names)
+
+
+def single_pass(loop: Loop) -> bool:
+    """A ``for`` loop that runs at most once: over a literal of one element, or ``range(1)``."""
+    if not isinstance(loop, cst.For):
+        return False
+    iterator = loop.iter
+    if isinstance(iterator, (cst.List, cst.Tuple)):
+        return len(iterator.elements) <= 1
+    return (
+        isinstance(iterator, cst.Call)
+        and get_full_name_for_node(iterator.func) == "range"
+        and len(iterator.args) == 1
+        and isinstance(iterator.args[0].value, cst.Integer)
+        and iterator.args[0].value.evaluated_value <= 1
+    )
+
+
+def epoch_counter(loop: Loop) -> str | None:
+    """The loop's epoch counter: a plain ``for`` target, or a ``while`` body's ``name += 1``."""
+    if isinstance(loop, cst.For):
+        target = loop.target
+        return target.value if isinstance(target, cst.Name) and target.value != "_" else None
+    if isinstance(loop.body, cst.IndentedBlock):
+        for statement in loop.body.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if (
+                        isinstance(small, cst.AugAssign)
+                        and isinstance(small.operator, cst.AddAssign)
+                        and isinstance(small.target, cst.Name)
+                        and isinstance(small.value, cst.Integer)
+                        and small.value.value == "1"
+                    ):
+                        return small.target.value
+    return None
 
 
 def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseExpression | None:

@@ -77,7 +77,6 @@ DISTRIBUTED_CALLS = frozenset(
 )
 # Calls that start processes or a process group without averaging anything.
 GROUP_ONLY_CALLS = frozenset({"torch.distributed.init_process_group", "torch.multiprocessing.spawn"})
-LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
 # Collators that pad or mask labels with -100: the loss averages over a varying number of tokens.
 TOKEN_COLLATORS = frozenset(
     {
@@ -575,7 +574,7 @@ class TrainingLoop:
     @cached_property
     def accelerators(self) -> list[cst.Call]:
         """``Accelerator(...)`` constructions."""
-        return [c for c in self.facts.calls if self.facts.callee_is(c, ACCELERATOR_CLASSES)]
+        return self.facts.accelerator_constructions
 
     @cached_property
     def accumulation_plugins(self) -> list[cst.Call]:
@@ -684,11 +683,10 @@ class TrainingLoop:
             return True
         if any(self.configured_accumulation(call) is not None for call in self.accelerators):
             return True
-        for call in facts.calls:
-            if facts.callee_is(call, LIGHTNING_TRAINERS):
-                steps = argument_of(call, "accumulate_grad_batches", None)
-                if steps is not None and not (isinstance(steps, cst.Integer) and int(steps.value) <= 1):
-                    return True
+        for call in facts.lightning_trainers:
+            steps = argument_of(call, "accumulate_grad_batches", None)
+            if steps is not None and not (isinstance(steps, cst.Integer) and int(steps.value) <= 1):
+                return True
         return False
 
     @cached_property

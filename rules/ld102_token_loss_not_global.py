@@ -11,7 +11,6 @@ from lintdist.edits import replace_nodes
 from lintdist.facts import BACKWARD_METHODS, argument_of
 from lintdist.labels import LabelFacts
 from lintdist.loop import (
-    LIGHTNING_TRAINERS,
     TOKEN_COLLATORS,
     BackwardSite,
     Chain,
@@ -24,9 +23,6 @@ from lintdist.loop import (
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-LIGHTNING_MODULES = frozenset(
-    {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
-)
 # dict methods that change a batch in place
 DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
 
@@ -635,8 +631,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
-        cls = self.facts.enclosing_class(function)
-        if cls is None or not self.facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
+        cls = self.facts.lightning_module_of(function.body)
+        if cls is None:
             return
         scale = self._lightning_scale(cls)
         if scale is None:
@@ -676,7 +672,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         The trainer is the one whose ``fit`` gets an instance of ``cls``; failing that, the file's only trainer.
         """
         facts = self.facts
-        trainers = [c for c in facts.calls if facts.callee_is(c, LIGHTNING_TRAINERS)]
+        trainers = facts.lightning_trainers
         linked = []
         for call in facts.calls:
             if facts.method_name(call) != "fit" or not call.args or not isinstance(call.func, cst.Attribute):
@@ -685,7 +681,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             if any(isinstance(n, cst.Call) and get_full_name_for_node(n.func) == cls.name.value for n in fitted):
                 linked.extend(o.node for o in facts.origins(call.func.value, call) if o.node in trainers)
         chosen = linked or (trainers if len(trainers) == 1 else [])
-        return next((scale for call in chosen if (scale := _trainer_scale(call)) is not None), None)
+        return next((scale for call in chosen if (scale := _trainer_scale(facts, call)) is not None), None)
 
     def _check_compute_loss(self, function: cst.FunctionDef) -> None:
         """A Trainer subclass whose ``compute_loss`` ignores ``num_items_in_batch`` returns a per-batch mean."""
@@ -859,23 +855,12 @@ def _is_hf_trainer(name: str) -> bool:
     return name.split(".", 1)[0] in {"transformers", "trl"} and name.endswith("Trainer")
 
 
-def _trainer_scale(call: cst.Call) -> str | None:
-    """What a Lightning ``Trainer(...)`` call's literal arguments say about accumulation and devices."""
+def _trainer_scale(facts, call: cst.Call) -> str | None:
+    """What a Lightning ``Trainer(...)`` call's arguments say about accumulation and devices."""
     accumulate = argument_of(call, "accumulate_grad_batches", None)
     if isinstance(accumulate, cst.Integer) and int(accumulate.value) > 1:
         return f"accumulates {accumulate.value} batches per step (`accumulate_grad_batches`)"
-    devices = argument_of(call, "devices", None)
-    nodes = argument_of(call, "num_nodes", None)
-    strategy = argument_of(call, "strategy", None)
-    if (
-        (isinstance(devices, cst.Integer) and int(devices.value) > 1)
-        or (isinstance(devices, (cst.List, cst.Tuple)) and len(devices.elements) > 1)
-        or (isinstance(nodes, cst.Integer) and int(nodes.value) > 1)
-        or (
-            isinstance(strategy, cst.SimpleString)
-            and any(word in strategy.evaluated_value for word in ("ddp", "fsdp", "deepspeed"))
-        )
-    ):
+    if facts.trainer_devices(call) == "several":
         return "averages the gradient over devices"
     return None
 

@@ -355,14 +355,8 @@ with LSGD(accelerator, model, 4) as local_sgd:
         ``import a.name`` do not count)."""
         facts = self.facts
         for node in facts.index.nodes(cst.Name):
-            if node.value != name:
-                continue
-            parent = facts.parent(node)
-            if isinstance(parent, cst.Attribute) and parent.attr is node:
-                continue
-            if isinstance(parent, cst.Arg) and parent.keyword is node:
-                continue
-            return False
+            if node.value == name and facts.is_variable(node):
+                return False
         return True
 
     def _last_optimizer_step(self, with_node: cst.With) -> cst.Call | None:

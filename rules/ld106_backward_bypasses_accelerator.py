@@ -9,15 +9,12 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.edits import remove_division
 from lintdist.facts import argument_of
-from lintdist.loop import LIGHTNING_TRAINERS, Accumulation, BackwardSite, in_method
+from lintdist.loop import Accumulation, BackwardSite, in_method
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
 GRAD_SCALERS = frozenset(
     {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
-)
-LIGHTNING_MODULES = frozenset(
-    {"lightning.LightningModule", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule"}
 )
 LIGHTNING_DEEPSPEED = frozenset(
     {
@@ -473,9 +470,8 @@ class Module(pl.LightningModule):
     def _lightning(self, site: BackwardSite) -> bool:
         """A ``loss.backward()`` in a LightningModule method (reported when it optimizes manually)."""
         facts = self.facts
-        function = facts.enclosing_function(site.call)
-        cls = facts.enclosing_class(function) if function is not None else None
-        if cls is None or not facts.derives_from(cls, LIGHTNING_MODULES.__contains__):
+        cls = facts.lightning_module_of(site.call)
+        if cls is None:
             return False
         if site.kind == "tensor" and self._manual_optimization(cls) and in_method(self.facts, site.call):
             loss_text = cst.Module([]).code_for_node(_bare(site.loss))
@@ -507,11 +503,9 @@ class Module(pl.LightningModule):
     def _lightning_scaled(self) -> bool:
         """A Lightning Trainer with fp16 mixed precision or a DeepSpeed strategy in this file."""
         facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, LIGHTNING_DEEPSPEED):
-                return True
-            if not facts.callee_is(call, LIGHTNING_TRAINERS):
-                continue
+        if any(facts.callee_is(call, LIGHTNING_DEEPSPEED) for call in facts.calls):
+            return True
+        for call in facts.lightning_trainers:
             precision = argument_of(call, "precision", None)
             if isinstance(precision, (cst.SimpleString, cst.Integer)):
                 value = precision.evaluated_value if isinstance(precision, cst.SimpleString) else precision.value

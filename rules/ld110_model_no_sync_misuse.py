@@ -282,28 +282,15 @@ for step, (x, y) in enumerate(loader):
         )
 
     def _accelerator_at(self, at: cst.CSTNode, prepare: cst.Call) -> str | None:
-        """An expression for the Accelerator that is valid where ``at`` is: the one that prepared the model, or
-        another accelerator used in the same function."""
+        """An expression for the Accelerator that is valid where ``at`` is: the one that prepared the model when its
+        name means it there, else the facts' Accelerator in sight (``facts.accelerator_at``)."""
         facts = self.facts
-        code = self.context.module.code_for_node
-        candidates = [code(prepare.func.value)]
-        function = facts.enclosing_function(at)
-        container = function if function is not None else self.context.module
-        for call in facts.within(container, cst.Call):
-            if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, (cst.Name, cst.Attribute)):
-                candidates.append(code(call.func.value))
-        seen = set()
-        for text in candidates:
-            if text in seen:
-                continue
-            seen.add(text)
-            try:
-                expr = cst.parse_expression(text)
-            except cst.ParserSyntaxError:
-                continue
-            if isinstance(expr, (cst.Name, cst.Attribute)) and facts.is_accelerator(expr, at):
+        receiver = prepare.func.value
+        if isinstance(receiver, (cst.Name, cst.Attribute)):
+            text = self.context.module.code_for_node(receiver)
+            if facts.is_accelerator(cst.parse_expression(text), at):
                 return text
-        return None
+        return facts.accelerator_at(at)
 
     def _fatal_backend(self) -> str | None:
         """ "FSDP2" or "DeepSpeed ZeRO 2/3" when the code or the launch says so; None otherwise."""

@@ -7,7 +7,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of
+from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of, epoch_counter, single_pass
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
@@ -323,7 +323,7 @@ for _ in range(3):
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
                 epoch_loops.setdefault(id(epoch_loop), (epoch_loop, use, loader_there))
         for epoch_loop, use, loader_there in epoch_loops.values():
-            if _single_pass(epoch_loop) or self._sets_epoch(epoch_loop) or self._reseeded(use, epoch_loop):
+            if single_pass(epoch_loop) or self._sets_epoch(epoch_loop) or self._reseeded(use, epoch_loop):
                 continue
             if self._set_epoch_out_of_sight(epoch_loop):
                 continue
@@ -422,7 +422,7 @@ for _ in range(3):
         if seed is None:
             return False
         counters = _target_names(facts, epoch_loop.target) if isinstance(epoch_loop, cst.For) else set()
-        counters.add(_epoch_variable(epoch_loop) or "")
+        counters.add(epoch_counter(epoch_loop) or "")
         for name in facts.within(seed, cst.Name):
             if name.value in counters or any(
                 facts.is_within(binding.statement, epoch_loop) for binding in facts.bindings(name.value, seed)
@@ -439,7 +439,7 @@ for _ in range(3):
     # -- the report and its fix -------------------------------------------------------------
 
     def _report(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> None:
-        epoch = _epoch_variable(epoch_loop)
+        epoch = epoch_counter(epoch_loop)
         receiver, helper = self._receiver(epoch_loop, use, loader_there)
         if receiver is None:
             call_text = "sampler.set_epoch(epoch)"
@@ -513,38 +513,3 @@ def _getattr_set_epoch(func: cst.BaseExpression) -> bool:
 
 def _target_names(facts, target: cst.BaseExpression) -> set[str]:
     return {name.value for name in facts.within(target, cst.Name)}
-
-
-def _single_pass(loop: Loop) -> bool:
-    if not isinstance(loop, cst.For):
-        return False
-    iterator = loop.iter
-    if isinstance(iterator, (cst.List, cst.Tuple)):
-        return len(iterator.elements) <= 1
-    return (
-        isinstance(iterator, cst.Call)
-        and get_full_name_for_node(iterator.func) == "range"
-        and len(iterator.args) == 1
-        and isinstance(iterator.args[0].value, cst.Integer)
-        and iterator.args[0].value.evaluated_value <= 1
-    )
-
-
-def _epoch_variable(loop: Loop) -> str | None:
-    """The loop's epoch counter: a plain ``for`` target, or a ``while`` body's ``name += 1``."""
-    if isinstance(loop, cst.For):
-        target = loop.target
-        return target.value if isinstance(target, cst.Name) and target.value != "_" else None
-    if isinstance(loop.body, cst.IndentedBlock):
-        for statement in loop.body.body:
-            if isinstance(statement, cst.SimpleStatementLine):
-                for small in statement.body:
-                    if (
-                        isinstance(small, cst.AugAssign)
-                        and isinstance(small.operator, cst.AddAssign)
-                        and isinstance(small.target, cst.Name)
-                        and isinstance(small.value, cst.Integer)
-                        and small.value.value == "1"
-                    ):
-                        return small.target.value
-    return None

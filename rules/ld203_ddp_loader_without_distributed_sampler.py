@@ -14,6 +14,8 @@ from lintdist.facts import (
     SAMPLER_CLASSES,
     Loop,
     argument_of,
+    epoch_counter,
+    single_pass,
     wrapped_iterable,
 )
 from lintdist.model import Applicability, Fix, Severity
@@ -692,7 +694,7 @@ for x, y in loader:
             for epoch_loop, loader_there in {
                 id(e): (e, x) for use in uses for e, x in self._epochs(loader, use.loop, use.expr)
             }.values():
-                epoch = _epoch_variable(epoch_loop)
+                epoch = epoch_counter(epoch_loop)
                 if epoch is None or not isinstance(epoch_loop.body, cst.IndentedBlock):
                     return None
                 if facts.is_within(loader, epoch_loop):
@@ -783,7 +785,7 @@ for x, y in loader:
                 if self.context.names.module_bindings(root):
                     return self.context.module.code_for_node(attribute), ()
         if self.context.names.module_bindings("DistributedSampler") or any(
-            n.value == "DistributedSampler" and not _attribute_part(n, facts) for n in facts.index.nodes(cst.Name)
+            n.value == "DistributedSampler" and facts.is_variable(n) for n in facts.index.nodes(cst.Name)
         ):
             return None, ()
         return "DistributedSampler", (("torch.utils.data", "DistributedSampler"),)
@@ -793,7 +795,7 @@ for x, y in loader:
         facts = self.facts
         result = []
         for epoch_loop, loader_there in facts.epoch_loops(loop, expr):
-            if _single_pass(epoch_loop):
+            if single_pass(epoch_loop):
                 continue
             if any(self._tells(call, loader) for call in facts.reachable_calls(epoch_loop.body)):
                 continue
@@ -837,51 +839,5 @@ def _is_sampler_class(qualified: str) -> bool:
     return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))
 
 
-def _attribute_part(name: cst.Name, facts) -> bool:
-    """The ``name`` of ``x.name``, or a keyword ``name=``: not a variable."""
-    parent = facts.parent(name)
-    return (isinstance(parent, cst.Attribute) and parent.attr is name) or (
-        isinstance(parent, cst.Arg) and parent.keyword is name
-    )
-
-
 def _iterable_name(qualified: str) -> bool:
     return any(part in qualified.rsplit(".", 1)[-1] for part in ITERABLE_NAME_PARTS)
-
-
-# Copied from LD201 (rules do not import each other): what a loop's epoch counter is, and single passes.
-
-
-def _single_pass(loop: Loop) -> bool:
-    if not isinstance(loop, cst.For):
-        return False
-    iterator = loop.iter
-    if isinstance(iterator, (cst.List, cst.Tuple)):
-        return len(iterator.elements) <= 1
-    return (
-        isinstance(iterator, cst.Call)
-        and get_full_name_for_node(iterator.func) == "range"
-        and len(iterator.args) == 1
-        and isinstance(iterator.args[0].value, cst.Integer)
-        and iterator.args[0].value.evaluated_value <= 1
-    )
-
-
-def _epoch_variable(loop: Loop) -> str | None:
-    """The loop's epoch counter: a plain ``for`` target, or a ``while`` body's ``name += 1``."""
-    if isinstance(loop, cst.For):
-        target = loop.target
-        return target.value if isinstance(target, cst.Name) and target.value != "_" else None
-    if isinstance(loop.body, cst.IndentedBlock):
-        for statement in loop.body.body:
-            if isinstance(statement, cst.SimpleStatementLine):
-                for small in statement.body:
-                    if (
-                        isinstance(small, cst.AugAssign)
-                        and isinstance(small.operator, cst.AddAssign)
-                        and isinstance(small.target, cst.Name)
-                        and isinstance(small.value, cst.Integer)
-                        and small.value.value == "1"
-                    ):
-                        return small.target.value
-    return None

@@ -434,7 +434,7 @@ model, loader = accelerator.prepare(model, loader)
         )
         prepare_line = self.context.span(prepare).line
         for use in self._names:
-            if use.value != name or use is statement.targets[0].target or not _is_variable(use, facts):
+            if use.value != name or use is statement.targets[0].target or not facts.is_variable(use):
                 continue
             if facts.is_within(use, prepare_statement if rebinds else prepare):
                 continue
@@ -472,14 +472,6 @@ def _target_names(target: cst.BaseExpression) -> set[str]:
     if isinstance(target, (cst.Tuple, cst.List)):
         return {n for element in target.elements for n in _target_names(element.value)}
     return set()
-
-
-def _is_variable(name: cst.Name, facts) -> bool:
-    """Not the attribute part of ``x.name``, nor a keyword ``name=`` of a call."""
-    parent = facts.parent(name)
-    if isinstance(parent, cst.Attribute) and parent.attr is name:
-        return False
-    return not (isinstance(parent, cst.Arg) and parent.keyword is name)
 
 
 def _local_to(use: cst.Name, function: cst.FunctionDef | None, facts) -> bool:

@@ -47,12 +47,6 @@ TEMPORARY = frozenset(
 DEEPSPEED_PLACEHOLDERS = frozenset(
     f"accelerate.utils{module}.{name}" for module in ("", ".deepspeed") for name in ("DummyOptim", "DummyScheduler")
 )
-# Methods of an Accelerator (or PartialState) that identify the object a barrier can be spelled on.
-ACCELERATOR_METHODS = frozenset(
-    {"prepare", "backward", "wait_for_everyone", "save", "save_state", "load_state", "unwrap_model", "print"}
-    | {"gather", "gather_for_metrics", "get_state_dict", "save_model", "accumulate", "clip_grad_norm_", "log"}
-)
-ACCELERATOR_ATTRIBUTES = ACCELERATOR_METHODS | {"is_main_process", "is_local_main_process", "num_processes"}
 # How far the write or the read is followed out through the callers of its function.
 MAX_LIFT = 3
 
@@ -512,38 +506,16 @@ state = torch.load(path, map_location="cpu")
     def _barrier(self, write_anchor: cst.CSTNode, read_anchor: cst.CSTNode) -> tuple[str, tuple, str]:
         """The barrier as this script would spell it, the imports it needs, and its text for the message."""
         facts = self.facts
-        accelerator = self._accelerator_in_sight(read_anchor)
+        accelerator = facts.accelerator_at(read_anchor)
         if accelerator is not None:
             text = f"{accelerator}.wait_for_everyone()"
             return text, (), text
         if facts.imports("accelerate"):
             return "PartialState().wait_for_everyone()", (("accelerate", "PartialState"),), "wait_for_everyone()"
-        module = _distributed_name(facts)
+        module = facts.distributed_at(read_anchor)
         if module is None:
             return "torch.distributed.barrier()", (("torch.distributed", None),), "torch.distributed.barrier()"
         return f"{module}.barrier()", (), f"{module}.barrier()"
-
-    def _accelerator_in_sight(self, at: cst.CSTNode) -> str | None:
-        """An expression holding the Accelerator, usable where ``at`` is: one used in the same function, or a
-        module-level name."""
-        facts = self.facts
-        function = facts.enclosing_function(at)
-        scopes = [function] if function is not None else []
-        scopes.append(None)
-        for scope in scopes:
-            for attribute in facts.index.nodes(cst.Attribute):
-                if (
-                    attribute.attr.value not in ACCELERATOR_ATTRIBUTES
-                    or facts.enclosing_function(attribute) is not scope
-                ):
-                    continue
-                receiver = attribute.value
-                text = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
-                if text is None or (scope is None and function is not None and "." in text):
-                    continue
-                if facts.is_accelerator(receiver, attribute):
-                    return text
-        return None
 
 
 def _argument(call: cst.Call, keyword: str, position: int) -> cst.BaseExpression | None:
@@ -552,29 +524,3 @@ def _argument(call: cst.Call, keyword: str, position: int) -> cst.BaseExpression
 
 def _keyword(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
     return next((a.value for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
-
-
-def _distributed_name(facts) -> str | None:
-    """How the script spells ``torch.distributed``: ``dist`` of ``import torch.distributed as dist``,
-    ``torch.distributed`` after ``import torch``, ``dist`` read unbound in a snippet; None when nothing imports it."""
-    plain_torch = False
-    for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
-        if isinstance(statement.names, cst.ImportStar):
-            continue
-        for alias in statement.names:
-            full = get_full_name_for_node(alias.name) or ""
-            bound = get_full_name_for_node(alias.asname.name) if alias.asname is not None else None
-            if isinstance(statement, cst.Import):
-                if full == "torch.distributed":
-                    return bound or "torch.distributed"
-                if full == "torch" or full.startswith("torch."):
-                    plain_torch = plain_torch or bound is None or full == "torch"
-                    if full == "torch" and bound:
-                        return f"{bound}.distributed"
-            elif (
-                statement.module is not None
-                and get_full_name_for_node(statement.module) == "torch"
-                and full == "distributed"
-            ):
-                return bound or "distributed"
-    return "torch.distributed" if plain_torch else facts.conventional_spelling("torch.distributed")

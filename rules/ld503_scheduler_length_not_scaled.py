@@ -708,11 +708,9 @@ for epoch in range(args.num_train_epochs):
         reads: dict[str, list[cst.Name]] = {}
         body = definition.body
         for name in facts.within(body, cst.Name):
+            if not facts.is_variable(name):
+                continue
             parent = facts.parent(name)
-            if isinstance(parent, cst.Attribute) and parent.attr is name:
-                continue
-            if isinstance(parent, (cst.Arg,)) and parent.keyword is name:
-                continue
             if name.value in parameters or name.value in local or name.value in facts.imported_names:
                 continue
             if isinstance(parent, cst.Call) and parent.func is name:

@@ -46,8 +46,6 @@ GATHERING_METHODS = frozenset(
     }
 )
 SHARDED = frozenset({"FSDP", "DEEPSPEED"})
-# Attributes whose use on a receiver, with `facts.is_accelerator`, shows an Accelerator the code already names.
-ACCELERATOR_METHODS = frozenset({"is_main_process", "prepare", "backward", "save", "unwrap_model", "accumulate"})
 
 
 # -- helpers shared with LD602 --------------------------------------------------------------------
@@ -55,56 +53,6 @@ ACCELERATOR_METHODS = frozenset({"is_main_process", "prepare", "backward", "save
 
 def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
-
-
-def accelerator_in_scope(rule: Rule, at: cst.CSTNode) -> str | None:
-    """Source text naming an Accelerator that is visible at ``at``: one the same function already uses, a
-    ``self.<x>`` set to an ``Accelerator(...)`` in the same class, or a module-level name bound to one that the
-    function does not rebind. None when none is found."""
-    facts = rule.facts
-    function = facts.enclosing_function(at)
-    scope = function if function is not None else facts.index.module
-    for attribute in facts.within(scope, cst.Attribute):
-        receiver = attribute.value
-        if not isinstance(receiver, (cst.Name, cst.Attribute)):
-            continue
-        if function is not None and facts.enclosing_function(attribute) is not function:
-            continue
-        if attribute.attr.value in ACCELERATOR_METHODS and facts.is_accelerator(receiver, attribute):
-            return code_of(receiver)
-    cls = facts.enclosing_class(at)
-    for call in rule.loop.accelerators:
-        assign = facts.parent(call)
-        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
-            continue
-        target = assign.targets[0].target
-        name = get_full_name_for_node(target)
-        if name is None:
-            continue
-        if name.startswith("self.") and name.count(".") == 1:
-            if cls is not None and facts.enclosing_class(call) is cls and function is not None:
-                return name
-        elif (
-            isinstance(target, cst.Name)
-            and facts.enclosing_function(call) is None
-            and (function is None or all(b.function is None for b in facts.bindings(name, at)))
-        ):
-            return name
-    return None
-
-
-def dist_alias(rule: Rule) -> str | None:
-    """The name this file imports ``torch.distributed`` under (``dist``), when it is a plain module-level name."""
-    facts = rule.facts
-    for call in facts.calls:
-        func = call.func
-        if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and "torch.distributed" in facts.qualified_names(func.value)
-        ):
-            return func.value.value
-    return None
 
 
 def mentions_rank(rule: Rule, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
@@ -389,6 +337,22 @@ if not dist.is_initialized() or dist.get_rank() == 0:
     torch.save({"step": step}, "state.pt")
 """,
         ),
+        Invalid(
+            """\
+import torch
+
+torch.distributed.init_process_group("gloo")
+torch.save({"step": step}, "state.pt")
+""",
+            lines=(4,),
+            fixed="""\
+import torch
+
+torch.distributed.init_process_group("gloo")
+if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+    torch.save({"step": step}, "state.pt")
+""",
+        ),
     )
 
     def finish(self) -> None:
@@ -410,7 +374,7 @@ if not dist.is_initialized() or dist.get_rank() == 0:
         if obj is None or path is None or not self._every_rank(call) or self._local_target(path, call):
             return
         message = "`torch.save` runs on every process: they all write the same file at once"
-        accelerator = accelerator_in_scope(self, call)
+        accelerator = self.facts.accelerator_at(call)
         fix = None
         if accelerator is not None:
             extra = [a for a in call.args if a.keyword is not None and a.keyword.value not in {"obj", "f"}]
@@ -448,7 +412,7 @@ if not dist.is_initialized() or dist.get_rank() == 0:
             what = "a tokenizer's, processor's or config's `save_pretrained`"
         else:
             return
-        accelerator = accelerator_in_scope(self, call)
+        accelerator = self.facts.accelerator_at(call)
         state_dict = argument_of(call, "state_dict", None)
         if kind == "peft" and accelerator is not None:
             # peft gates every write on this argument; the call stays on every rank (its arguments may gather)
@@ -581,11 +545,11 @@ if not dist.is_initialized() or dist.get_rank() == 0:
         if line is None or gathers(self, call) or gathers(self, saved) or self.loop.backend in SHARDED:
             return None
         if accelerator is None:
-            accelerator = accelerator_in_scope(self, call)
+            accelerator = self.facts.accelerator_at(call)
         if accelerator is not None:
             test = f"{accelerator}.is_main_process"
         else:
-            alias = dist_alias(self)
+            alias = self.facts.distributed_at(call)
             if alias is None:
                 return None
             test = f"not {alias}.is_initialized() or {alias}.get_rank() == 0"

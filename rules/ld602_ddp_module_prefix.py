@@ -8,7 +8,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import DDP_WRAPPERS, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld601_save_on_every_rank import TORCH_SAVES, accelerator_in_scope, code_of
+from lintdist.rules.ld601_save_on_every_rank import TORCH_SAVES, code_of
 
 COMPILES = frozenset({"torch.compile"})
 # What strips a wrapper: the saved model is already the plain module.
@@ -134,7 +134,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 model = DDP(net)
 checkpoint = {"model": model.state_dict(), "step": step}
-torch.save(checkpoint, "ckpt.pt")
+if torch.distributed.get_rank() == 0:
+    torch.save(checkpoint, "ckpt.pt")
 """,
             lines=(5,),
             fixed="""\
@@ -143,7 +144,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 model = DDP(net)
 checkpoint = {"model": model.module.state_dict(), "step": step}
-torch.save(checkpoint, "ckpt.pt")
+if torch.distributed.get_rank() == 0:
+    torch.save(checkpoint, "ckpt.pt")
 """,
         ),
     )
@@ -287,7 +289,7 @@ torch.save(checkpoint, "ckpt.pt")
         if self._loaded_back(model, state_dict):
             self._report_loaded_back(model, state_dict)
             return
-        accelerator = accelerator_in_scope(self, save)
+        accelerator = self.facts.accelerator_at(save)
         shown = accelerator or "accelerator"
         backend = self.loop.backend
         if backend in SHARDED:

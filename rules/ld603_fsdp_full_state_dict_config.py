@@ -259,11 +259,7 @@ def save(model, path):
             return False
         function = facts.enclosing_function(take)
         scope = function if function is not None else facts.index.module
-        reads = [
-            n
-            for n in facts.within(scope, cst.Name)
-            if n.value == target.value and n is not target and _is_read(facts, n)
-        ]
+        reads = facts.reads_of(target.value, scope)
         if not reads:
             return False
         for read in reads:
@@ -295,15 +291,6 @@ def _may_take(facts, call: cst.Call) -> bool:
     if name == "load_state_dict" or "optim" in name:  # the optimizer's state dict has a config of its own
         return False
     return "save" in name.lower() or name.endswith("state_dict")
-
-
-def _is_read(facts, name: cst.Name) -> bool:
-    parent = facts.parent(name)
-    if isinstance(parent, cst.Attribute) and parent.attr is name:
-        return False
-    if isinstance(parent, cst.AssignTarget) and parent.target is name:
-        return False
-    return not (isinstance(parent, cst.Arg) and parent.keyword is name)
 
 
 def _with_config(call: cst.Call, config: cst.BaseExpression | None) -> cst.Call:

@@ -197,11 +197,9 @@ class DcpDeprecatedApi(Rule):
 
     def _binds_or_reads(self, name: cst.Name) -> bool:
         """``name`` is a module-level or local name (not an attribute, a keyword, or a method of a class)."""
+        if not self.facts.is_variable(name):
+            return False
         parent = self.facts.parent(name)
-        if isinstance(parent, cst.Attribute) and parent.attr is name:
-            return False
-        if isinstance(parent, cst.Arg) and parent.keyword is name:
-            return False
         if isinstance(parent, cst.FunctionDef) and parent.name is name:
             body = self.facts.parent(parent)  # a method: the class body's own function
             return not (body is not None and isinstance(self.facts.parent(body), cst.ClassDef))

@@ -198,20 +198,7 @@ FSDP.optim_state_dict_to_load(model, make_optimizer(), osd)
             return False
         function = facts.enclosing_function(assignment)
         scope = function if function is not None else facts.index.module
-        for node in facts.within(scope, cst.Name):
-            if node is name or node.value != name.value:
-                continue
-            parent = facts.parent(node)
-            if isinstance(parent, cst.Attribute) and parent.attr is node:
-                continue
-            if isinstance(parent, cst.AssignTarget) and parent.target is node:
-                continue
-            if (isinstance(parent, cst.Arg) and parent.keyword is node) or (
-                isinstance(parent, cst.Param) and parent.name is node
-            ):
-                continue
-            return True
-        return False
+        return bool(facts.reads_of(name.value, scope))
 
 
 def _fix(statement: cst.BaseSmallStatement, call: cst.Call, optim: cst.BaseExpression | None) -> Fix | None:

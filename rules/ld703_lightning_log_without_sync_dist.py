@@ -24,21 +24,10 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.edits import with_keyword_last
-from lintdist.facts import LIGHTNING_TRAINERS, argument_of
+from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-_MODULE_HOMES = (
-    "lightning",
-    "lightning.pytorch",
-    "lightning.pytorch.core",
-    "lightning.pytorch.core.module",
-    "pytorch_lightning",
-    "pytorch_lightning.core",
-    "pytorch_lightning.core.module",
-    "pytorch_lightning.core.lightning",
-)
-LIGHTNING_MODULES = frozenset(f"{home}.LightningModule" for home in _MODULE_HOMES)
 # Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
 EPOCH_HOOKS = frozenset(
     {
@@ -335,7 +324,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         if self.context.is_test_module:
             return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
         facts = self.facts
-        modules = [cls for cls in facts.classes if facts.derives_from(cls, LIGHTNING_MODULES.__contains__)]
+        modules = [cls for cls in facts.classes if facts.is_lightning_module(cls)]
         if not modules or self._single_device():
             return
         for call in facts.calls:
@@ -517,32 +506,8 @@ trainer = L.Trainer(devices=4, strategy="ddp")
 
     def _single_device(self) -> bool:
         """Every `Trainer(...)` of this file runs on one device; False when there is none."""
-        trainers = [call for call in self.facts.calls if self.facts.callee_is(call, LIGHTNING_TRAINERS)]
-        return bool(trainers) and all(self._one_device(call) for call in trainers)
-
-    def _one_device(self, trainer: cst.Call) -> bool:
-        if any(arg.star for arg in trainer.args):
-            return False
-        nodes = argument_of(trainer, "num_nodes", None)
-        if nodes is not None and _literal(nodes) != 1:
-            return False
-        devices = argument_of(trainer, "devices", None)
-        if devices is not None:
-            origins = self.facts.origins(devices, trainer)
-            return bool(origins) and all(o.index is None and _at_most_one(o.node) for o in origins)
-        accelerator = _literal(argument_of(trainer, "accelerator", None))
-        return accelerator in {"cpu", "mps"}  # `devices="auto"` is one device there
-
-
-def _at_most_one(node: cst.CSTNode) -> bool:
-    """``1``, ``"1"``, ``[0]``, or ``min(1, ...)``."""
-    if _literal(node) in {0, 1, "1"} and not isinstance(_literal(node), bool):
-        return True
-    if isinstance(node, cst.List):
-        return len(node.elements) == 1
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "min":
-        return any(_literal(arg.value) in {0, 1} for arg in node.args)
-    return False
+        trainers = self.facts.lightning_trainers
+        return bool(trainers) and all(self.facts.trainer_devices(call) == "one" for call in trainers)
 
 
 def _literal(expr: cst.BaseExpression | None) -> object:

@@ -407,9 +407,9 @@ class Scale(torch.autograd.Function):
         for name in self.facts.index.nodes(cst.Name):
             if name.value not in bound or self.facts.is_within(name, statement):
                 continue
+            if not self.facts.is_variable(name):
+                continue  # `x.autocast` or a keyword `autocast=`: not the name
             parent = self.facts.parent(name)
-            if isinstance(parent, cst.Attribute) and parent.attr is name:
-                continue  # `x.autocast`: the attribute, not the name
             used = parent if attribute_uses else name
             if id(used) not in callees:
                 return None

@@ -1,0 +1,124 @@
+"""How a script spells an object at a point, so that a fix writes it the way the script already does.
+
+A fix that calls the Accelerator or ``torch.distributed`` has to name them with an expression that is bound where the
+fix lands: ``self.accelerator`` in a method, ``accelerator`` in ``main()``, ``dist`` after ``import
+torch.distributed as dist``. The answers come from the facts' indexes (no walk of their own); ``PythonFacts``
+exposes them as ``accelerator_at`` and ``distributed_at``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+if TYPE_CHECKING:
+    from lintdist.facts import PythonFacts
+
+# Attributes whose use on a receiver (confirmed by ``facts.is_accelerator``) shows an Accelerator the code names.
+ACCELERATOR_ATTRIBUTES = frozenset(
+    {"prepare", "backward", "wait_for_everyone", "save", "save_state", "load_state", "unwrap_model", "print"}
+    | {"gather", "gather_for_metrics", "get_state_dict", "save_model", "accumulate", "clip_grad_norm_", "log"}
+    | {"is_main_process", "is_local_main_process", "num_processes"}
+    | {"no_sync", "autocast", "reduce", "pad_across_processes", "end_training", "free_memory", "sync_gradients"}
+)
+DISTRIBUTED = "torch.distributed"
+
+
+def accelerator_at(facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """Source text naming an Accelerator that is bound where ``at`` is, None when none is in sight.
+
+    In order: a receiver the same function (or, at module level, the module's own code) already uses as an
+    Accelerator; in a method, ``self.<x>`` set to ``Accelerator(...)`` in the class; a module-level name bound to
+    ``Accelerator(...)`` or used as one at module level, unless the function rebinds it."""
+    function = facts.enclosing_function(at)
+    own = _accelerator_used(facts, function, dotted=True)
+    if own is not None:
+        return own
+    if function is not None and _is_method(facts, function):
+        cls = facts.enclosing_class(function)
+        for call in facts.accelerator_constructions:
+            name = _assigned_name(facts, call)
+            if name and name.startswith("self.") and name.count(".") == 1 and facts.enclosing_class(call) is cls:
+                return name
+    for call in facts.accelerator_constructions:
+        name = _assigned_name(facts, call)
+        if name and "." not in name and facts.enclosing_function(call) is None and _module_name_visible(facts, name, at):
+            return name
+    if function is None:
+        return None
+    name = _accelerator_used(facts, None, dotted=False)
+    return name if name is not None and _module_name_visible(facts, name, at) else None
+
+
+def distributed_at(facts: PythonFacts, at: cst.CSTNode | None = None) -> str | None:
+    """How the script spells ``torch.distributed`` where ``at`` is (anywhere at module level when ``at`` is None).
+
+    ``dist`` of ``import torch.distributed as dist`` or ``from torch import distributed as dist``, wherever it stands
+    among the imports; else ``torch.distributed`` (``th.distributed``) after ``import torch`` (``as th``) or ``import
+    torch.<any>``; ``dist`` read unbound in a snippet (its conventional meaning); None when nothing imports torch.
+    Imports inside a function count only where ``at`` is inside that function."""
+    through_torch = None
+    for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar) or not _in_sight(facts, statement, at):
+            continue
+        for alias in statement.names:
+            full = get_full_name_for_node(alias.name) or ""
+            bound = get_full_name_for_node(alias.asname.name) if alias.asname is not None else None
+            if isinstance(statement, cst.Import):
+                if full == DISTRIBUTED and bound:
+                    return bound
+                if full == "torch" and bound:
+                    through_torch = through_torch or f"{bound}.distributed"
+                elif full == "torch" or full.startswith("torch."):
+                    through_torch = through_torch or DISTRIBUTED
+            elif statement.module is not None and get_full_name_for_node(statement.module) == "torch":
+                if full == "distributed":
+                    return bound or "distributed"
+    return through_torch or facts.conventional_spelling(DISTRIBUTED)
+
+
+def _accelerator_used(facts: PythonFacts, function: cst.FunctionDef | None, *, dotted: bool) -> str | None:
+    """The first receiver of an Accelerator attribute in ``function``'s own code (the module's, for None)."""
+    scope = function if function is not None else facts.index.module
+    for attribute in facts.within(scope, cst.Attribute):
+        if attribute.attr.value not in ACCELERATOR_ATTRIBUTES or facts.enclosing_function(attribute) is not function:
+            continue
+        receiver = attribute.value
+        if not isinstance(receiver, (cst.Name, cst.Attribute)) or (not dotted and not isinstance(receiver, cst.Name)):
+            continue
+        text = get_full_name_for_node(receiver)
+        if text is not None and facts.is_accelerator(receiver, attribute):
+            return text
+    return None
+
+
+def _assigned_name(facts: PythonFacts, call: cst.Call) -> str | None:
+    """``x`` of ``x = call`` (``self.x`` too); None for any other use of the call."""
+    assign = facts.parent(call)
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    return get_full_name_for_node(assign.targets[0].target)
+
+
+def _is_method(facts: PythonFacts, function: cst.FunctionDef) -> bool:
+    """``function``, or a function it is nested in, is a method taking ``self``: the instance is in sight."""
+    outer: cst.FunctionDef | None = function
+    while outer is not None:
+        params = outer.params.params
+        if params and params[0].name.value == "self" and facts.enclosing_class(outer) is not None:
+            return True
+        outer = facts.enclosing_function(outer)
+    return False
+
+
+def _module_name_visible(facts: PythonFacts, name: str, at: cst.CSTNode) -> bool:
+    """A module-level ``name`` is what ``name`` means at ``at``: the function there does not bind it itself."""
+    return all(b.function is None for b in facts.bindings(name, at))
+
+
+def _in_sight(facts: PythonFacts, node: cst.CSTNode, at: cst.CSTNode | None) -> bool:
+    """``node`` is at module level, or in a function that ``at`` is inside."""
+    function = facts.enclosing_function(node)
+    return function is None or (at is not None and facts.is_within(at, function))
