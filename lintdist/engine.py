@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -367,6 +366,8 @@ def fix_edits(finding: Finding, context: FileContext) -> list[TextEdit]:
     for line in old_lines:
         offsets.append(offsets[-1] + len(line))
     edits = []
+    import difflib  # only the reporters that show a fix as text edits (SARIF) pay for it
+
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False).get_opcodes():
         if tag != "equal":
             edits.append(TextEdit(offsets[i1], offsets[i2], "".join(new_lines[j1:j2])))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import gc
 import os
 import sys
@@ -121,6 +120,8 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
             if outcome.text != text:
                 new_text = outcome.text if notebook is None else write_notebook(notebook, outcome.text)
                 if task.mode == "diff":
+                    import difflib  # only --diff needs it: start-up does not pay for it
+
                     report.diff = "".join(
                         difflib.unified_diff(
                             source_text.splitlines(keepends=True),

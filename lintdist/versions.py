@@ -11,7 +11,6 @@ the rule keeps the behaviour of the versions the catalog was checked on).
 from __future__ import annotations
 
 import ast
-import configparser
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -167,6 +166,8 @@ def _requirement_lines(path: Path, seen: set[Path]) -> list[str]:
 def _setup_requirements(folder: Path) -> list[str]:
     config = folder / "setup.cfg"
     if config.is_file():
+        import configparser  # only a project with setup.cfg pays for it
+
         parser = configparser.ConfigParser()
         try:
             parser.read(config, encoding="utf-8")
