@@ -388,9 +388,9 @@ for epoch in range(10):
             return None
         if facts.single_process_branch(exit_node) is not None:
             return None  # `if local_rank == -1 and stopper(...): break`: taken only when there is one process
+        if facts.rank_split(loop) is not None:
+            return None  # only some ranks run the loop (`if rank == 0: for episode in ...`): none waits in it
         guard = facts.rank_guard(exit_node)
-        if guard is not None and not facts.is_within(guard, loop) and guard is not loop:
-            guard = None  # the whole loop runs on the main process: nothing to wait for there
         holder = None
         reason = None
         child = exit_node
