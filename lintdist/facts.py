@@ -79,6 +79,9 @@ MAIN_FLAG_LIKE = re.compile(
 )
 # The same flags as plain text, for rules' pre-filters: a file that tests one is written for several processes.
 MAIN_FLAG_WORDS = (".is_main", ".is_master", ".is_global_main", ".is_local_main", ".is_chief", ".is_rank")
+# A helper named for DDP (`init_distributed_data_parallel_model`, `wrap_ddp`): what it returns when its body is not
+# in sight.
+DDP_HELPER_NAME = re.compile(r"(?:^|_)(?:ddp|distributed_data_parallel)(?:_|$)", re.IGNORECASE)
 # The number of processes, flags that say a job is distributed, and the calls that test for a process group.
 WORLD_SIZE_NAMES = frozenset({"world_size", "ddp_world_size", "num_processes"})
 DISTRIBUTED_FLAGS = frozenset({"distributed", "is_distributed", "ddp", "use_ddp", "multiprocessing_distributed"})
@@ -1222,6 +1225,19 @@ class PythonFacts:
                 if any(other.callee_is(inner, classes) for inner in other.calls_within(function)):
                     return True
         return False
+
+    def named_ddp_helper(self, call: cst.Call) -> str | None:
+        """The name of the helper ``call`` runs when that name says it wraps a model in DDP
+        (``init_distributed_data_parallel_model(model)``, ``wrap_ddp(model)``) and its body is not in sight: not
+        in this module, nor in a project module lintdist can read (``origins`` follows a helper it can read, and
+        what that returns is the answer). None otherwise."""
+        name = _last_name(call.func)
+        if not name or not DDP_HELPER_NAME.search(name) or self.local_functions(call):
+            return None
+        if self.project is not None and self.imported_root(call.func):
+            if any(self.project.definition(q) is not None for q in self.qualified_names(call.func)):
+                return None
+        return name
 
     def wrapped_models(self) -> list[cst.Call]:
         """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""

@@ -438,3 +438,25 @@ def test_a_flag_with_no_definition_in_sight_is_known_by_its_name_and_other_names
     assert not facts.main_when(tests["env.is_main_node(rank)"].test, True)  # a question about its argument
     assert not facts.main_when(tests["env.main_rank"].test, True)  # a number, not a flag
 
+
+# -- a DDP model made by a helper whose body is not in sight ------------------------------------------
+
+
+def test_a_helper_named_for_ddp_is_known_by_its_name_only_when_its_body_is_not_in_sight():
+    facts = _facts(
+        """
+        from toolkit import init_distributed_data_parallel_model, build_model
+
+        def wrap_ddp(model):
+            return model
+
+        a = init_distributed_data_parallel_model(net)
+        b = wrap_ddp(net)
+        c = build_model(net)
+        """
+    )
+    assert facts.named_ddp_helper(_call(facts, "init_distributed_data_parallel_model")) == (
+        "init_distributed_data_parallel_model"
+    )
+    assert facts.named_ddp_helper(_call(facts, "wrap_ddp")) is None  # its body says what it returns
+    assert facts.named_ddp_helper(_call(facts, "build_model")) is None
