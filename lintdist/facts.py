@@ -70,6 +70,18 @@ MAIN_FLAGS = frozenset(
     {"is_main_process", "is_local_main_process", "is_global_zero", "is_world_process_zero", "is_local_process_zero"}
     | {"is_master", "is_rank_zero", "is_rank_0", "master_process"}
 )
+# A project's own main-process flag, by its name (`is_global_main`, `is_main`, `is_master_node`, `main_process`): what
+# its definition says when lintdist can see it, else what its name says. Not `main_rank` (a number) nor `master`.
+MAIN_FLAG_LIKE = re.compile(
+    r"_*is_(?:global_|local_|world_|node_)?(?:main|master|chief|rank_?(?:zero|0))"
+    r"(?:_(?:process|proc|rank|node|worker|gpu|host))?"
+    r"|_*(?:global_|local_)?(?:main|master)_(?:process|proc|worker)"
+)
+# The same flags as plain text, for rules' pre-filters: a file that tests one is written for several processes.
+MAIN_FLAG_WORDS = (".is_main", ".is_master", ".is_global_main", ".is_local_main", ".is_chief", ".is_rank")
+# A helper named for DDP (`init_distributed_data_parallel_model`, `wrap_ddp`): what it returns when its body is not
+# in sight.
+DDP_HELPER_NAME = re.compile(r"(?:^|_)(?:ddp|distributed_data_parallel)(?:_|$)", re.IGNORECASE)
 # The number of processes, flags that say a job is distributed, and the calls that test for a process group.
 WORLD_SIZE_NAMES = frozenset({"world_size", "ddp_world_size", "num_processes"})
 DISTRIBUTED_FLAGS = frozenset({"distributed", "is_distributed", "ddp", "use_ddp", "multiprocessing_distributed"})
@@ -1214,6 +1226,19 @@ class PythonFacts:
                     return True
         return False
 
+    def named_ddp_helper(self, call: cst.Call) -> str | None:
+        """The name of the helper ``call`` runs when that name says it wraps a model in DDP
+        (``init_distributed_data_parallel_model(model)``, ``wrap_ddp(model)``) and its body is not in sight: not
+        in this module, nor in a project module lintdist can read (``origins`` follows a helper it can read, and
+        what that returns is the answer). None otherwise."""
+        name = _last_name(call.func)
+        if not name or not DDP_HELPER_NAME.search(name) or self.local_functions(call):
+            return None
+        if self.project is not None and self.imported_root(call.func):
+            if any(self.project.definition(q) is not None for q in self.qualified_names(call.func)):
+                return None
+        return name
+
     def wrapped_models(self) -> list[cst.Call]:
         """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""
         if "wrapped_models" not in self._memo:
@@ -1289,8 +1314,99 @@ class PythonFacts:
             # and `self.is_main = accelerator.is_main_process` in `__init__` ... `if self.is_main:` in a method
             values = [b.value for b in self.bindings(get_full_name_for_node(test) or "", test) if b.index is None]
             tests = [v for v in values if not (isinstance(v, cst.Name) and v.value == "True")]
-            return bool(tests) and all(self.main_when(t, value, depth + 1) for t in tests)
+            if values or not MAIN_FLAG_LIKE.fullmatch(_last_name(test) or ""):
+                return bool(tests) and all(self.main_when(t, value, depth + 1) for t in tests)
+        if isinstance(test, (cst.Name, cst.Attribute, cst.Call)) and MAIN_FLAG_LIKE.fullmatch(_last_name(test) or ""):
+            if isinstance(test, cst.Call) and test.args:
+                return False  # `is_main(rank)`: a question about its argument, not about this process
+            return value and self.project_main_flag(test, depth) is not False
         return False
+
+    def project_main_flag(self, test: cst.BaseExpression, depth: int = 0) -> bool | None:
+        """Whether a flag named like a main-process test (``distr.is_global_main``, ``self.is_master``,
+        ``env.is_main()``) holds on the main process only, by its definition: True when every value its
+        class gives it (a property's or method's returns, a class-level value, ``self.flag = ...`` in a method; in
+        this module or, through the project, the module that defines the receiver's class) is such a test
+        (``return self.global_rank <= 0``), False when some is not, None when no definition is in sight (the name
+        then speaks for it)."""
+        target = test.func if isinstance(test, cst.Call) else test
+        key = ("project_main_flag", id(target), depth)
+        return self._remember(key, lambda: self._project_main_flag(target, depth))
+
+    def _project_main_flag(self, target: cst.BaseExpression, depth: int) -> bool | None:
+        name = _last_name(target) or ""
+        definitions = [
+            (facts, value)
+            for facts, cls in self._receiver_classes(target)
+            for value in facts._class_values(cls, name)
+        ]
+        if not definitions:
+            return None
+        if depth >= MAX_CALLER_DEPTH or _CROSSING[0] >= MAX_CROSSINGS:
+            return False
+        literal = {"True", "False", "None"}
+        tests = [(f, v) for f, v in definitions if not (isinstance(v, cst.Name) and v.value in literal)]
+        _CROSSING[0] += 1
+        try:
+            return bool(tests) and all(f.main_when(v, True, depth + 1) for f, v in tests)
+        finally:
+            _CROSSING[0] -= 1
+
+    def _receiver_classes(self, target: cst.BaseExpression) -> list[tuple[PythonFacts, cst.ClassDef]]:
+        """The classes (with the facts of their module) that may define the attribute ``target`` reads: the
+        enclosing class for ``self.x``, the class a receiver was built from (``distr = DistribTorch.instance()``,
+        ``env = Env()``), here or in another project module; else the classes of this module that define it."""
+        name = _last_name(target) or ""
+        if not isinstance(target, cst.Attribute):
+            return []
+        receiver = target.value
+        found: list[tuple[PythonFacts, cst.ClassDef]] = []
+        if isinstance(receiver, cst.Name) and receiver.value in {"self", "cls"}:
+            cls = self.enclosing_class(target)
+            found = [(self, c) for c in self._class_chain(cls)] if cls is not None else []
+        else:
+            for origin in self.origins(receiver, target):
+                node = origin.node
+                if not isinstance(node, cst.Call):
+                    continue
+                # `DistribTorch()` or `DistribTorch.instance()`: the class named there
+                for candidate in (node.func, node.func.value if isinstance(node.func, cst.Attribute) else None):
+                    if isinstance(candidate, (cst.Name, cst.Attribute)):
+                        found.extend(self._class_named(candidate))
+        if not found:
+            found = [(self, c) for c in self.classes if self._class_values(c, name)]
+        return found
+
+    def _class_named(self, expr: cst.BaseExpression) -> list[tuple[PythonFacts, cst.ClassDef]]:
+        """The class ``expr`` names: one of this module (with its local bases), or one another project module
+        defines."""
+        local = self._classes_by_name().get(get_full_name_for_node(expr) or "", [])
+        if local:
+            return [(self, c) for cls in local for c in self._class_chain(cls)]
+        if self.project is None or not self.imported_root(expr):
+            return []
+        found = []
+        for qualified in self.qualified_names(expr):
+            definition = self.project.definition(qualified)
+            if definition is not None and isinstance(definition[1], cst.ClassDef):
+                other, cls = definition
+                found.extend((other, c) for c in other._class_chain(cls))
+        return found
+
+    def _class_values(self, cls: cst.ClassDef, name: str) -> list[cst.BaseExpression]:
+        """What class ``cls`` of this module gives its attribute ``name``: the returns of a method or property of
+        that name, a value assigned in the class body, and ``self.name = ...`` in its methods."""
+        values: list[cst.BaseExpression] = []
+        for function in self.functions.get(name, ()):
+            if self.enclosing_class(function) is cls and self.enclosing_function(function) is None:
+                values.extend(self.returns.get(function, ()))
+        for binding in self._bindings.get(name, ()):
+            if binding.function is None and binding.index is None and self.enclosing_class(binding.statement) is cls:
+                values.append(binding.value)
+        for binding in self._bindings.get(f"self.{name}", ()):
+            if binding.function is not None and binding.index is None and self.enclosing_class(binding.function) is cls:
+                values.append(binding.value)
+        return values
 
     def single_process_branch(self, node: cst.CSTNode) -> cst.If | None:
         """The ``if`` inside ``node``'s function whose taken branch runs only in a one-process job (``if RANK == -1
@@ -1339,6 +1455,8 @@ class PythonFacts:
         atom = _is_rank(test) or _last_name(test) in MAIN_FLAGS
         if isinstance(test, (cst.Name, cst.Attribute)) and depth < MAX_CALLER_DEPTH and not atom:
             values = [b.value for b in self.bindings(get_full_name_for_node(test) or "", test) if b.index is None]
+            if not values and MAIN_FLAG_LIKE.fullmatch(_last_name(test) or ""):
+                return self.main_when(test, not value, depth)  # the project's own flag: one test, as `rank == 0`
             if value and any(isinstance(v, cst.Name) and v.value == "True" for v in values):
                 return False
             tests = [v for v in values if not (isinstance(v, cst.Name) and v.value == "True")]

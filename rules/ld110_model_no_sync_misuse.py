@@ -27,7 +27,13 @@ class ModelNoSyncMisuse(Rule):
     (b) a `no_sync` block (`model.no_sync()`, `accelerator.no_sync(model)` or
     `lintdist.runtime.grad_sync(model, ...)`) that runs a backward pass but
     no forward pass of that model, on a DDP model (raw DDP, or accelerate
-    without an FSDP or DeepSpeed backend).
+    without an FSDP or DeepSpeed backend). The block may be entered through
+    a name (`ctx = model.no_sync() if not last else nullcontext()` ...
+    `with ctx:`), and the model may be an attribute set in another method,
+    by `DistributedDataParallel(...)` or by a helper: one lintdist reads in
+    this module or another of the project, or, when its body is not in
+    sight, one named for DDP (`init_distributed_data_parallel_model(...)`,
+    `wrap_ddp(...)`).
 
     ## Why is this bad?
     (a) What a prepared model is depends on the launch: a DDP module under
@@ -77,6 +83,8 @@ class ModelNoSyncMisuse(Rule):
       DeepSpeed ZeRO >= 2: `nullcontext`)
     - `torch.nn.parallel.DistributedDataParallel.no_sync` docstring
     - accelerate guide "Gradient synchronization"
+    - facebookresearch/ClassyVision pull request #706: `no_sync()` entered
+      around the backward only, so accumulation still synchronized
     """
 
     code = "LD110"
@@ -332,7 +340,7 @@ for step, (x, y) in enumerate(loader):
                 continue
             reported.add(id(block.node))
             model = self.context.module.code_for_node(block.model)
-            identified = facts.identified(block.model, block.node, "ddp")
+            identified = facts.identified(block.model, block.node, "ddp") or self._named_helper(block)
             known = f" ({identified})" if identified else ""
             self.report(
                 block.call if facts.is_within(block.call, block.node) else block.node.items[0].item,
@@ -342,15 +350,30 @@ for step, (x, y) in enumerate(loader):
             )
 
     def _decides_in_forward(self, block: NoSync) -> bool:
-        """The model is a DDP module: wrapped here, or prepared by accelerate with no FSDP/DeepSpeed backend."""
+        """The model is a DDP module: wrapped here (or by a helper named for DDP whose body is not in sight), or
+        prepared by accelerate with no FSDP/DeepSpeed backend."""
         facts = self.facts
         origins = facts.origins(block.model, block.node)
         if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+            return True
+        if any(isinstance(o.node, cst.Call) and facts.named_ddp_helper(o.node) for o in origins):
             return True
         if facts.identified(block.model, block.node, "ddp") is not None:  # a snippet: `.no_sync()` and `.module`
             return True
         prepared = any(self.loop.is_accelerate_prepare(o.node) for o in origins)
         return prepared and self.loop.backend is None
+
+    def _named_helper(self, block: NoSync) -> str | None:
+        """The evidence when the model is DDP by the name of the helper that made it alone."""
+        facts = self.facts
+        origins = facts.origins(block.model, block.node)
+        if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+            return None
+        for origin in origins:
+            name = facts.named_ddp_helper(origin.node) if isinstance(origin.node, cst.Call) else None
+            if name:
+                return f"made by `{name}`, a helper named for DDP whose body is not in sight"
+        return None
 
     def _forward_in(self, calls: list[cst.Call], model: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """A call among ``calls`` runs the model (``model(...)``, ``model.forward(...)``) or hands it to a function

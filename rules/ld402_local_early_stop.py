@@ -7,6 +7,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.facts import MAIN_FLAG_WORDS
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
@@ -102,6 +103,8 @@ DISTRIBUTION_WORDS = (
     "torch.distributed",
     "init_process_group",
     "DistributedDataParallel",
+    # a main-process flag (the project's own `distr.is_global_main` too): a test that only several processes need
+    *MAIN_FLAG_WORDS,
 )
 # Wall-clock readings: each rank reads its own, so a time budget runs out at different steps on different ranks.
 CLOCKS = frozenset({"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns"})
@@ -125,7 +128,12 @@ class LocalEarlyStop(Rule):
     a flag set under such a test or returned by a helper given the loss,
     in this module or another), a wall-clock budget (`time.perf_counter()`,
     `time.time()`: each rank reads its own clock), or any condition under a
-    main-process guard (`if accelerator.is_main_process:`, `if rank == 0:`).
+    main-process guard (`if accelerator.is_main_process:`, `if rank == 0:`,
+    or the project's own flag: `if distr.is_global_main:` where its class
+    defines `is_global_main` as a test of the rank against 0, in this
+    module or another of the project, or a flag named so whose definition
+    is not in sight; a guard inside the loop is itself the sign of several
+    processes).
     The loop must do something every rank has to join (a backward pass, a
     `gather`/`reduce`/`all_reduce`, a barrier), directly or in a local
     helper. Step and epoch counters (`step >= max_steps`,
@@ -384,13 +392,15 @@ for epoch in range(10):
         """(the `if` holding the exit, the training loop it leaves, the rank-local value, the guard) or None."""
         facts = self.facts
         loop = self._left_loop(exit_node)
-        if loop is None or not self._collective_loop(loop) or not self._distributed(loop):
+        if loop is None or not self._collective_loop(loop):
             return None
         if facts.single_process_branch(exit_node) is not None:
             return None  # `if local_rank == -1 and stopper(...): break`: taken only when there is one process
         if facts.rank_split(loop) is not None:
             return None  # only some ranks run the loop (`if rank == 0: for episode in ...`): none waits in it
         guard = facts.rank_guard(exit_node)
+        if guard is None and not self._distributed(loop):
+            return None  # a main-process guard inside the loop is itself the sign of several processes
         holder = None
         reason = None
         child = exit_node

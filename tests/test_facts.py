@@ -357,3 +357,106 @@ def test_the_epoch_counter_is_the_for_target_or_a_while_loops_increment():
     assert epoch_counter(_loop("for i, batch in enumerate(loader):\n    train()\n")) is None
     assert epoch_counter(_loop("while epoch < n:\n    train()\n    epoch += 1\n")) == "epoch"
     assert epoch_counter(_loop("while epoch < n:\n    epoch += 2\n")) is None
+
+
+# -- a project's own main-process flag ---------------------------------------------------------------
+
+
+def _guard_tests(facts: PythonFacts) -> dict[str, cst.If]:
+    module = facts.index.module
+    return {module.code_for_node(i.test): i for i in facts.index.nodes(cst.If)}
+
+
+FLAG_CLASS = textwrap.dedent(
+    """
+    class Layout:
+        def __init__(self):
+            self.global_rank = int(os.environ["RANK"])
+            self.loader_id = 0
+
+        @property
+        def is_global_main(self):
+            return self.global_rank <= 0
+
+        @property
+        def is_main_worker(self):
+            return self.loader_id == 0
+    """
+)
+
+
+def test_a_flag_property_that_compares_the_rank_with_zero_is_a_main_process_test():
+    facts = _facts(FLAG_CLASS + "\nlayout = Layout()\nif layout.is_global_main:\n    pass\n")
+    test = _guard_tests(facts)["layout.is_global_main"].test
+    assert facts.main_when(test, True)
+    assert not facts.main_when(test, False)
+    assert facts.excludes_main(test, False) and not facts.excludes_main(test, True)
+    assert facts.rank_guard(_guard_tests(facts)["layout.is_global_main"].body.body[0]) is not None
+
+
+def test_a_flag_whose_definition_reads_no_rank_is_not_a_main_process_test():
+    facts = _facts(FLAG_CLASS + "\nlayout = Layout()\nif layout.is_main_worker:\n    pass\n")
+    test = _guard_tests(facts)["layout.is_main_worker"].test
+    assert facts.project_main_flag(test) is False
+    assert not facts.main_when(test, True)
+
+
+def test_a_flag_set_in_a_method_of_the_class_and_read_through_self():
+    facts = _facts(
+        """
+        class Trainer:
+            def setup(self):
+                self.is_chief = dist.get_rank() == 0
+
+            def fit(self):
+                if self.is_chief:
+                    pass
+        """
+    )
+    assert facts.main_when(_guard_tests(facts)["self.is_chief"].test, True)
+
+
+def test_a_flag_with_no_definition_in_sight_is_known_by_its_name_and_other_names_stay_unknown():
+    facts = _facts(
+        """
+        from elsewhere import env
+
+        if env.is_global_main:
+            pass
+        if env.is_main_node():
+            pass
+        if env.is_main_node(rank):
+            pass
+        if env.main_rank:
+            pass
+        """
+    )
+    tests = _guard_tests(facts)
+    assert facts.project_main_flag(tests["env.is_global_main"].test) is None
+    assert facts.main_when(tests["env.is_global_main"].test, True)
+    assert facts.main_when(tests["env.is_main_node()"].test, True)
+    assert not facts.main_when(tests["env.is_main_node(rank)"].test, True)  # a question about its argument
+    assert not facts.main_when(tests["env.main_rank"].test, True)  # a number, not a flag
+
+
+# -- a DDP model made by a helper whose body is not in sight ------------------------------------------
+
+
+def test_a_helper_named_for_ddp_is_known_by_its_name_only_when_its_body_is_not_in_sight():
+    facts = _facts(
+        """
+        from toolkit import init_distributed_data_parallel_model, build_model
+
+        def wrap_ddp(model):
+            return model
+
+        a = init_distributed_data_parallel_model(net)
+        b = wrap_ddp(net)
+        c = build_model(net)
+        """
+    )
+    assert facts.named_ddp_helper(_call(facts, "init_distributed_data_parallel_model")) == (
+        "init_distributed_data_parallel_model"
+    )
+    assert facts.named_ddp_helper(_call(facts, "wrap_ddp")) is None  # its body says what it returns
+    assert facts.named_ddp_helper(_call(facts, "build_model")) is None

@@ -331,3 +331,36 @@ def test_a_project_too_large_to_search_answers_unknown_and_reads_nothing(tmp_pat
     assert helper.external_call_sites(build) == []
     assert helper.all_ranks_reach(build.body.body[0]).value is None  # unknown, so no barrier fix
     assert {p.name for p in project._texts} <= {"helper.py"}  # no other file was read
+
+
+def test_a_main_flag_defined_in_another_module_is_read_from_its_definition(tmp_path):
+    layout = (
+        "import os\n\n\n"
+        "class Layout:\n"
+        "    rank = int(os.environ.get('RANK', '0'))\n\n"
+        "    @property\n"
+        "    def is_global_main(self):\n"
+        "        return self.rank == 0\n\n"
+        "    @property\n"
+        "    def is_main_stage(self):\n"
+        "        return self.rank == self.stages - 1\n\n"
+        "    @classmethod\n"
+        "    def current(cls):\n"
+        "        return cls()\n"
+    )
+    train = (
+        "from layout import Layout\n\n"
+        "env = Layout.current()\n"
+        "if env.is_global_main:\n"
+        "    pass\n"
+        "if env.is_main_stage:\n"
+        "    pass\n"
+    )
+    write(tmp_path, {"layout.py": layout, "train.py": train})
+    project = Project()
+    facts = project.facts((tmp_path / "train.py").resolve())
+    first, second = (i.test for i in facts.index.nodes(cst.If))
+    assert facts.project_main_flag(first) is True
+    assert facts.main_when(first, True)
+    assert facts.project_main_flag(second) is False  # the last pipeline stage, not the main process
+    assert not facts.main_when(second, True)
