@@ -48,9 +48,10 @@ class MissingSetEpoch(Rule):
     `loader.sampler`, `loader.batch_sampler.sampler`, `getattr(...)`, a helper
     function of the same file, or a loop around the reported one (an inner
     loop that repeats passes within one epoch). Nor are a sampler rebuilt each
-    epoch with a seed that follows the epoch, a sampler of another library
-    whose name says it keeps the order (`OrderedDistributedSampler`), a
-    file where a callback or hook lintdist cannot follow calls `set_epoch`,
+    epoch with a seed that follows the epoch, an iterator made once before the
+    epoch loop and never again (the loader is walked once in all), a sampler
+    of another library whose name says it keeps the order
+    (`OrderedDistributedSampler`), a file where a callback or hook lintdist cannot follow calls `set_epoch`,
     and a loop over a wrapper of the project's own (a class or function, in
     this module or another) that calls `set_epoch` or assigns
     `sampler.epoch` itself, as endless loaders do at each restart.
@@ -197,6 +198,17 @@ from torch.utils.data import DataLoader, DistributedSampler
 loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
 for batch in loader:
     model(batch).sum().backward()
+"""
+        ),
+        Valid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
+stream = iter(loader)
+for epoch in range(3):
+    for step in range(100):
+        model(next(stream)).sum().backward()
 """
         ),
     )
