@@ -174,6 +174,9 @@ class SamplerUse:
     sampler_arg: cst.BaseExpression  # what the loader was given as its sampler
     loader: cst.Call
     shuffle: bool | None  # True, or None when ``shuffle=`` is an expression lintdist cannot evaluate
+    # the sampler's class is chosen at run time (``cls = RandomSampler if ... else DistributedSampler``): the call
+    # may build another sampler, one without ``set_epoch``
+    chosen: bool = False
 
 
 @dataclass(frozen=True)
@@ -535,6 +538,54 @@ class PythonFacts:
         if local or function is None:
             return local
         return [b for b in candidates if b.function is None]
+
+    def surely_bound(self, name: str, at: cst.CSTNode) -> bool:
+        """Every path to ``at`` has bound the plain name ``name``: it is a parameter, or an assignment before
+        ``at`` runs unconditionally on the way (in ``at``'s own block or one around it), or each branch of an
+        ``if``/``else`` assigns it. A name bound only under ``if local_rank != -1:`` is not: in the other run it
+        does not exist."""
+        if self.parameter(name, at) is not None:
+            return True
+        before = self.index.order(at)
+        return any(
+            0 <= self.index.order(b.statement) < before and self._bound_on_the_way(b.statement, name, at)
+            for b in self.bindings(name, at)
+        )
+
+    def _bound_on_the_way(self, statement: cst.CSTNode, name: str, at: cst.CSTNode) -> bool:
+        child = statement
+        for ancestor in self.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)) or self.is_within(at, ancestor):
+                return True
+            if isinstance(ancestor, (cst.For, cst.While, cst.ExceptHandler, cst.Lambda)):
+                return False  # a loop may run no time, a handler only on an error
+            if isinstance(ancestor, cst.If):
+                other = ancestor.orelse if child is ancestor.body else ancestor.body
+                if other is None or not self._branch_binds(other, name):
+                    return False
+            child = ancestor
+        return True
+
+    def _branch_binds(self, branch: cst.CSTNode, name: str) -> bool:
+        """Every way through ``branch`` (a block, an ``else``, an ``elif``) assigns ``name``."""
+        if isinstance(branch, cst.If):
+            return (
+                self._branch_binds(branch.body, name)
+                and branch.orelse is not None
+                and self._branch_binds(branch.orelse, name)
+            )
+        if isinstance(branch, (cst.Else, cst.With)):
+            return self._branch_binds(branch.body, name)
+        if not isinstance(branch, cst.IndentedBlock):
+            return False
+        assigned = {id(b.statement) for b in self._bindings.get(name, ())}
+        for statement in branch.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                if any(id(small) in assigned for small in statement.body):
+                    return True
+            elif isinstance(statement, (cst.If, cst.With)) and self._branch_binds(statement, name):
+                return True
+        return False
 
     def _class_chain(self, cls: cst.ClassDef) -> list[cst.ClassDef]:
         """``cls`` and the classes of this file it derives from, nearest first (3 levels)."""
@@ -986,24 +1037,40 @@ class PythonFacts:
         return result
 
     def iterator_passes(self) -> list[tuple[Loop, cst.BaseExpression]]:
-        """Loops that pull batches with ``next(it)`` from ``it = iter(loader)`` (or ``enumerate``/``tqdm`` of it),
-        with the loader's expression: a pass over the loader that is no ``for batch in loader``."""
+        """Loops that pull batches with ``next(it)`` (or ``it.next()``) from ``it = iter(loader)`` (or
+        ``enumerate``/``tqdm`` of it), with the loader's expression: a pass over the loader that is no ``for batch
+        in loader``. ``iterator_starts`` says where each iterator is made."""
         if "iterator_passes" in self._memo:
             return self._memo["iterator_passes"]
         result = self._memo["iterator_passes"] = []
+        starts: dict[int, tuple[cst.Call, ...]] = self._memo.setdefault("iterator_starts", {})
         for call in self.calls:
-            if get_full_name_for_node(call.func) != "next" or not call.args:
+            iterator = _pulled_iterator(call)
+            if iterator is None:
                 continue
             loop = self.enclosing_loop(call)
             if loop is None:
                 continue
-            for origin in self.origins(call.args[0].value, call):
+            found = []
+            for origin in self.origins(iterator, call):
                 node = origin.node
                 if isinstance(node, cst.Call) and origin.index is None and wrapped_iterable(node) is not None:
                     inner = iterated_expression(node)
                     if inner is not None:
-                        result.append((loop, inner))
+                        found.append((node, inner))
+            # every `iter(...)` that (re)makes this iterator: the one before the loop and the one that restarts it
+            made = tuple(node for node, _ in found)
+            for _, inner in found:
+                result.append((loop, inner))
+                starts[id(inner)] = tuple(dict.fromkeys((*starts.get(id(inner), ()), *made)))
         return result
+
+    def iterator_starts(self, loader: cst.BaseExpression) -> tuple[cst.Call, ...]:
+        """For the loader expression of an iterator pass (``iterator_passes``): the ``iter(...)`` calls that make
+        the iterator the pass pulls from, the first one and any that re-make it when it runs out (``except
+        StopIteration: it = iter(loader)``). Empty for any other expression."""
+        self.iterator_passes()
+        return self._memo["iterator_starts"].get(id(loader), ())
 
     def reaches_method(self, node: cst.CSTNode, names: frozenset[str]) -> bool:
         """A call of one of these method (or function) names runs inside ``node``, directly or via local calls."""
@@ -1063,12 +1130,16 @@ class PythonFacts:
             for candidate in candidates:
                 for sampler in facts.origins(candidate, node):
                     call = sampler.node
-                    if isinstance(call, cst.Call) and facts.is_instance_of(call, SAMPLER_CLASSES, "DistributedSampler"):
-                        shuffle = argument_of(call, "shuffle", 3)
-                        if isinstance(shuffle, cst.Name) and shuffle.value == "False":
-                            continue
-                        known = shuffle is None or (isinstance(shuffle, cst.Name) and shuffle.value == "True")
-                        return SamplerUse(call, candidate, node, True if known else None)
+                    if not isinstance(call, cst.Call):
+                        continue
+                    chosen = not facts.is_instance_of(call, SAMPLER_CLASSES, "DistributedSampler")
+                    if chosen and not facts.may_construct(call, SAMPLER_CLASSES, "DistributedSampler"):
+                        continue
+                    shuffle = argument_of(call, "shuffle", 3)
+                    if isinstance(shuffle, cst.Name) and shuffle.value == "False":
+                        continue
+                    known = shuffle is None or (isinstance(shuffle, cst.Name) and shuffle.value == "True")
+                    return SamplerUse(call, candidate, node, True if known else None, chosen)
         return None
 
     def epoch_loops(
@@ -1203,14 +1274,38 @@ class PythonFacts:
 
     def is_instance_of(self, call: cst.Call, classes: frozenset[str], name_part: str | None = None) -> bool:
         """The call constructs one of ``classes``, a local subclass, or a class whose name contains ``name_part``."""
-        names = self.qualified_names(call.func)
+        return self._names_class(call.func, classes, name_part)
+
+    def _names_class(self, expr: cst.BaseExpression, classes: frozenset[str], name_part: str | None) -> bool:
+        names = self.qualified_names(expr)
         if not names.isdisjoint(classes):
             return True
-        simple = get_full_name_for_node(call.func) or ""
+        simple = get_full_name_for_node(expr) or ""
         last_parts = {n.rsplit(".", 1)[-1] for n in names | {simple}}
         if name_part and any(name_part in part for part in last_parts):
             return True
         return any(not self.local_classes().get(part, set()).isdisjoint(classes) for part in last_parts)
+
+    def class_choices(self, call: cst.Call) -> list[cst.BaseExpression]:
+        """The classes a call may construct when its callee is chosen at run time: each branch of ``(A if c else
+        B)(...)``, or of the value a name bound that way holds (``sampler_cls = RandomSampler if rank == -1 else
+        DistributedSampler``, then ``sampler_cls(ds)``), followed through names. Empty when the callee names its
+        class itself, or holds what lintdist cannot read (a parameter no call site fills, a call's result)."""
+        func = call.func
+        if not isinstance(func, (cst.Name, cst.IfExp)):
+            return []
+        if isinstance(func, cst.Name) and not self.bindings(func.value, call):
+            return []
+        choices = [o.node for o in self.origins(func, call)]
+        if any(not isinstance(node, (cst.Name, cst.Attribute)) or node is func for node in choices):
+            return []
+        return choices
+
+    def may_construct(self, call: cst.Call, classes: frozenset[str], name_part: str | None = None) -> bool:
+        """``is_instance_of``, or one of the classes the callee may be chosen from (``class_choices``) is."""
+        if self.is_instance_of(call, classes, name_part):
+            return True
+        return any(self._names_class(choice, classes, name_part) for choice in self.class_choices(call))
 
     def wraps_in_another_module(self, call: cst.Call, classes: frozenset[str], markers: tuple[str, ...]) -> bool:
         """``call`` runs a function of another project module that wraps a model in one of ``classes`` itself
@@ -1526,6 +1621,16 @@ def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseE
             if position is not None and positional == position:
                 return arg.value
             positional += 1
+    return None
+
+
+def _pulled_iterator(call: cst.Call) -> cst.BaseExpression | None:
+    """``it`` of ``next(it)`` or ``it.next()`` (the Python 2 spelling old loaders kept)."""
+    func = call.func
+    if isinstance(func, cst.Name) and func.value == "next" and call.args and not call.args[0].star:
+        return call.args[0].value
+    if isinstance(func, cst.Attribute) and func.attr.value == "next" and not call.args:
+        return func.value
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -26,9 +27,13 @@ class MissingSetEpoch(Rule):
     (with shuffling on) and never calls `set_epoch` on it. The loader may be
     walked by `for batch in loader` (through `enumerate`, `tqdm`), through a
     call the loop wraps around it (a backend's `distribute(loader)`), or by
-    `next(it)` on `it = iter(loader)`; the pass need not train (a mining or
-    statistics pass replays the same order too). The report points at the
-    epoch loop (`for` or `while`).
+    `next(it)` (or `it.next()`) on `it = iter(loader)`, also when the step loop
+    makes a new iterator each time one runs out; the pass need not train (a
+    mining or statistics pass replays the same order too). The sampler's class
+    may be chosen at run time (`pick = RandomSampler if local_rank == -1 else
+    DistributedSampler`, then `sampler=pick(dataset)`): it counts when one
+    choice is a `DistributedSampler`. One report per epoch loop names every
+    sampler it walks. The report points at the epoch loop (`for` or `while`).
 
     ## Why is this bad?
     `DistributedSampler` seeds its shuffle with `seed + epoch`. Without
@@ -43,9 +48,10 @@ class MissingSetEpoch(Rule):
     `loader.sampler`, `loader.batch_sampler.sampler`, `getattr(...)`, a helper
     function of the same file, or a loop around the reported one (an inner
     loop that repeats passes within one epoch). Nor are a sampler rebuilt each
-    epoch with a seed that follows the epoch, a sampler of another library
-    whose name says it keeps the order (`OrderedDistributedSampler`), a
-    file where a callback or hook lintdist cannot follow calls `set_epoch`,
+    epoch with a seed that follows the epoch, an iterator made once before the
+    epoch loop and never again (the loader is walked once in all), a sampler
+    of another library whose name says it keeps the order
+    (`OrderedDistributedSampler`), a file where a callback or hook lintdist cannot follow calls `set_epoch`,
     and a loop over a wrapper of the project's own (a class or function, in
     this module or another) that calls `set_epoch` or assigns
     `sampler.epoch` itself, as endless loaders do at each restart.
@@ -73,17 +79,25 @@ class MissingSetEpoch(Rule):
 
     ## Fix safety
     Safe. The fix inserts `sampler.set_epoch(epoch)` as the first statement of
-    the epoch loop when the sampler has a name there. When it has none (it was
-    built inline in `DataLoader(...)`, or in a helper), the fix calls
+    the epoch loop when the sampler has a name there, one statement per
+    sampler the loop walks. When it has none (it was built inline in
+    `DataLoader(...)`, or in a helper), or its name is bound only on some
+    paths (`if local_rank != -1: sampler = DistributedSampler(ds)`: a one-process
+    run would raise NameError), the fix calls
     `lintdist.runtime.set_epoch(loader, epoch)`, which finds the sampler, and
     adds that import. A sampler name that may also hold `None` or a sampler
     without `set_epoch` (`RandomSampler(ds) if local_rank == -1 else
-    DistributedSampler(ds)`) gets `set_epoch(sampler, epoch)` from the same
-    module, which skips what has no `set_epoch`: a plain method call would
-    raise AttributeError in the single-process run. A `while` loop is fixed
-    when it increments an epoch counter (`epoch += 1`) in its body. There is
-    no fix when the loop variable is `_` or a tuple, or when the sampler is
-    rebuilt inside the loop.
+    DistributedSampler(ds)`, or a class chosen that way) gets
+    `set_epoch(sampler, epoch)` from the same module, which skips what has no
+    `set_epoch`: a plain method call would raise AttributeError in the
+    single-process run. A `while` loop is fixed when it increments an epoch
+    counter (`epoch += 1`) in its body. There is no fix when the loop variable
+    is `_` or a tuple, when the sampler is rebuilt inside the loop, when a
+    sampler has no name to reach it by, and when an iterator is made again
+    each time it runs out: every restart needs a new epoch number (a count of
+    that loader's passes, set just before `iter(loader)`), which one call at the
+    top of the epoch loop cannot give when a loader runs out twice in an
+    epoch.
 
     ## References
     - `torch.utils.data.distributed.DistributedSampler` docstring: "calling the
@@ -184,6 +198,17 @@ from torch.utils.data import DataLoader, DistributedSampler
 loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
 for batch in loader:
     model(batch).sum().backward()
+"""
+        ),
+        Valid(
+            """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
+stream = iter(loader)
+for epoch in range(3):
+    for step in range(100):
+        model(next(stream)).sum().backward()
 """
         ),
     )
@@ -312,22 +337,33 @@ for _ in range(3):
 
     def finish(self) -> None:
         facts = self.facts
-        # epoch loop -> the first training loader with a DistributedSampler it runs, and that loader's expression there
-        epoch_loops: dict[int, tuple[Loop, SamplerUse, cst.BaseExpression]] = {}
+        # epoch loop -> the training loaders with a DistributedSampler it walks, one per sampler
+        epoch_loops: dict[int, tuple[Loop, dict[int, Walk]]] = {}
         for loop, loader in self._passes():
             use = facts.distributed_sampler(loader, loop)
             if use is None or self._unshuffled_by_name(use) or self._evaluation(loop):
                 continue
             if self._wrapper_tells_epoch(loader, loop):
                 continue
+            starts = facts.iterator_starts(loader)
+            # an iterator made again inside the loop that pulls from it, when it runs out
+            restarted = any(facts.is_within(start, loop) for start in starts)
             for epoch_loop, loader_there in facts.epoch_loops(loop, loader):
-                epoch_loops.setdefault(id(epoch_loop), (epoch_loop, use, loader_there))
-        for epoch_loop, use, loader_there in epoch_loops.values():
-            if single_pass(epoch_loop) or self._sets_epoch(epoch_loop) or self._reseeded(use, epoch_loop):
+                made_before = bool(starts) and not any(facts.is_within(start, epoch_loop) for start in starts)
+                if made_before and not restarted and facts.is_within(loop, epoch_loop):
+                    continue  # one iterator, made before the epoch loop: the loader is walked once in all
+                walks = epoch_loops.setdefault(id(epoch_loop), (epoch_loop, {}))[1]
+                known = walks.get(id(use.sampler))
+                if known is None:
+                    walks[id(use.sampler)] = Walk(use, loader_there, restarted)
+                elif restarted and not known.restarted:
+                    walks[id(use.sampler)] = Walk(use, known.loader, True)
+        for epoch_loop, walks in epoch_loops.values():
+            if single_pass(epoch_loop) or self._sets_epoch(epoch_loop) or self._set_epoch_out_of_sight(epoch_loop):
                 continue
-            if self._set_epoch_out_of_sight(epoch_loop):
-                continue
-            self._report(epoch_loop, use, loader_there)
+            kept = [walk for walk in walks.values() if not self._reseeded(walk.use, epoch_loop)]
+            if kept:
+                self._report(epoch_loop, kept)
 
     # -- what iterates a loader, and whether it is evaluation --------------------------------
 
@@ -438,39 +474,68 @@ for _ in range(3):
 
     # -- the report and its fix -------------------------------------------------------------
 
-    def _report(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> None:
+    def _report(self, epoch_loop: Loop, walks: list[Walk]) -> None:
         epoch = epoch_counter(epoch_loop)
-        receiver, helper = self._receiver(epoch_loop, use, loader_there)
-        if receiver is None:
-            call_text = "sampler.set_epoch(epoch)"
-        elif helper:
-            call_text = f"set_epoch({receiver}, {epoch or 'epoch'})"
+        restarted = any(walk.restarted for walk in walks)
+        counter = "n" if restarted else epoch or "epoch"
+        subjects, calls, helpers = [], [], False
+        for walk in walks:
+            receiver, helper = self._receiver(epoch_loop, walk.use, walk.loader)
+            helpers = helpers or helper
+            if receiver is None:
+                calls.append(None)
+            else:
+                calls.append(f"set_epoch({receiver}, {counter})" if helper else f"{receiver}.set_epoch({counter})")
+            subjects.append(self._subject(walk))
+        spelled = [f"`{call or f'sampler.set_epoch({counter})'}`" for call in calls]
+        prefix = "the `DistributedSampler` of "
+        if len(subjects) > 1 and all(subject.startswith(f"{prefix}`") for subject in subjects):
+            subjects = [f"the `DistributedSampler`s of {subjects[0][len(prefix):]}"] + [
+                subject[len(prefix) :] for subject in subjects[1:]
+            ]
+        verb = "is" if len(walks) == 1 else "are"
+        if restarted:
+            message = (
+                f"{_and(subjects)} {verb} never told the epoch, and the iterator over "
+                f"{'it' if len(walks) == 1 else 'each'} is made again with `iter(...)` when it runs out, so every "
+                f"pass replays the same shuffle order on every rank; before each `iter(...)`, call {_and(spelled)} "
+                "with `n` counting that loader's passes"
+                + (" (`set_epoch` from `lintdist.runtime`, which skips a sampler without one)" if helpers else "")
+            )
         else:
-            call_text = f"{receiver}.set_epoch({epoch or 'epoch'})"
-        made_elsewhere = self.facts.stand_in_note(use.loader)
-        if made_elsewhere:
-            subject = f"the `DistributedSampler` of the loader {made_elsewhere}"
-        elif isinstance(use.sampler_arg, (cst.Name, cst.Attribute)):
-            subject = f"`{get_full_name_for_node(use.sampler_arg)}`"
-        else:
-            subject = "the `DistributedSampler` of this loader"
-        message = (
-            f"{subject} is never told the epoch, so every epoch replays the same shuffle order on every rank; "
-            f"call `{call_text}` at the start of each epoch"
-        )
+            message = (
+                f"{_and(subjects)} {verb} never told the epoch, so every epoch replays the same shuffle order on "
+                f"every rank; call {_and(spelled)} at the start of each epoch"
+            )
         fix = None
-        if epoch and receiver and isinstance(epoch_loop.body, cst.IndentedBlock):
+        # a restarted iterator needs a new epoch at each restart, which the top of the epoch loop cannot give
+        if epoch and not restarted and None not in calls and isinstance(epoch_loop.body, cst.IndentedBlock):
             body = epoch_loop.body
+            statements = tuple(cst.parse_statement(f"{call}\n") for call in calls)
             fix = Fix(
                 Applicability.SAFE,
-                f"Insert `{call_text}` at the start of the epoch loop",
-                replacements=((body, body.with_changes(body=(cst.parse_statement(f"{call_text}\n"), *body.body))),),
-                imports=(("lintdist.runtime", "set_epoch"),) if helper else (),
+                f"Insert {_and(spelled)} at the start of the epoch loop",
+                replacements=((body, body.with_changes(body=(*statements, *body.body))),),
+                imports=(("lintdist.runtime", "set_epoch"),) if helpers else (),
             )
-        self.report(epoch_loop, message, fix=fix, severity=None if use.shuffle else Severity.WARNING)
+        known = all(walk.use.shuffle for walk in walks)
+        self.report(epoch_loop, message, fix=fix, severity=None if known else Severity.WARNING)
+
+    def _subject(self, walk: Walk) -> str:
+        use = walk.use
+        made_elsewhere = self.facts.stand_in_note(use.loader)
+        if made_elsewhere:
+            return f"the `DistributedSampler` of the loader {made_elsewhere}"
+        if isinstance(use.sampler_arg, (cst.Name, cst.Attribute)):
+            return f"`{get_full_name_for_node(use.sampler_arg)}`"
+        if isinstance(walk.loader, (cst.Name, cst.Attribute)):
+            return f"the `DistributedSampler` of `{get_full_name_for_node(walk.loader)}`"
+        return "the `DistributedSampler` of this loader"
 
     def _receiver(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> tuple[str | None, bool]:
-        """What to call ``set_epoch`` on at the epoch loop: the sampler's name, or the loader through the helper."""
+        """What to call ``set_epoch`` on at the epoch loop: the sampler's name, or the loader through the helper.
+        A sampler name the loop may reach unbound (made only under ``if local_rank != -1:``) is no receiver: the
+        loop reads the loader, so the loader's name is bound wherever the loop runs."""
         facts = self.facts
         for expr, target, helper in ((use.sampler_arg, use.sampler, False), (loader_there, use.loader, True)):
             if not isinstance(expr, (cst.Name, cst.Attribute)):
@@ -478,15 +543,31 @@ for _ in range(3):
             key = get_full_name_for_node(expr)
             if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
                 continue
+            # the loop reads the loader's name itself, but not the sampler's
+            if not helper and isinstance(expr, cst.Name) and not facts.surely_bound(key, epoch_loop):
+                continue
             origins = facts.origins(expr, epoch_loop)
             if any(o.node is target for o in origins):
-                # a sampler that may be None elsewhere (`sampler = None` in the single-process branch) goes through
-                # the helper, which skips what has no `set_epoch`
-                helper = helper or any(o.node is not target for o in origins)
+                # a sampler that may be None elsewhere (`sampler = None` in the single-process branch), or whose
+                # class is chosen at run time, goes through the helper, which skips what has no `set_epoch`
+                helper = helper or use.chosen or any(o.node is not target for o in origins)
                 if helper and not self.context.runtime_name_free("set_epoch"):
                     return None, False
                 return key, helper
         return None, False
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A loader with a shuffling DistributedSampler that an epoch loop walks."""
+
+    use: SamplerUse
+    loader: cst.BaseExpression  # the loader's expression at the epoch loop
+    restarted: bool  # pulled from an iterator that is made again when it runs out
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def _tells_epoch(facts, definition: cst.CSTNode) -> bool:

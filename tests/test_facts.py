@@ -460,3 +460,167 @@ def test_a_helper_named_for_ddp_is_known_by_its_name_only_when_its_body_is_not_i
     )
     assert facts.named_ddp_helper(_call(facts, "wrap_ddp")) is None  # its body says what it returns
     assert facts.named_ddp_helper(_call(facts, "build_model")) is None
+
+
+# -- a class chosen at run time, a loader pulled through an iterator, a name bound on some paths ---------------
+
+SAMPLERS = frozenset({"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"})
+
+
+def test_a_name_bound_to_a_conditional_class_may_construct_either_branch():
+    facts = _facts(
+        """
+        from torch.utils.data import RandomSampler
+        from torch.utils.data.distributed import DistributedSampler
+
+        pick = RandomSampler if local_rank == -1 else DistributedSampler
+        sampler = pick(dataset)
+        """
+    )
+    call = _call(facts, "pick")
+    assert not facts.is_instance_of(call, SAMPLERS)
+    assert [facts.index.module.code_for_node(c) for c in facts.class_choices(call)] == [
+        "RandomSampler",
+        "DistributedSampler",
+    ]
+    assert facts.may_construct(call, SAMPLERS)
+
+
+def test_an_inline_conditional_callee_may_construct_a_distributed_sampler():
+    facts = _facts(
+        """
+        import torch.utils.data as tud
+
+        sampler = (tud.distributed.DistributedSampler if distributed else tud.RandomSampler)(dataset)
+        """
+    )
+    call = next(c for c in facts.calls if isinstance(c.func, cst.IfExp))
+    assert facts.may_construct(call, SAMPLERS)
+
+
+def test_a_callee_lintdist_cannot_read_constructs_nothing_known():
+    facts = _facts(
+        """
+        from torch.utils.data import RandomSampler
+
+        pick = make_sampler_class(args)
+        other = RandomSampler if shuffle else SequentialSampler
+        a = pick(dataset)
+        b = other(dataset)
+        """
+    )
+    assert facts.class_choices(_call(facts, "pick")) == []
+    assert not facts.may_construct(_call(facts, "pick"), SAMPLERS)
+    assert not facts.may_construct(_call(facts, "other"), SAMPLERS)
+
+
+def test_the_sampler_use_of_a_loader_says_its_class_was_chosen_at_run_time():
+    facts = _facts(
+        """
+        from torch.utils.data import DataLoader, RandomSampler, DistributedSampler
+
+        pick = RandomSampler if local_rank == -1 else DistributedSampler
+        loader = DataLoader(dataset, sampler=pick(dataset))
+        named = DataLoader(dataset, sampler=DistributedSampler(dataset))
+        for batch in loader:
+            pass
+        for batch in named:
+            pass
+        """
+    )
+    (chosen_loop, chosen), (named_loop, named) = facts.data_loops()
+    use = facts.distributed_sampler(chosen, chosen_loop)
+    assert use is not None and use.chosen and use.shuffle
+    assert facts.distributed_sampler(named, named_loop).chosen is False
+
+
+def test_an_iterator_pulled_with_the_next_method_is_a_pass_over_its_loader():
+    facts = _facts(
+        """
+        stream = iter(loader)
+        for step in range(steps):
+            batch = stream.next()
+        """
+    )
+    ((loop, loader),) = facts.iterator_passes()
+    assert isinstance(loop, cst.For) and facts.index.module.code_for_node(loader) == "loader"
+
+
+def test_an_iterator_made_again_when_it_runs_out_has_both_starts():
+    facts = _facts(
+        """
+        def fit(loader):
+            stream = iter(loader)
+            for epoch in range(epochs):
+                for step in range(steps):
+                    try:
+                        batch = next(stream)
+                    except StopIteration:
+                        stream = iter(loader)
+                        batch = next(stream)
+        """
+    )
+    passes = facts.iterator_passes()
+    step_loop = passes[0][0]
+    assert {id(loop) for loop, _ in passes} == {id(step_loop)}
+    first, restart = (c for c in facts.calls if facts.index.module.code_for_node(c.func) == "iter")
+    for _, loader in passes:
+        assert facts.iterator_starts(loader) == (first, restart)
+    assert facts.is_within(restart, step_loop) and not facts.is_within(first, step_loop)
+
+
+def test_iterator_starts_is_empty_for_a_plain_loop():
+    facts = _facts(
+        """
+        for batch in loader:
+            pass
+        """
+    )
+    ((_, loader),) = facts.data_loops()
+    assert facts.iterator_starts(loader) == ()
+
+
+def test_a_name_bound_only_under_a_rank_test_may_be_unbound_after_it():
+    facts = _facts(
+        """
+        def main(local_rank, dataset):
+            if local_rank != -1:
+                sampler = DistributedSampler(dataset)
+            if local_rank == -1:
+                both = None
+            elif distributed:
+                both = DistributedSampler(dataset)
+            else:
+                both = None
+            before = None
+            if local_rank != -1:
+                before = DistributedSampler(dataset)
+            for epoch in range(3):
+                pass
+            after = 1
+        """
+    )
+    (loop,) = facts.loops
+    assert not facts.surely_bound("sampler", loop)
+    assert facts.surely_bound("both", loop)
+    assert facts.surely_bound("before", loop)
+    assert facts.surely_bound("dataset", loop)
+    assert not facts.surely_bound("after", loop)
+
+
+def test_a_name_bound_in_a_loop_or_a_handler_may_be_unbound_after_it():
+    facts = _facts(
+        """
+        for shard in shards:
+            last = shard
+        try:
+            ready = True
+        except OSError:
+            failed = True
+        print(last, ready, failed)
+        """
+    )
+    call = _call(facts, "print")
+    assert not facts.surely_bound("last", call)
+    assert facts.surely_bound("ready", call)
+    assert not facts.surely_bound("failed", call)
