@@ -265,9 +265,11 @@ class PythonFacts:
         if isinstance(target, (cst.Tuple, cst.List)):
             for index, element in enumerate(target.elements):
                 key = get_full_name_for_node(element.value)
-                if key and not isinstance(element, cst.StarredElement):
+                if key and not isinstance(element, cst.StarredElement) and not isinstance(element.value, cst.Subscript):
                     self._bindings[key].append(Binding(key, value, statement, function, index))
             return
+        if isinstance(target, cst.Subscript):
+            return  # `state[key] = value` stores an item: the name still holds the same container
         key = get_full_name_for_node(target)
         if key:
             self._bindings[key].append(Binding(key, value, statement, function))
@@ -597,6 +599,11 @@ class PythonFacts:
             return self._imported_value(expr) or [Origin(expr)]
         if isinstance(expr, cst.IfExp):
             return self.origins(expr.body, at, depth + 1) + self.origins(expr.orelse, at, depth + 1)
+        position = _element_position(expr)
+        if position is not None:
+            # `parts = accelerator.prepare(model, loader)` then `model = parts[0]`: the same element an unpacking
+            # `model, loader = ...` would take
+            return self._element_origins(self.origins(expr.value, at, depth + 1), position, depth) or [Origin(expr)]
         if isinstance(expr, cst.Call) and self.local_functions(expr):
             return [
                 o
@@ -616,14 +623,19 @@ class PythonFacts:
             if binding.index < len(elements):
                 return self.origins(elements[binding.index].value, binding.statement, depth + 1)
             return []
+        return self._element_origins(self.origins(binding.value, binding.statement, depth + 1), binding.index, depth)
+
+    def _element_origins(self, containers: list[Origin], position: int, depth: int) -> list[Origin]:
+        """The origins of element ``position`` of a value with these origins: a literal tuple's element, else the
+        value itself with that index (the ``position``-th result of ``accelerator.prepare(...)``)."""
         result = []
-        for origin in self.origins(binding.value, binding.statement, depth + 1):
+        for origin in containers:
             if isinstance(origin.node, (cst.Tuple, cst.List)) and origin.index is None:
                 elements = origin.node.elements
-                if binding.index < len(elements):
-                    result.extend(self.origins(elements[binding.index].value, origin.node, depth + 1))
+                if position < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                    result.extend(self.origins(elements[position].value, origin.node, depth + 1))
             else:
-                result.append(Origin(origin.node, binding.index))
+                result.append(Origin(origin.node, position))
         return result
 
     def _parameter_origins(self, function: cst.FunctionDef, index: int, param: cst.Param, depth: int) -> list[Origin]:
@@ -1408,6 +1420,16 @@ def argument_of(call: cst.Call, keyword: str, position: int | None) -> cst.BaseE
             if position is not None and positional == position:
                 return arg.value
             positional += 1
+    return None
+
+
+def _element_position(expr: cst.BaseExpression) -> int | None:
+    """``n`` for ``value[n]`` with a literal non-negative integer ``n``; None for any other expression."""
+    if not isinstance(expr, cst.Subscript) or len(expr.slice) != 1:
+        return None
+    index = expr.slice[0].slice
+    if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
+        return index.value.evaluated_value
     return None
 
 
