@@ -21,9 +21,12 @@ class DdpModulePrefix(Rule):
     ## What it does
     Reports `model.state_dict()` saved with `torch.save` or
     `accelerator.save` (directly, in a checkpoint dict, or through a name
-    bound to it) when `model` is the model `accelerator.prepare(...)` returned
-    or a `DistributedDataParallel(...)` wrapper, and the launch does not run a
-    single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
+    bound to it, a state dict whose entries are then moved with
+    `state[key] = tensor.cpu()` included) when `model` is the model
+    `accelerator.prepare(...)` returned (unpacked, or picked out of its results
+    by position: `parts = accelerator.prepare(model, loader)`, `model =
+    parts[0]`; then compiled or moved or not) or a `DistributedDataParallel(...)`
+    wrapper, and the launch does not run a single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
     `model.module.state_dict()`, `accelerator.get_state_dict(model)`, and a
     name rebound to `accelerator.unwrap_model(model)` before the save.
 
@@ -57,7 +60,7 @@ class DdpModulePrefix(Rule):
     strips a `torch.compile` wrapper put around the prepared model (accelerate's
     `dynamo_backend`) only with `keep_torch_compile=False`, which the fix adds
     when the launch compiles the model. When the file calls `torch.compile`
-    itself no fix is offered: compiled inside the DDP wrapper, the keys carry
+    itself the message asks for `keep_torch_compile=False` too, but no fix is offered: compiled inside the DDP wrapper, the keys carry
     `_orig_mod.` after unwrapping too. Under FSDP or DeepSpeed,
     `get_state_dict` is a collective: no fix is offered where a rank guard
     keeps some processes from the save (it would hang; call it on every rank
@@ -312,7 +315,8 @@ if torch.distributed.get_rank() == 0:
             return
         dynamo = self.settings.get("dynamo_backend")
         dynamo_on = dynamo is not None and str(dynamo.value).strip().lower() not in {"", "no", "none"}
-        keyword = ", keep_torch_compile=False" if dynamo_on else ""
+        # unwrap_model keeps a torch.compile wrapper by default: its keys would carry `_orig_mod.`
+        keyword = ", keep_torch_compile=False" if dynamo_on or compiled else ""
         replacement = f"{shown}.unwrap_model({target}{keyword}).state_dict()"
         fix = None
         if accelerator is not None and not compiled:
