@@ -20,6 +20,7 @@ from lintdist.facts import (
     ACCELERATOR_CLASSES,
     BACKWARD_METHODS,
     DDP_CLASSES,
+    DISTRIBUTED_CALLS,
     FABRIC_CLASSES,
     PythonFacts,
     argument_of,
@@ -65,15 +66,6 @@ CE_FUNCTIONS = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functio
 # Calls that start the job's processes from inside the script.
 SPAWNS = frozenset(
     {"torch.multiprocessing.spawn", "accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"}
-)
-DISTRIBUTED_CALLS = frozenset(
-    {
-        "torch.distributed.init_process_group",
-        "torch.multiprocessing.spawn",
-        "deepspeed.initialize",
-        "lightning.Fabric",
-        "lightning.fabric.Fabric",
-    }
 )
 # Calls that start processes or a process group without averaging anything.
 GROUP_ONLY_CALLS = frozenset({"torch.distributed.init_process_group", "torch.multiprocessing.spawn"})
@@ -756,10 +748,7 @@ class TrainingLoop:
     @cached_property
     def distributed(self) -> bool:
         """The script can run on several processes: a DDP/FSDP wrapper, an Accelerator, a process group..."""
-        facts = self.facts
-        return bool(facts.wrapped_models()) or any(
-            facts.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in facts.calls
-        )
+        return self.facts.sets_up_processes()
 
     @cached_property
     def _averaging_calls(self) -> list[cst.Call]:
