@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import libcst as cst
@@ -48,6 +48,16 @@ LIGHTNING_TRAINERS = frozenset(
         "pytorch_lightning.trainer",
         "pytorch_lightning.trainer.trainer",
     )
+)
+# Calls that make a program run on several processes, besides an Accelerator and a model wrapper.
+DISTRIBUTED_CALLS = frozenset(
+    {
+        "torch.distributed.init_process_group",
+        "torch.multiprocessing.spawn",
+        "deepspeed.initialize",
+        "lightning.Fabric",
+        "lightning.fabric.Fabric",
+    }
 )
 DDP_CLASSES = DDP_WRAPPERS | frozenset(
     {
@@ -149,10 +159,18 @@ class Reach:
     value: bool | None
     reason: str = ""
     at: tuple[PythonFacts, cst.CSTNode] | None = None
+    # the calls in other modules the answer was followed through (a helper's callers, theirs...), nearest first
+    through: tuple[tuple[PythonFacts, cst.Call], ...] = ()
 
     @property
     def why(self) -> str:
         return self.at[0]._where(self.at[1]) if self.at is not None else self.reason
+
+    @property
+    def from_distributed_callers(self) -> list[tuple[PythonFacts, cst.Call]]:
+        """The calls in other modules this answer was followed through whose module sets up processes
+        (``main.py`` builds the DDP model and calls ``checkpoint.save(...)``): the node runs in their run."""
+        return [(facts, call) for facts, call in self.through if facts.sets_up_processes()]
 
 
 @dataclass(frozen=True)
@@ -280,9 +298,11 @@ class PythonFacts:
         if isinstance(target, (cst.Tuple, cst.List)):
             for index, element in enumerate(target.elements):
                 key = get_full_name_for_node(element.value)
-                if key and not isinstance(element, cst.StarredElement):
+                if key and not isinstance(element, cst.StarredElement) and not isinstance(element.value, cst.Subscript):
                     self._bindings[key].append(Binding(key, value, statement, function, index))
             return
+        if isinstance(target, cst.Subscript):
+            return  # `state[key] = value` stores an item: the name still holds the same container
         key = get_full_name_for_node(target)
         if key:
             self._bindings[key].append(Binding(key, value, statement, function))
@@ -660,6 +680,11 @@ class PythonFacts:
             return self._imported_value(expr) or [Origin(expr)]
         if isinstance(expr, cst.IfExp):
             return self.origins(expr.body, at, depth + 1) + self.origins(expr.orelse, at, depth + 1)
+        position = _element_position(expr)
+        if position is not None:
+            # `parts = accelerator.prepare(model, loader)` then `model = parts[0]`: the same element an unpacking
+            # `model, loader = ...` would take
+            return self._element_origins(self.origins(expr.value, at, depth + 1), position, depth) or [Origin(expr)]
         if isinstance(expr, cst.Call) and self.local_functions(expr):
             return [
                 o
@@ -679,14 +704,19 @@ class PythonFacts:
             if binding.index < len(elements):
                 return self.origins(elements[binding.index].value, binding.statement, depth + 1)
             return []
+        return self._element_origins(self.origins(binding.value, binding.statement, depth + 1), binding.index, depth)
+
+    def _element_origins(self, containers: list[Origin], position: int, depth: int) -> list[Origin]:
+        """The origins of element ``position`` of a value with these origins: a literal tuple's element, else the
+        value itself with that index (the ``position``-th result of ``accelerator.prepare(...)``)."""
         result = []
-        for origin in self.origins(binding.value, binding.statement, depth + 1):
+        for origin in containers:
             if isinstance(origin.node, (cst.Tuple, cst.List)) and origin.index is None:
                 elements = origin.node.elements
-                if binding.index < len(elements):
-                    result.extend(self.origins(elements[binding.index].value, origin.node, depth + 1))
+                if position < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                    result.extend(self.origins(elements[position].value, origin.node, depth + 1))
             else:
-                result.append(Origin(origin.node, binding.index))
+                result.append(Origin(origin.node, position))
         return result
 
     def _parameter_origins(self, function: cst.FunctionDef, index: int, param: cst.Param, depth: int) -> list[Origin]:
@@ -908,7 +938,10 @@ class PythonFacts:
 
     def _reach_from_callers(self, function: cst.FunctionDef, depth: int) -> Reach:
         answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]
-        answers += [site.facts.all_ranks_reach(site.call, depth + 1) for site in self.external_call_sites(function)]
+        answers += [
+            _through(site.facts, site.call, site.facts.all_ranks_reach(site.call, depth + 1))
+            for site in self.external_call_sites(function)
+        ]
         for call, main_only in self._handed_to(function):
             answers.append(Reach(False, at=(self, call)) if main_only else self.all_ranks_reach(call, depth + 1))
         name = self._exported_name(function)
@@ -919,7 +952,9 @@ class PythonFacts:
                     answers.append(Reach(None, f"`{name}()` is kept as a value in {other._where(reference)}"))
                 else:
                     answers.append(
-                        Reach(False, at=(other, call)) if main_only else other.all_ranks_reach(call, depth + 1)
+                        Reach(False, at=(other, call))
+                        if main_only
+                        else _through(other, call, other.all_ranks_reach(call, depth + 1))
                     )
         if name and self.project is not None and self.project.project.too_many_callers(self.project.path, name):
             answers.append(Reach(None, f"`{function.name.value}()` is called from more modules than lintdist follows"))
@@ -927,7 +962,7 @@ class PythonFacts:
             where = f" ({self.project.path.name})" if self.project is not None else ""
             return Reach(None, f"`{function.name.value}()`{where} is called from code lintdist cannot see")
         return next((a for a in answers if a.value is False), None) or next(
-            (a for a in answers if a.value is None), Reach(True)
+            (a for a in answers if a.value is None), Reach(True, through=tuple(t for a in answers for t in a.through))
         )
 
     def _handed_to(self, function: cst.FunctionDef) -> list[tuple[cst.Call, bool]]:
@@ -945,6 +980,10 @@ class PythonFacts:
             if call is not None:
                 found.append((call, main_only))
         return found
+
+    def where(self, node: cst.CSTNode) -> str:
+        """Where a node of this module is, for a message: ``main.py:6`` (see ``_where``)."""
+        return self._where(node)
 
     def _where(self, node: cst.CSTNode) -> str:
         """``main.py:6``; without a project (a text with no file), the test itself: ``if rank == 0``."""
@@ -1334,6 +1373,15 @@ class PythonFacts:
                 return None
         return name
 
+    def sets_up_processes(self) -> bool:
+        """This module's own code makes a run of several processes: an Accelerator, a DDP/FSDP wrapper, a
+        process group, a spawn, DeepSpeed or Fabric."""
+        if "sets_up_processes" not in self._memo:
+            self._memo["sets_up_processes"] = bool(self.wrapped_models()) or any(
+                self.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in self.calls
+            )
+        return self._memo["sets_up_processes"]
+
     def wrapped_models(self) -> list[cst.Call]:
         """``DistributedDataParallel(...)``, ``FullyShardedDataParallel(...)`` and ``fully_shard(...)`` calls."""
         if "wrapped_models" not in self._memo:
@@ -1560,6 +1608,11 @@ class PythonFacts:
         return self.main_when(test, not value, depth)
 
 
+def _through(facts: PythonFacts, call: cst.Call, reach: Reach) -> Reach:
+    """``reach``, the answer at a call in another module, as an answer followed through that call."""
+    return replace(reach, through=((facts, call), *reach.through))
+
+
 def barrier_unsafe(reach: Reach) -> str:
     """Why a fix that adds a barrier or moves a collective is not offered: not every rank provably reaches it."""
     if reach.value is False:
@@ -1631,6 +1684,16 @@ def _pulled_iterator(call: cst.Call) -> cst.BaseExpression | None:
         return call.args[0].value
     if isinstance(func, cst.Attribute) and func.attr.value == "next" and not call.args:
         return func.value
+    return None
+
+
+def _element_position(expr: cst.BaseExpression) -> int | None:
+    """``n`` for ``value[n]`` with a literal non-negative integer ``n``; None for any other expression."""
+    if not isinstance(expr, cst.Subscript) or len(expr.slice) != 1:
+        return None
+    index = expr.slice[0].slice
+    if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
+        return index.value.evaluated_value
     return None
 
 

@@ -20,6 +20,7 @@ from lintdist.facts import (
     ACCELERATOR_CLASSES,
     BACKWARD_METHODS,
     DDP_CLASSES,
+    DISTRIBUTED_CALLS,
     FABRIC_CLASSES,
     PythonFacts,
     argument_of,
@@ -65,15 +66,6 @@ CE_FUNCTIONS = frozenset({"torch.nn.functional.cross_entropy", "torch.nn.functio
 # Calls that start the job's processes from inside the script.
 SPAWNS = frozenset(
     {"torch.multiprocessing.spawn", "accelerate.notebook_launcher", "accelerate.launchers.notebook_launcher"}
-)
-DISTRIBUTED_CALLS = frozenset(
-    {
-        "torch.distributed.init_process_group",
-        "torch.multiprocessing.spawn",
-        "deepspeed.initialize",
-        "lightning.Fabric",
-        "lightning.fabric.Fabric",
-    }
 )
 # Calls that start processes or a process group without averaging anything.
 GROUP_ONLY_CALLS = frozenset({"torch.distributed.init_process_group", "torch.multiprocessing.spawn"})
@@ -140,6 +132,8 @@ PREPARE_MODEL_METHODS = frozenset({"prepare", "prepare_model"})
 # Calls that hand back the model they are called on (or its parameters' owner): `model.to(device)`, `.train()`...
 SAME_MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double"})
 UNWRAP_METHODS = frozenset({"unwrap_model"})
+# Functions that return a wrapper which runs and holds the model they are given: `torch.compile(model)`.
+WRAPPING_FUNCTIONS = frozenset({"torch.compile"})
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 DETACHING = frozenset({"detach", "item", "tolist", "numpy"})
 
@@ -754,10 +748,7 @@ class TrainingLoop:
     @cached_property
     def distributed(self) -> bool:
         """The script can run on several processes: a DDP/FSDP wrapper, an Accelerator, a process group..."""
-        facts = self.facts
-        return bool(facts.wrapped_models()) or any(
-            facts.callee_is(call, ACCELERATOR_CLASSES | DISTRIBUTED_CALLS) for call in facts.calls
-        )
+        return self.facts.sets_up_processes()
 
     @cached_property
     def _averaging_calls(self) -> list[cst.Call]:
@@ -873,12 +864,16 @@ class TrainingLoop:
                 return self.prepared_model(expr.func.value, expr, depth + 1)
             if method in UNWRAP_METHODS and expr.args:
                 return self.prepared_model(expr.args[0].value, expr, depth + 1)
+            if facts.callee_is(expr, WRAPPING_FUNCTIONS) and expr.args:
+                return self.prepared_model(expr.args[0].value, expr, depth + 1)
             for function in facts.local_functions(expr):
                 for returned in facts.returns.get(function, ()):
                     found = self.prepared_model(returned, returned, depth + 1)
                     if found is not None:
                         return found
             return None
+        if isinstance(expr, cst.Subscript):
+            return self._prepared_origin(expr, at, depth)  # `parts[0]` of `parts = accelerator.prepare(...)`
         if not isinstance(expr, (cst.Name, cst.Attribute)):
             return None
         key = get_full_name_for_node(expr)
@@ -1226,7 +1221,8 @@ class TrainingLoop:
         function = facts.enclosing_function(at)
         candidates: list[tuple[int, object]] = []
         for binding in facts.bindings(key, at):
-            if order(binding.statement) < limit:
+            # `model = torch.compile(model)`: the right side reads the value bound before this statement
+            if order(binding.statement) < limit and not facts.is_within(at, binding.statement):
                 candidates.append((order(binding.statement), (binding.statement, binding.index is not None)))
         for node in self._augmented.get(key, ()):
             if facts.enclosing_function(node) is function and order(node) < limit:

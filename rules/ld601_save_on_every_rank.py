@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.edits import with_keyword_last
-from lintdist.facts import DATALOADER_CLASSES, RANK_GETTERS, RANK_NAMES, argument_of
+from lintdist.facts import DATALOADER_CLASSES, RANK_GETTERS, RANK_NAMES, PythonFacts, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
@@ -55,11 +55,10 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def mentions_rank(rule: Rule, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
+def mentions_rank(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
     """``expr`` reads the process's rank: a rank name, a rank getter, ``"RANK"``, or a name bound to such."""
     if expr is None:
         return False
-    facts = rule.facts
     for node in [expr, *facts.within(expr, cst.Name, cst.Attribute, cst.Call, cst.SimpleString)]:
         if isinstance(node, cst.Name) and node.value in RANK_NAMES:
             return True
@@ -75,26 +74,25 @@ def mentions_rank(rule: Rule, expr: cst.BaseExpression | None, at: cst.CSTNode, 
         names = {id(n): n for n in [expr, *facts.within(expr, cst.Name)] if isinstance(n, cst.Name)}
         for name in names.values():
             for binding in facts.bindings(name.value, at):
-                if binding.value is not expr and mentions_rank(rule, binding.value, binding.statement, depth + 1):
+                if binding.value is not expr and mentions_rank(facts, binding.value, binding.statement, depth + 1):
                     return True
     return False
 
 
-def rank_tested(rule: Rule, node: cst.CSTNode, depth: int = 0) -> bool:
+def rank_tested(facts: PythonFacts, node: cst.CSTNode, depth: int = 0) -> bool:
     """An ``if`` whose test reads the rank in a way ``facts.rank_guard`` does not parse (``args.rank % ngpus == 0``)
     stands around ``node``, or around every call of its function in this file."""
-    facts = rule.facts
     child = node
     for ancestor in facts.ancestors(node):
         if (
             isinstance(ancestor, (cst.If, cst.While))
             and child is not ancestor.test
-            and mentions_rank(rule, ancestor.test, ancestor, depth=2)
+            and mentions_rank(facts, ancestor.test, ancestor, depth=2)
         ):
             return True
         if isinstance(ancestor, cst.FunctionDef):
             sites = facts.call_sites(ancestor)
-            return depth < 3 and bool(sites) and all(rank_tested(rule, site, depth + 1) for site in sites)
+            return depth < 3 and bool(sites) and all(rank_tested(facts, site, depth + 1) for site in sites)
         child = ancestor
     return False
 
@@ -156,6 +154,15 @@ class SaveOnEveryRank(Rule):
     distributed when it builds an `Accelerator`, wraps a model in DDP/FSDP or
     starts a process group, and its launch does not run one process.
 
+    A helper module that does none of this itself (a `checkpoint.py` with
+    `save_checkpoint(model, ..., args)`) is checked for the runs of its
+    callers: the save is reported when every call of it in the project, and
+    of the functions that lead to it, reaches it on every rank and at least
+    one of those calls sits in a module that sets up processes; the message
+    names those calls (`reached on every rank from main.py:194`). The helper
+    module must read `torch.distributed` (or mention a wrapper), or the
+    pre-filter does not open it.
+
     A model's `save_pretrained` is reported only when the project pins
     transformers below 5: from transformers 5 on, `PreTrainedModel.save_pretrained`
     writes only on global rank 0 when `torch.distributed` is initialized
@@ -167,7 +174,7 @@ class SaveOnEveryRank(Rule):
     accelerate `register_save_state_pre_hook` hook: whoever calls
     `save_state` decides which ranks run it), a save under an `if` whose test
     reads the rank in a form the guard analysis does not parse
-    (`args.rank % ngpus_per_node == 0`), a save in a loop over items whose
+    (`args.rank % ngpus_per_node == 0`, here or around a caller), a save in a loop over items whose
     path reads the loop variable (one file per item, not per step or batch),
     a file whose path reads the rank (`f"ckpt_rank{rank}.pt"`),
     a save into an in-memory buffer (`io.BytesIO()`), `save_pretrained(...,
@@ -232,6 +239,8 @@ class SaveOnEveryRank(Rule):
       every rank leaves a corrupted `adapter_model.bin` most epochs
     - cybertronai/imagenet18_old issue #16: workers clobber each other's
       checkpoints
+    - OpenGVLab/efficient-video-recognition issue #18: `save_checkpoint` in
+      `checkpoint.py` saves on every rank, called from `main.py`'s DDP loop
     """
 
     code = "LD601"
@@ -240,7 +249,10 @@ class SaveOnEveryRank(Rule):
     fix_kind = "safe"
     # `torch.save(`/`save(` from torch, `.save_pretrained(`: both need a distributed marker too
     triggers = (Pattern(("save(", "save_pretrained("), None),)
-    also_triggers = (("Accelerator(", "DistributedDataParallel", "init_process_group", "DDP(", "fully_shard"),)
+    # `distributed`: a helper module that reads `torch.distributed` may run in the distributed run of its callers
+    also_triggers = (
+        ("Accelerator(", "DistributedDataParallel", "init_process_group", "DDP(", "fully_shard", "distributed"),
+    )
 
     VALID = (
         Valid(
@@ -358,8 +370,8 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
     def finish(self) -> None:
         facts = self.facts
         loop = self.loop
-        if not loop.distributed or loop.surely_single:
-            return
+        if loop.surely_single or (not loop.distributed and facts.project is None):
+            return  # a module that sets up no processes is checked for the runs its callers elsewhere set up
         for call in facts.calls:
             if facts.callee_is(call, TORCH_SAVES):
                 self._check_torch_save(call)
@@ -371,9 +383,12 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
     def _check_torch_save(self, call: cst.Call) -> None:
         obj = argument_of(call, "obj", 0)
         path = argument_of(call, "f", 1)
-        if obj is None or path is None or not self._every_rank(call) or self._local_target(path, call):
+        if obj is None or path is None:
             return
-        message = "`torch.save` runs on every process: they all write the same file at once"
+        evidence = self._every_rank(call)
+        if evidence is None or self._local_target(path, call):
+            return
+        message = f"`torch.save` runs on every process{evidence}: they all write the same file at once"
         accelerator = self.facts.accelerator_at(call)
         fix = None
         if accelerator is not None:
@@ -398,7 +413,8 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         if any(a.keyword is not None and a.keyword.value == "is_main_process" for a in call.args):
             return
         path = argument_of(call, "save_directory", 0)
-        if not self._every_rank(call) or (path is not None and self._local_target(path, call)):
+        evidence = self._every_rank(call)
+        if evidence is None or (path is not None and self._local_target(path, call)):
             return
         receiver = call.func.value
         kind = self._kind(receiver, call)
@@ -432,7 +448,8 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 remedy += " and `save_function=accelerator.save`, or " + f"call it under `if {test}:`"
         self.report(
             call,
-            f"{what[0].upper()}{what[1:]} runs on every process: they all write the same files at once; {remedy}",
+            f"{what[0].upper()}{what[1:]} runs on every process{evidence}: they all write the same files at once; "
+            f"{remedy}",
             fix=fix,
         )
 
@@ -471,12 +488,23 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
 
     # -- shared -----------------------------------------------------------------------------
 
-    def _every_rank(self, call: cst.Call) -> bool:
+    def _every_rank(self, call: cst.Call) -> str | None:
+        """None unless every process of a distributed run reaches ``call``; else what a message adds as evidence:
+        nothing where this module sets the run up, the callers' places where another module does (a helper)."""
         facts = self.facts
         function = facts.enclosing_function(call)
         if function is not None and self._registered(function):
-            return False  # a hook (`register_save_state_pre_hook(fn)`): its caller decides which ranks run it
-        return facts.all_ranks_reach(call).value is True and not rank_tested(self, call)
+            return None  # a hook (`register_save_state_pre_hook(fn)`): its caller decides which ranks run it
+        reach = facts.all_ranks_reach(call)
+        if reach.value is not True or rank_tested(facts, call):
+            return None
+        if self.loop.distributed:
+            return ""
+        callers = reach.from_distributed_callers
+        if not callers or any(rank_tested(other, site) for other, site in reach.through):
+            return None  # no caller sets up processes, or one tests the rank in a way the facts do not parse
+        places = ", ".join(other.where(site) for other, site in callers)
+        return f" (reached on every rank from {places}, a run of several processes)"
 
     def _registered(self, function: cst.FunctionDef) -> bool:
         facts = self.facts
@@ -533,7 +561,7 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
 
     def _local_target(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """A per-rank file (the path reads the rank) or an in-memory buffer."""
-        if mentions_rank(self, path, at) or self._per_item(path, at):
+        if mentions_rank(self.facts, path, at) or self._per_item(path, at):
             return True
         facts = self.facts
         return any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, BUFFERS) for o in facts.origins(path, at))

@@ -21,9 +21,12 @@ class DdpModulePrefix(Rule):
     ## What it does
     Reports `model.state_dict()` saved with `torch.save` or
     `accelerator.save` (directly, in a checkpoint dict, or through a name
-    bound to it) when `model` is the model `accelerator.prepare(...)` returned
-    or a `DistributedDataParallel(...)` wrapper, and the launch does not run a
-    single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
+    bound to it, a state dict whose entries are then moved with
+    `state[key] = tensor.cpu()` included) when `model` is the model
+    `accelerator.prepare(...)` returned (unpacked, or picked out of its results
+    by position: `parts = accelerator.prepare(model, loader)`, `model =
+    parts[0]`; then compiled or moved or not) or a `DistributedDataParallel(...)`
+    wrapper, and the launch does not run a single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
     `model.module.state_dict()`, `accelerator.get_state_dict(model)`, and a
     name rebound to `accelerator.unwrap_model(model)` before the save.
 
@@ -57,14 +60,15 @@ class DdpModulePrefix(Rule):
     strips a `torch.compile` wrapper put around the prepared model (accelerate's
     `dynamo_backend`) only with `keep_torch_compile=False`, which the fix adds
     when the launch compiles the model. When the file calls `torch.compile`
-    itself no fix is offered: compiled inside the DDP wrapper, the keys carry
+    itself the message asks for `keep_torch_compile=False` too, but no fix is offered: compiled inside the DDP wrapper, the keys carry
     `_orig_mod.` after unwrapping too. Under FSDP or DeepSpeed,
     `get_state_dict` is a collective: no fix is offered where a rank guard
     keeps some processes from the save (it would hang; call it on every rank
     and keep only the write guarded). No fix either where the model is
     wrapped on some paths only (`if ddp: model = DDP(model)`: `.module`
     would fail on the others), nor where the file also loads checkpoints
-    back into the wrapped model (`model.load_state_dict(...)`, or the model
+    back into the wrapped model (`model.load_state_dict(...)`, also under a
+    name the saved one was copied from, `original = model`; or the model
     handed to a `restart_from_checkpoint`-like helper): the prefix is what
     that loading expects, so both sides must change together.
 
@@ -217,36 +221,54 @@ if torch.distributed.get_rank() == 0:
             return any(b.index is None and self._unwrapped(b.value, b.statement, depth + 1) for b in bound)
         return False
 
-    def _report_loaded_back(self, model: cst.BaseExpression, state_dict: cst.Call) -> None:
+    def _report_loaded_back(self, model: cst.BaseExpression, loaded: str, state_dict: cst.Call) -> None:
         target = code_of(model)
+        into = f"`{target}` itself" if loaded == target else f"`{loaded}` (the same model as `{target}`)"
         # the file reads checkpoints back into the wrapped model: the prefix is what it expects there
         self.report(
             state_dict,
             f"`{target}` is a DDP-wrapped or prepared model: its `state_dict()` keys all start with `module.` "
-            f"and will not load into the plain model; this file also loads checkpoints into `{target}` itself, "
+            f"and will not load into the plain model; this file also loads checkpoints into {into}, "
             "so change the saving and the loading side together (save the unwrapped model's state dict, "
             "load it into the unwrapped model)",
         )
 
-    def _loaded_back(self, model: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    def _loaded_back(self, model: cst.BaseExpression, at: cst.CSTNode) -> str | None:
         """The wrapped model itself is loaded into: ``model.load_state_dict(...)``, or ``model`` handed to a
         function whose name says it loads (``restart_from_checkpoint(..., state_dict=model)``)."""
         facts = self.facts
-        key = code_of(model)
+        keys = self._aliases(model, at)
         for call in facts.calls:
             func = call.func
             if (
                 facts.method_name(call) == "load_state_dict"
                 and isinstance(func, cst.Attribute)
-                and code_of(func.value) == key
+                and code_of(func.value) in keys
             ):
-                return True
+                return code_of(func.value)
             callee = (code_of(func).rsplit(".", 1)[-1]).lower()
-            if any(word in callee for word in ("load", "restore", "resume", "restart")) and any(
-                code_of(a.value) == key for a in call.args
-            ):
-                return True
-        return False
+            if any(word in callee for word in ("load", "restore", "resume", "restart")):
+                for argument in call.args:
+                    if code_of(argument.value) in keys:
+                        return code_of(argument.value)
+        return None
+
+    def _aliases(self, model: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+        """``model``'s spelling and the names it was plainly copied from (``original_model = model``, kept before
+        ``torch.compile``): a checkpoint loaded into one of them is loaded into the same wrapped model."""
+        facts = self.facts
+        keys = {code_of(model)}
+        current = model
+        for _ in range(3):
+            binding = self.loop.binding_before(current, at) if isinstance(current, (cst.Name, cst.Attribute)) else None
+            if binding is None or isinstance(binding, cst.AugAssign) or binding[1]:
+                break
+            statement = binding[0]
+            if not isinstance(statement.value, (cst.Name, cst.Attribute)):
+                break
+            current, at = statement.value, statement
+            keys.add(code_of(current))
+        return keys
 
     def _ddp(self, model: cst.BaseExpression, at: cst.CSTNode) -> bool:
         facts = self.facts
@@ -262,8 +284,9 @@ if torch.distributed.get_rank() == 0:
         compiled = any(facts.callee_is(call, COMPILES) for call in facts.calls)
         target = code_of(model)
         if self._ddp(model, state_dict):
-            if self._loaded_back(model, state_dict):
-                self._report_loaded_back(model, state_dict)
+            loaded = self._loaded_back(model, state_dict)
+            if loaded is not None:
+                self._report_loaded_back(model, loaded, state_dict)
                 return
             fix = None
             origins = facts.origins(model, state_dict)
@@ -286,8 +309,9 @@ if torch.distributed.get_rank() == 0:
             return
         if self.loop.prepared_model(model, state_dict) is None or self.loop.role(model, state_dict) is not None:
             return  # not prepared, or a prepared optimizer or scheduler (its keys carry no prefix)
-        if self._loaded_back(model, state_dict):
-            self._report_loaded_back(model, state_dict)
+        loaded = self._loaded_back(model, state_dict)
+        if loaded is not None:
+            self._report_loaded_back(model, loaded, state_dict)
             return
         accelerator = self.facts.accelerator_at(save)
         shown = accelerator or "accelerator"
@@ -312,7 +336,8 @@ if torch.distributed.get_rank() == 0:
             return
         dynamo = self.settings.get("dynamo_backend")
         dynamo_on = dynamo is not None and str(dynamo.value).strip().lower() not in {"", "no", "none"}
-        keyword = ", keep_torch_compile=False" if dynamo_on else ""
+        # unwrap_model keeps a torch.compile wrapper by default: its keys would carry `_orig_mod.`
+        keyword = ", keep_torch_compile=False" if dynamo_on or compiled else ""
         replacement = f"{shown}.unwrap_model({target}{keyword}).state_dict()"
         fix = None
         if accelerator is not None and not compiled:

@@ -624,3 +624,66 @@ def test_a_name_bound_in_a_loop_or_a_handler_may_be_unbound_after_it():
     assert not facts.surely_bound("last", call)
     assert facts.surely_bound("ready", call)
     assert not facts.surely_bound("failed", call)
+
+
+# -- elements and items -------------------------------------------------------------------------
+
+
+def _name_at(facts: PythonFacts, call_text: str, position: int = 0) -> cst.BaseExpression:
+    """The ``position``-th argument of the first call whose callee reads ``call_text``."""
+    return _call(facts, call_text).args[position].value
+
+
+def test_an_element_taken_by_position_is_the_element_an_unpacking_would_take():
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+
+        def main(net, loader):
+            accelerator = Accelerator()
+            parts = accelerator.prepare(net, loader)
+            net = parts[0]
+            pair = (make_encoder(), make_decoder())
+            decoder = pair[1]
+            keep(net, decoder)
+        """
+    )
+    code = facts.index.module.code_for_node
+    keep = _call(facts, "keep")
+    net, decoder = (a.value for a in keep.args)
+    [origin] = facts.origins(net, keep)
+    assert (code(origin.node), origin.index) == ("accelerator.prepare(net, loader)", 0)
+    assert [code(o.node) for o in facts.origins(decoder, keep)] == ["make_decoder()"]
+
+
+def test_a_slice_or_a_computed_index_is_not_an_element():
+    facts = _facts(
+        """
+        def main(parts, i):
+            parts = build()
+            first = parts[i]
+            rest = parts[1:]
+            keep(first, rest)
+        """
+    )
+    keep = _call(facts, "keep")
+    code = facts.index.module.code_for_node
+    assert [code(o.node) for a in keep.args for o in facts.origins(a.value, keep)] == ["parts[i]", "parts[1:]"]
+
+
+def test_storing_an_item_does_not_rebind_the_container():
+    facts = _facts(
+        """
+        import torch
+
+        def export(model, path):
+            weights = model.state_dict()
+            for name, tensor in weights.items():
+                weights[name] = tensor.cpu()
+            torch.save(weights, path)
+        """
+    )
+    code = facts.index.module.code_for_node
+    save = _call(facts, "torch.save")
+    assert [code(o.node) for o in facts.origins(_name_at(facts, "torch.save"), save)] == ["model.state_dict()"]
+    assert [b.key for b in facts.bindings("weights", save)] == ["weights"]

@@ -305,3 +305,38 @@ def test_launch_accumulation_reaches_the_accelerator_only_from_env_or_under_deep
     assert _loop(script, settings(flag, deepspeed)).launch_accumulation is flag
     accelerator = _loop(script, settings(flag)).accelerators[0]
     assert _loop(script, settings(flag, deepspeed)).accumulation(None, accelerator).value == 4
+
+
+def test_a_prepared_model_stays_prepared_through_compile_moves_and_positions():
+    loop = _loop(
+        """
+        import torch
+        from accelerate import Accelerator
+
+        def main(net, loader, optimizers, device):
+            accelerator = Accelerator()
+            parts = accelerator.prepare(net, loader, *optimizers)
+            net = parts[0]
+            net = net.to(device)
+            net = torch.compile(net)
+            keep(net, parts[0])
+        """
+    )
+    facts = loop.facts
+    keep = next(c for c in facts.calls if facts.index.module.code_for_node(c.func) == "keep")
+    prepared = [_code(loop, loop.prepared_model(a.value, keep)) for a in keep.args]
+    assert prepared == ["accelerator.prepare(net, loader, *optimizers)"] * 2
+
+
+def test_a_model_compiled_before_nothing_prepares_it_is_not_prepared():
+    loop = _loop(
+        """
+        import torch
+
+        def main(net):
+            net = torch.compile(net)
+            keep(net)
+        """
+    )
+    keep = next(c for c in loop.facts.calls if loop.facts.index.module.code_for_node(c.func) == "keep")
+    assert loop.prepared_model(keep.args[0].value, keep) is None

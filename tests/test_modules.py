@@ -364,3 +364,29 @@ def test_a_main_flag_defined_in_another_module_is_read_from_its_definition(tmp_p
     assert facts.main_when(first, True)
     assert facts.project_main_flag(second) is False  # the last pipeline stage, not the main process
     assert not facts.main_when(second, True)
+
+
+def test_a_reach_names_the_calls_in_other_modules_it_was_followed_through(tmp_path):
+    write(
+        tmp_path,
+        {
+            "ckpt.py": "import torch\n\ndef keep(state, path):\n    torch.save(state, path)\n",
+            "engine.py": "import ckpt\n\ndef run(model, steps):\n    for step in range(steps):\n        ckpt.keep({}, 'a.pt')\n",
+            "train.py": (
+                "import torch\n"
+                "import torch.distributed as dist\n"
+                "from engine import run\n\n"
+                "dist.init_process_group('nccl')\n"
+                "run(torch.nn.parallel.DistributedDataParallel(net), 10)\n"
+            ),
+            "evaluate.py": "from ckpt import keep\n\nkeep({}, 'b.pt')\n",
+        },
+    )
+    project = Project()
+    helper = project.facts((tmp_path / "ckpt.py").resolve())
+    save = function(helper, "keep").body.body[0]
+    answer = helper.all_ranks_reach(save)
+    assert answer.value is True
+    assert sorted(other.where(call) for other, call in answer.through) == ["engine.py:5", "evaluate.py:3", "train.py:6"]
+    assert [other.where(call) for other, call in answer.from_distributed_callers] == ["train.py:6"]
+    assert not helper.sets_up_processes() and not project.facts((tmp_path / "evaluate.py").resolve()).sets_up_processes()
