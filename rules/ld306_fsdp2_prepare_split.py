@@ -243,8 +243,13 @@ model = accelerator.prepare(model)
         if evaluation is not None and not (isinstance(evaluation, cst.Name) and evaluation.value == "False"):
             return None  # `evaluation_mode=True` (or a value lintdist cannot read) skips the FSDP2 branch
         earlier = self.loop.prepared_model(model, call)
-        if earlier is not None and earlier is not call and not self.facts.is_within(call, earlier):
-            return None  # an already prepared model returns early
+        if (
+            earlier is not None
+            and earlier is not call
+            and not self.facts.is_within(call, earlier)
+            and not (self.facts.method_name(earlier) == "prepare" and self._prepare_problem(earlier))
+        ):
+            return None  # an already prepared model returns early; one whose `prepare` raised was never prepared
         return "prepare_model"
 
     def _kind(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
