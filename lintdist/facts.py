@@ -224,6 +224,8 @@ class PythonFacts:
             if function is not None and statement.value is not None:
                 self.returns[function].append(statement.value)
         self._bindings: dict[str, list[Binding]] = defaultdict(list)
+        # `d[k] = v`: what a container is filled with (its name still holds the same container)
+        self._stores: dict[str, list[Binding]] = defaultdict(list)
         for statement in index.nodes(cst.Assign, cst.AnnAssign):
             if isinstance(statement, cst.Assign):
                 for target in statement.targets:
@@ -302,7 +304,11 @@ class PythonFacts:
                     self._bindings[key].append(Binding(key, value, statement, function, index))
             return
         if isinstance(target, cst.Subscript):
-            return  # `state[key] = value` stores an item: the name still holds the same container
+            # `state[key] = value` stores an item: the name still holds the same container, now holding `value`
+            key = get_full_name_for_node(target.value)
+            if key:
+                self._stores[key].append(Binding(key, value, statement, function))
+            return
         key = get_full_name_for_node(target)
         if key:
             self._bindings[key].append(Binding(key, value, statement, function))
@@ -669,7 +675,17 @@ class PythonFacts:
                 # `loader = repeat(loader)`: the right side reads the name's earlier value, not this binding
                 found = [b for b in found if b.value is not at and not self.is_within(at, b.value)]
             if found:
-                return [o for binding in found for o in self._binding_origins(binding, depth)]
+                held = [o for binding in found for o in self._binding_origins(binding, depth)]
+                if held and all(_empty_container(o.node) for o in held):
+                    # `raw = DatasetDict()` then `raw["train"] = load_dataset(...)`: the container is what it holds
+                    held += [
+                        o
+                        for store in self._stores.get(key, ())
+                        if store.function is self.enclosing_function(at)
+                        and self.index.order(store.statement) < self.index.order(at)
+                        for o in self.origins(store.value, store.statement, depth + 1)
+                    ]
+                return held
             if isinstance(expr, cst.Name):
                 param = self.parameter(expr.value, at)
                 if param is not None:
@@ -1685,6 +1701,16 @@ def _pulled_iterator(call: cst.Call) -> cst.BaseExpression | None:
     if isinstance(func, cst.Attribute) and func.attr.value == "next" and not call.args:
         return func.value
     return None
+
+
+EMPTY_CONTAINERS = frozenset({"dict", "DatasetDict", "IterableDatasetDict", "OrderedDict", "defaultdict"})
+
+
+def _empty_container(node: cst.CSTNode) -> bool:
+    """``{}``, ``dict()``, ``DatasetDict()``: a container made empty, to be filled by item stores."""
+    if isinstance(node, cst.Dict):
+        return not node.elements
+    return isinstance(node, cst.Call) and _last_name(node) in EMPTY_CONTAINERS and not node.args
 
 
 def _element_position(expr: cst.BaseExpression) -> int | None:

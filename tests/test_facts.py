@@ -687,3 +687,33 @@ def test_storing_an_item_does_not_rebind_the_container():
     save = _call(facts, "torch.save")
     assert [code(o.node) for o in facts.origins(_name_at(facts, "torch.save"), save)] == ["model.state_dict()"]
     assert [b.key for b in facts.bindings("weights", save)] == ["weights"]
+
+
+def test_an_empty_container_filled_by_item_stores_holds_what_was_stored():
+    facts = _facts(
+        """
+        from datasets import DatasetDict, load_dataset
+
+        def build(name):
+            raw = DatasetDict()
+            raw["train"] = load_dataset(name, split="train")
+            return raw.map(tokenize)
+        """
+    )
+    receiver = _call(facts, "raw.map").func.value
+    origins = {cst.Module([]).code_for_node(o.node) for o in facts.origins(receiver)}
+    assert origins == {"DatasetDict()", 'load_dataset(name, split="train")'}
+
+
+def test_an_item_store_into_a_state_dict_does_not_change_what_it_is():
+    facts = _facts(
+        """
+        def save(net, path):
+            weights = net.state_dict()
+            for key, value in weights.items():
+                weights[key] = value.cpu()
+            torch.save(weights, path)
+        """
+    )
+    receiver = _call(facts, "torch.save").args[0].value
+    assert [cst.Module([]).code_for_node(o.node) for o in facts.origins(receiver)] == ["net.state_dict()"]
