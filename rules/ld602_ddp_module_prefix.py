@@ -27,8 +27,11 @@ class DdpModulePrefix(Rule):
     by position: `parts = accelerator.prepare(model, loader)`, `model =
     parts[0]`; then compiled or moved or not) or a `DistributedDataParallel(...)`
     wrapper, and the launch does not run a single process. Not reported: `accelerator.unwrap_model(model).state_dict()`,
-    `model.module.state_dict()`, `accelerator.get_state_dict(model)`, and a
-    name rebound to `accelerator.unwrap_model(model)` before the save.
+    `model.module.state_dict()`, `accelerator.get_state_dict(model)`, a
+    name rebound to `accelerator.unwrap_model(model)` before the save, and a
+    file that resumes into the wrapper and strips the `module.` prefix only
+    in a one-process run (`if not args.distributed and ...: sd = {k[len("module."):]: v ...}`),
+    which saved the wrapper on purpose.
 
     ## Why is this bad?
     DDP keeps the user's model as its `module` attribute, so the wrapper's
@@ -276,6 +279,15 @@ if torch.distributed.get_rank() == 0:
             isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in facts.origins(model, at)
         )
 
+    def _prefix_stripped_when_alone(self) -> bool:
+        """The file strips the `module.` prefix from loaded keys only in a one-process run (open_clip's
+        `if not args.distributed and ...: sd = {k[len('module.'):]: v ...}`)."""
+        facts = self.facts
+        return any(
+            string.evaluated_value in {"module.", "module"} and facts.single_process_branch(string) is not None
+            for string in facts.index.nodes(cst.SimpleString)
+        )
+
     def _check(self, state_dict: cst.Call, save: cst.Call) -> None:
         facts = self.facts
         model = state_dict.func.value
@@ -285,6 +297,8 @@ if torch.distributed.get_rank() == 0:
         target = code_of(model)
         if self._ddp(model, state_dict):
             loaded = self._loaded_back(model, state_dict)
+            if loaded is not None and self._prefix_stripped_when_alone():
+                return  # saved wrapped on purpose: resumed into the wrapper, stripped for a one-process run
             if loaded is not None:
                 self._report_loaded_back(model, loaded, state_dict)
                 return
