@@ -934,6 +934,8 @@ SPAWN_CALLS = {
     "accelerate.launchers.debug_launcher": ("debug_launcher", "num_processes", 2, 2),
 }
 SPAWN_NAMES = frozenset(SPAWN_CALLS)
+# the last parts of those names: an alias is imported under one of them, so a text without any starts nothing
+SPAWN_WORDS = frozenset(name.rsplit(".", 1)[-1] for name in SPAWN_CALLS)
 NOTEBOOK_NODES = ("num_nodes", 7)
 
 
@@ -987,5 +989,7 @@ def script_launch(context) -> Launch:
     if facts is None:
         return linked or Launch()
     if "launch" not in facts._memo:
-        facts._memo["launch"] = spawned(facts, context.span, context.display_name) or linked or Launch()
+        # a file whose text names no spawning function starts no processes: its calls need not be resolved
+        spawns = any(word in context.text for word in SPAWN_WORDS)
+        facts._memo["launch"] = (spawns and spawned(facts, context.span, context.display_name)) or linked or Launch()
     return facts._memo["launch"]

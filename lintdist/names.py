@@ -86,6 +86,8 @@ class NameResolver:
 
     def unbound_conventional(self) -> frozenset[str]:
         """The conventional names (``dist``, ``DDP``) the file reads somewhere with their conventional meaning."""
+        if self._unbound_conventional is None and not self._conventional_candidates():
+            self._unbound_conventional = frozenset()  # every conventional name read is imported at module level
         if self._unbound_conventional is None:
             self._build()
             module = self._scope_of_owner(self.index.module)
@@ -99,6 +101,22 @@ class NameResolver:
                     found.add(name)
             self._unbound_conventional = frozenset(found)
         return self._unbound_conventional
+
+    def _conventional_candidates(self) -> set[str]:
+        """The conventional names the file reads that no module-level import binds: only these can be unbound, and
+        most files have none, so the scopes need not be built to answer (a library tree is mostly such files)."""
+        read = {node.value for node in self.index.nodes(cst.Name) if node.value in CONVENTIONAL_NAMES}
+        if not read:
+            return read
+        for statement in self.index.nodes(cst.Import, cst.ImportFrom):
+            if isinstance(statement.names, cst.ImportStar) or any(
+                isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) for a in self.index.ancestors(statement)
+            ):
+                continue
+            for alias in statement.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                read.discard((get_full_name_for_node(bound) or "").split(".", 1)[0])
+        return read
 
     def module_bindings(self, name: str) -> list[Binding]:
         """The bindings of ``name`` at module level."""
