@@ -249,9 +249,18 @@ class SaveOnEveryRank(Rule):
     fix_kind = "safe"
     # `torch.save(`/`save(` from torch, `.save_pretrained(`: both need a distributed marker too
     triggers = (Pattern(("save(", "save_pretrained("), None),)
-    # `distributed`: a helper module that reads `torch.distributed` may run in the distributed run of its callers
+    # `torch.distributed`: a helper module that reads it may run in the distributed run of its callers (the word
+    # "distributed" alone is in the docstrings of most library modules)
     also_triggers = (
-        ("Accelerator(", "DistributedDataParallel", "init_process_group", "DDP(", "fully_shard", "distributed"),
+        (
+            "Accelerator(",
+            "DistributedDataParallel",
+            "init_process_group",
+            "DDP(",
+            "fully_shard",
+            "torch.distributed",
+            "torch import distributed",
+        ),
     )
 
     VALID = (
