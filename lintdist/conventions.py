@@ -78,17 +78,22 @@ def implied_module(name: str) -> str:
 def text_with_implied_imports(text: str) -> str:
     """``text`` followed by the imports of the conventional names it uses, for the pre-filter: a snippet that calls
     ``dist.barrier()`` wants the rules a file with ``import torch.distributed as dist`` wants. Costs one substring
-    search per name, and a literal-first pattern where the name occurs."""
-    implied = [statement for name, statement, pattern in _entries() if name in text and pattern.search(text)]
+    search per name, and a literal-first pattern where the name occurs and its module's name does not (a file that
+    names ``torch.distributed`` already satisfies what the import would: a library module is not scanned again)."""
+    implied = [
+        statement
+        for name, statement, qualified, pattern in _entries()
+        if name in text and qualified not in text and pattern.search(text)
+    ]
     return text if not implied else "\n".join((text, *implied))
 
 
 @cache
-def _entries() -> tuple[tuple[str, str, re.Pattern[str]], ...]:
+def _entries() -> tuple[tuple[str, str, str, re.Pattern[str]], ...]:
     # only the names whose import says more than the name itself: `import os` adds the word "import", and a rule
     # that wants a real import line of its module (not the module's name alone) should not get one made up
     return tuple(
-        (name, implied_import(name), _used(name))
+        (name, implied_import(name), CONVENTIONAL_NAMES[name], _used(name))
         for name in CONVENTIONAL_NAMES
         if implied_import(name) != f"import {name}"
     )
