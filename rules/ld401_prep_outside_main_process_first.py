@@ -702,13 +702,15 @@ with main_process_first(accelerator=accelerator):
         """``expr`` is a dataset read through ``load_dataset`` (not streamed), or derived from one."""
         if depth > MAX_DEPTH:
             return False
+        # a subscript or a method chain descends into a smaller expression and cannot cycle: only following a
+        # name's origins spends depth (`splits["train"].filter(...)` of `splits = raw.map(...).with_format(...)`)
         if isinstance(expr, cst.Subscript):
-            return self._loaded_dataset(expr.value, at, depth + 1)
+            return self._loaded_dataset(expr.value, at, depth)
         if isinstance(expr, cst.Call):
             if self._is_load_dataset(expr):
                 return not _is_true(argument_of(expr, "streaming", None))
             if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in DATASET_METHODS:
-                return self._loaded_dataset(expr.func.value, expr, depth + 1)
+                return self._loaded_dataset(expr.func.value, expr, depth)
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
             return any(
                 o.node is not expr and self._loaded_dataset(o.node, o.node, depth + 1)
