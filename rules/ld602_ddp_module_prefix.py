@@ -259,7 +259,6 @@ if torch.distributed.get_rank() == 0:
     def _aliases(self, model: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
         """``model``'s spelling and the names it was plainly copied from (``original_model = model``, kept before
         ``torch.compile``): a checkpoint loaded into one of them is loaded into the same wrapped model."""
-        facts = self.facts
         keys = {code_of(model)}
         current = model
         for _ in range(3):
