@@ -9,6 +9,15 @@ search tool's ``fetch`` puts one at ``<mirror>/<owner>+<name>/repo``), with the 
 folder above them, as a checkout has them.
 
     python benchmarks/realworld.py --files /tmp/realworld/files [--mirror /work/.mirror] [--lintdist PATH]
+    python benchmarks/realworld.py --set benchmarks/realworld.tsv --set benchmarks/realworld_snippets.tsv \
+        --files /tmp/realworld/files --snippets /tmp/realworld/snippets
+
+A snippet set (``realworld_snippets*.tsv``, columns ``id report block kind rule line expect sha256 evidence``)
+holds code as users posted it in a thread: one code block, unedited, named by the report's address and the
+block's place in the thread. The blocks themselves are kept outside the project, as ``<snippets>/<id>.<kind>``,
+and the row's sha256 says that the stored block is the one that was labelled. Each block is checked alone, as a
+project of one file, as a user who pastes it into a file would check it. Several ``--set`` options are scored
+together, as one set.
 
 Each commit folder is checked once, as a project, with every rule on (``--select ALL``). A ``bug`` row is found
 when a finding of its rule in its file starts within ``TOLERANCE`` lines of the row's line (or spans it). A false
@@ -20,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +41,8 @@ from pathlib import Path
 
 TOLERANCE = 3
 COLUMNS = ("repo", "commit", "path", "rule", "line", "expect", "report", "evidence", "also")
+SNIPPET_COLUMNS = ("id", "report", "block", "kind", "rule", "line", "expect", "sha256", "evidence")
+SNIPPET_KINDS = ("py", "yaml", "sh", "md")
 DEFAULT_SET = Path(__file__).with_name("realworld.tsv")
 
 
@@ -49,6 +62,37 @@ class Case:
     def folder(self) -> str:
         return f"{self.repo.replace('/', '+')}/{self.commit}"
 
+    @property
+    def name(self) -> str:
+        return f"{self.repo}@{self.commit[:10]} {self.path}"
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """One code block as posted in a public thread; checked alone, as the only file of its own project."""
+
+    id: str
+    report: str
+    block: str
+    kind: str
+    rule: str
+    line: int
+    expect: str
+    sha256: str
+    evidence: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.id}.{self.kind}"
+
+    @property
+    def folder(self) -> str:
+        return f"snippets/{self.id}"
+
+    @property
+    def name(self) -> str:
+        return f"snippet {self.path}"
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -58,14 +102,17 @@ class Finding:
     end_line: int
 
 
-def read_cases(path: Path = DEFAULT_SET) -> list[Case]:
-    """The rows of the set (a header line, then one case a line); raises ValueError on a malformed row."""
-    cases = []
+def read_cases(path: Path = DEFAULT_SET) -> list[Case | Snippet]:
+    """The rows of a set of files or of snippets (a header line, then one case a line); raises ValueError on a
+    malformed row."""
+    cases: list[Case | Snippet] = []
     with path.open(newline="", encoding="utf-8") as stream:
         rows = csv.reader(stream, delimiter="\t")
         header = next(rows)
+        if tuple(header) == SNIPPET_COLUMNS:
+            return _read_snippets(path, rows)
         if tuple(header) != COLUMNS:
-            raise ValueError(f"{path}: the header must be {' '.join(COLUMNS)}")
+            raise ValueError(f"{path}: the header must be {' '.join(COLUMNS)} (or {' '.join(SNIPPET_COLUMNS)})")
         for number, row in enumerate(rows, start=2):
             if len(row) != len(COLUMNS):
                 raise ValueError(f"{path}:{number}: {len(row)} columns, expected {len(COLUMNS)}")
@@ -80,7 +127,49 @@ def read_cases(path: Path = DEFAULT_SET) -> list[Case]:
     return cases
 
 
-def matches(case: Case, finding: Finding) -> bool:
+def _read_snippets(path: Path, rows) -> list[Case | Snippet]:
+    snippets: list[Case | Snippet] = []
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(SNIPPET_COLUMNS):
+            raise ValueError(f"{path}:{number}: {len(row)} columns, expected {len(SNIPPET_COLUMNS)}")
+        snippet = Snippet(*row[:5], int(row[5]), *row[6:])  # type: ignore[arg-type]
+        if (
+            not re.fullmatch(r"[\w.-]+", snippet.id)
+            or snippet.kind not in SNIPPET_KINDS
+            or not re.fullmatch(r"[0-9a-f]{64}", snippet.sha256)
+            or snippet.expect not in ("bug", "clean")
+            or (snippet.expect == "bug") != (snippet.line > 0)
+        ):
+            raise ValueError(
+                f"{path}:{number}: an id of word characters, a kind in {', '.join(SNIPPET_KINDS)}, a sha256 of 64 "
+                "hex digits, and a line > 0 exactly for a bug"
+            )
+        snippets.append(snippet)
+    return snippets
+
+
+def place_snippets(cases: list[Case | Snippet], snippets: Path, files: Path) -> list[str]:
+    """Copy each snippet block from ``snippets`` into a folder of its own under ``files``; returns the blocks that
+    are missing or whose text is not the one labelled (another sha256)."""
+    problems = []
+    for case in cases:
+        if not isinstance(case, Snippet):
+            continue
+        source = snippets / case.path
+        if not source.is_file():
+            problems.append(f"{case.path}: not under {snippets}")
+            continue
+        data = source.read_bytes()
+        if hashlib.sha256(data).hexdigest() != case.sha256:
+            problems.append(f"{case.path}: its text is not the labelled one (sha256 differs)")
+            continue
+        target = files / case.folder / case.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return problems
+
+
+def matches(case: Case | Snippet, finding: Finding) -> bool:
     if finding.code != case.rule or finding.path != case.path:
         return False
     return abs(finding.line - case.line) <= TOLERANCE or finding.line <= case.line <= finding.end_line
@@ -103,7 +192,7 @@ class RuleScore:
         return self.found / total if total else None
 
 
-def score(cases: list[Case], findings: dict[str, list[Finding]]) -> tuple[dict[str, RuleScore], list[str]]:
+def score(cases: list[Case | Snippet], findings: dict[str, list[Finding]]) -> tuple[dict[str, RuleScore], list[str]]:
     """Per-rule scores and one line per case (found / missed / false alarm / clean), from the findings of each
     commit folder."""
     scores: dict[str, RuleScore] = defaultdict(RuleScore)
@@ -121,16 +210,18 @@ def score(cases: list[Case], findings: dict[str, list[Finding]]) -> tuple[dict[s
         else:
             rule.false_alarms += len(here)
             verdict = "clean" if not here else f"FALSE ALARM at {', '.join(str(f.line) for f in here)}"
-        lines.append(f"{case.rule} {case.expect:5} {case.repo}@{case.commit[:10]} {case.path}:{case.line}  {verdict}")
+        lines.append(f"{case.rule} {case.expect:5} {case.name}:{case.line}  {verdict}")
     return dict(scores), lines
 
 
-def materialize(cases: list[Case], files: Path, mirror: Path) -> list[str]:
+def materialize(cases: list[Case | Snippet], files: Path, mirror: Path) -> list[str]:
     """Write each case's files, and the ``__init__.py`` of the package folders above them, from the git snapshots
     under ``mirror``; returns what could not be had."""
     missing = []
     wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
     for case in cases:
+        if isinstance(case, Snippet):
+            continue
         for path in (case.path, *case.also):
             wanted[(case.repo, case.commit)].add(path)
             parts = Path(path).parts[:-1]
@@ -203,12 +294,22 @@ def table(scores: dict[str, RuleScore]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=Path, required=True, help="folder of <owner>+<name>/<commit>/<path> files")
-    parser.add_argument("--set", type=Path, default=DEFAULT_SET, help="the cases (default: realworld.tsv beside this)")
+    parser.add_argument(
+        "--set", type=Path, action="append", help="the cases, repeatable (default: realworld.tsv beside this)"
+    )
+    parser.add_argument("--snippets", type=Path, help="folder of <id>.<kind> snippet blocks, for snippet sets")
     parser.add_argument("--mirror", type=Path, help="write missing files from <mirror>/<owner>+<name>/repo git dirs")
     parser.add_argument("--lintdist", default=shutil.which("lintdist") or "lintdist", help="the lintdist to score")
     parser.add_argument("--json", type=Path, help="also write the per-rule scores and per-case lines here")
     args = parser.parse_args(argv)
-    cases = read_cases(args.set)
+    cases = [case for path in (args.set or [DEFAULT_SET]) for case in read_cases(path)]
+    if any(isinstance(case, Snippet) for case in cases):
+        if args.snippets is None:
+            parser.error("a snippet set needs --snippets DIR")
+        problems = place_snippets(cases, args.snippets, args.files)
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 2
     if args.mirror is not None:
         for name in materialize(cases, args.files, args.mirror):
             print(f"not in the mirror: {name}", file=sys.stderr)

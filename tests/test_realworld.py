@@ -79,3 +79,56 @@ def test_scores_count_found_missed_and_false_alarms() -> None:
         and lines[2].endswith("FALSE ALARM at 7")
         and lines[3].endswith("clean")
     )
+
+
+def _snippet_row(**changes: str) -> str:
+    row = {
+        "id": "owner-repo-12",
+        "report": "https://github.com/owner/repo/issues/12",
+        "block": "description, python block 1",
+        "kind": "py",
+        "rule": "LD201",
+        "line": "3",
+        "expect": "bug",
+        "sha256": "0" * 64,
+        "evidence": "why",
+    }
+    row.update(changes)
+    return "\t".join(row[column] for column in realworld.SNIPPET_COLUMNS)
+
+
+def test_a_snippet_set_is_read_by_its_header(tmp_path: Path) -> None:
+    good = tmp_path / "snippets.tsv"
+    good.write_text("\t".join(realworld.SNIPPET_COLUMNS) + "\n" + _snippet_row() + "\n")
+    (snippet,) = realworld.read_cases(good)
+    assert isinstance(snippet, realworld.Snippet)
+    assert (snippet.path, snippet.folder, snippet.line) == ("owner-repo-12.py", "snippets/owner-repo-12", 3)
+    bad_rows = (_snippet_row(kind="txt"), _snippet_row(sha256="abc"), _snippet_row(expect="clean"), _snippet_row(id="a/b"))
+    for bad in bad_rows:
+        good.write_text("\t".join(realworld.SNIPPET_COLUMNS) + "\n" + bad + "\n")
+        with pytest.raises(ValueError, match="sha256"):
+            realworld.read_cases(good)
+
+
+def test_a_snippet_is_placed_alone_only_when_its_text_is_the_labelled_one(tmp_path: Path) -> None:
+    import hashlib
+
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    text = b"for epoch in range(3):\n    for batch in loader:\n        step(batch)\n"
+    (blocks / "owner-repo-12.py").write_bytes(text)
+    labelled = realworld.Snippet(
+        "owner-repo-12", "https://r", "b", "py", "LD201", 1, "bug", hashlib.sha256(text).hexdigest(), "e"
+    )
+    edited = realworld.Snippet("owner-repo-12", "https://r", "b", "py", "LD202", 0, "clean", "1" * 64, "e")
+    absent = realworld.Snippet("other-repo-3", "https://r", "b", "yaml", "LD301", 0, "clean", "1" * 64, "e")
+    problems = realworld.place_snippets([labelled, edited, absent], blocks, tmp_path / "files")
+    assert problems == [
+        "owner-repo-12.py: its text is not the labelled one (sha256 differs)",
+        f"other-repo-3.yaml: not under {blocks}",
+    ]
+    placed = tmp_path / "files" / "snippets" / "owner-repo-12" / "owner-repo-12.py"
+    assert placed.read_bytes() == text
+    findings = {labelled.folder: [realworld.Finding(labelled.path, "LD201", 2, 2)]}
+    scores, lines = realworld.score([labelled], findings)
+    assert scores["LD201"].found == 1 and lines == ["LD201 bug   snippet owner-repo-12.py:1  found"]
