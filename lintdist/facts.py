@@ -938,10 +938,13 @@ class PythonFacts:
             child = ancestor
         return None
 
-    def all_ranks_reach(self, node: cst.CSTNode, depth: int = 0) -> Reach:
+    def all_ranks_reach(self, node: cst.CSTNode, depth: int = 0, some_path: bool = False) -> Reach:
         """Whether every rank runs ``node``, following the enclosing function's callers in every module of the
         project: ``Reach(True)`` when no rank test stands on any path, ``Reach(False, where)`` when one does,
-        ``Reach(None, why)`` when a caller is out of sight (a function nobody here calls, or handed away)."""
+        ``Reach(None, why)`` when a caller is out of sight (a function nobody here calls, or handed away).
+
+        With ``some_path``, whether some path reaches ``node`` on every rank: a helper that one caller runs under
+        ``if rank == 0`` and another calls unguarded is ``Reach(True)``, through the unguarded caller."""
         split = self.rank_split(node)
         if split is not None:
             return Reach(False, at=(self, split))
@@ -950,16 +953,20 @@ class PythonFacts:
             return Reach(True)
         if depth >= MAX_CALLER_DEPTH + 2:
             return Reach(None, f"the callers of `{function.name.value}()` are too deep to follow")
-        return self._remember(("reach", id(function), depth), lambda: self._reach_from_callers(function, depth))
+        return self._remember(
+            ("reach", id(function), depth, some_path), lambda: self._reach_from_callers(function, depth, some_path)
+        )
 
-    def _reach_from_callers(self, function: cst.FunctionDef, depth: int) -> Reach:
-        answers = [self.all_ranks_reach(site, depth + 1) for site in self.call_sites(function)]
+    def _reach_from_callers(self, function: cst.FunctionDef, depth: int, some_path: bool) -> Reach:
+        answers = [self.all_ranks_reach(site, depth + 1, some_path) for site in self.call_sites(function)]
         answers += [
-            _through(site.facts, site.call, site.facts.all_ranks_reach(site.call, depth + 1))
+            _through(site.facts, site.call, site.facts.all_ranks_reach(site.call, depth + 1, some_path))
             for site in self.external_call_sites(function)
         ]
         for call, main_only in self._handed_to(function):
-            answers.append(Reach(False, at=(self, call)) if main_only else self.all_ranks_reach(call, depth + 1))
+            answers.append(
+                Reach(False, at=(self, call)) if main_only else self.all_ranks_reach(call, depth + 1, some_path)
+            )
         name = self._exported_name(function)
         if self.project is not None and name and "." not in name:
             for other, reference, _ in self.project.references(name):
@@ -970,13 +977,17 @@ class PythonFacts:
                     answers.append(
                         Reach(False, at=(other, call))
                         if main_only
-                        else _through(other, call, other.all_ranks_reach(call, depth + 1))
+                        else _through(other, call, other.all_ranks_reach(call, depth + 1, some_path))
                     )
         if name and self.project is not None and self.project.project.too_many_callers(self.project.path, name):
             answers.append(Reach(None, f"`{function.name.value}()` is called from more modules than lintdist follows"))
         if not answers:
             where = f" ({self.project.path.name})" if self.project is not None else ""
             return Reach(None, f"`{function.name.value}()`{where} is called from code lintdist cannot see")
+        if some_path:
+            return next((a for a in answers if a.value is True), None) or next(
+                (a for a in answers if a.value is None), answers[0]
+            )
         return next((a for a in answers if a.value is False), None) or next(
             (a for a in answers if a.value is None), Reach(True, through=tuple(t for a in answers for t in a.through))
         )

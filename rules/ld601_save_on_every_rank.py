@@ -504,7 +504,7 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         function = facts.enclosing_function(call)
         if function is not None and self._registered(function):
             return None  # a hook (`register_save_state_pre_hook(fn)`): its caller decides which ranks run it
-        reach = facts.all_ranks_reach(call)
+        reach = facts.all_ranks_reach(call, some_path=True)
         if reach.value is not True or rank_tested(facts, call):
             return None
         if self.loop.distributed:

@@ -717,3 +717,49 @@ def test_an_item_store_into_a_state_dict_does_not_change_what_it_is():
     )
     receiver = _call(facts, "torch.save").args[0].value
     assert [cst.Module([]).code_for_node(o.node) for o in facts.origins(receiver)] == ["net.state_dict()"]
+
+
+# -- reach on some path --------------------------------------------------------------------------
+
+
+def test_a_helper_reached_unguarded_from_one_caller_is_reached_by_every_rank_on_some_path():
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def save(x):
+            torch.save(x, "x.pt")
+
+        def run(x):
+            if dist.get_rank() == 0:
+                save(x)
+            {last}
+
+        if __name__ == "__main__":
+            run(1)
+        """.replace("{last}", "save(x)")
+    )
+    call = _call(facts, "torch.save")
+    assert facts.all_ranks_reach(call).value is False
+    assert facts.all_ranks_reach(call, some_path=True).value is True
+
+
+def test_a_helper_guarded_at_every_caller_is_reached_on_no_path_by_every_rank():
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def save(x):
+            torch.save(x, "x.pt")
+
+        def run(x):
+            if dist.get_rank() == 0:
+                save(x)
+            if dist.get_rank() == 0:
+                save(x)
+
+        if __name__ == "__main__":
+            run(1)
+        """
+    )
+    assert facts.all_ranks_reach(_call(facts, "torch.save"), some_path=True).value is False
