@@ -16,8 +16,9 @@ A snippet set (``realworld_snippets*.tsv``, columns ``id report block kind rule 
 holds code as users posted it in a thread: one code block, unedited, named by the report's address and the
 block's place in the thread. The blocks themselves are kept outside the project, as ``<snippets>/<id>.<kind>``,
 and the row's sha256 says that the stored block is the one that was labelled. Each block is checked alone, as a
-project of one file, as a user who pastes it into a file would check it. Several ``--set`` options are scored
-together, as one set.
+project of one file, as a user who pastes it into a file would check it: a Python block cut from inside a function
+(every line indented alike) is dedented first, as an editor does on paste; nothing else is changed. Several
+``--set`` options are scored together, as one set.
 
 Each commit folder is checked once, as a project, with every rule on (``--select ALL``). A ``bug`` row is found
 when a finding of its rule in its file starts within ``TOLERANCE`` lines of the row's line (or spans it). A false
@@ -35,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +165,8 @@ def place_snippets(cases: list[Case | Snippet], snippets: Path, files: Path) -> 
         if hashlib.sha256(data).hexdigest() != case.sha256:
             problems.append(f"{case.path}: its text is not the labelled one (sha256 differs)")
             continue
+        if case.kind == "py":
+            data = textwrap.dedent(data.decode("utf-8")).encode("utf-8")
         target = files / case.folder / case.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)

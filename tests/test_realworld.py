@@ -115,7 +115,7 @@ def test_a_snippet_is_placed_alone_only_when_its_text_is_the_labelled_one(tmp_pa
 
     blocks = tmp_path / "blocks"
     blocks.mkdir()
-    text = b"for epoch in range(3):\n    for batch in loader:\n        step(batch)\n"
+    text = b"    for epoch in range(3):\n        for batch in loader:\n            step(batch)\n"
     (blocks / "owner-repo-12.py").write_bytes(text)
     labelled = realworld.Snippet(
         "owner-repo-12", "https://r", "b", "py", "LD201", 1, "bug", hashlib.sha256(text).hexdigest(), "e"
@@ -128,7 +128,24 @@ def test_a_snippet_is_placed_alone_only_when_its_text_is_the_labelled_one(tmp_pa
         f"other-repo-3.yaml: not under {blocks}",
     ]
     placed = tmp_path / "files" / "snippets" / "owner-repo-12" / "owner-repo-12.py"
-    assert placed.read_bytes() == text
+    assert placed.read_bytes() == text.replace(b"\n    ", b"\n").removeprefix(b"    ")  # dedented, as pasted
     findings = {labelled.folder: [realworld.Finding(labelled.path, "LD201", 2, 2)]}
     scores, lines = realworld.score([labelled], findings)
     assert scores["LD201"].found == 1 and lines == ["LD201 bug   snippet owner-repo-12.py:1  found"]
+
+
+def test_the_snippet_sets_name_real_reports_and_keep_the_held_out_reports_apart() -> None:
+    main = realworld.read_cases(ROOT / "benchmarks" / "realworld_snippets.tsv")
+    held_out = realworld.read_cases(ROOT / "benchmarks" / "realworld_snippets_holdout.tsv")
+    codes = {rule["code"] for rule in RULES}
+    for snippet in main + held_out:
+        assert isinstance(snippet, realworld.Snippet)
+        assert snippet.rule in codes and snippet.report.startswith("https://") and snippet.evidence.strip(), snippet
+        assert snippet.block.strip(), snippet
+    keys = [(s.id, s.rule, s.line) for s in main + held_out]
+    assert len(set(keys)) == len(keys), "a snippet row is listed twice"
+    assert {s.report for s in main}.isdisjoint({s.report for s in held_out})
+    whole_files = {
+        c.report for c in realworld.read_cases() + realworld.read_cases(ROOT / "benchmarks" / "realworld_holdout.tsv")
+    }
+    assert whole_files.isdisjoint({s.report for s in main + held_out}), "a report is in both kinds of set"
