@@ -332,7 +332,10 @@ for step, (x, y) in enumerate(loader):
         for block in loop.no_sync_blocks:
             if block.kind not in {"model", "accelerator", "grad_sync"} or block.model is None:
                 continue
-            if id(block.node) in reported or not self._decides_in_forward(block):
+            if id(block.node) in reported:
+                continue
+            ddp = self._decides_in_forward(block)
+            if ddp is False:
                 continue
             calls = facts.reachable_calls(block.node.body)
             backwards = [c for c in calls if (s := loop.backward_site(c)) is not None and s.kind != "engine"]
@@ -342,16 +345,28 @@ for step, (x, y) in enumerate(loader):
             model = self.context.module.code_for_node(block.model)
             identified = facts.identified(block.model, block.node, "ddp") or self._named_helper(block)
             known = f" ({identified})" if identified else ""
+            where = block.call if facts.is_within(block.call, block.node) else block.node.items[0].item
+            if ddp is None:  # a snippet's `model.no_sync()`: FSDP1 reads the flag in the backward and would be right
+                self.report(
+                    where,
+                    f"this no_sync block runs a backward but no forward of `{model}`: if `{model}` is a DDP model "
+                    "(nothing in sight says what wraps it), DDP decides in the forward whether the backward "
+                    "all-reduces, so the gradients are still synchronized on every micro-batch; move the forward "
+                    "pass into the block",
+                    severity=Severity.INFO,
+                )
+                continue
             self.report(
-                block.call if facts.is_within(block.call, block.node) else block.node.items[0].item,
+                where,
                 f"this no_sync block runs a backward but no forward of `{model}`{known}: DDP decides in the forward "
                 "whether the backward all-reduces, so the gradients are still synchronized on every micro-batch; "
                 "move the forward pass into the block",
             )
 
-    def _decides_in_forward(self, block: NoSync) -> bool:
+    def _decides_in_forward(self, block: NoSync) -> bool | None:
         """The model is a DDP module: wrapped here (or by a helper named for DDP whose body is not in sight), or
-        prepared by accelerate with no FSDP/DeepSpeed backend."""
+        prepared by accelerate with no FSDP/DeepSpeed backend. None where nothing in sight binds the model at all
+        (a snippet's bare ``model``): it may be DDP."""
         facts = self.facts
         origins = facts.origins(block.model, block.node)
         if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
@@ -361,7 +376,11 @@ for step, (x, y) in enumerate(loader):
         if facts.identified(block.model, block.node, "ddp") is not None:  # a snippet: `.no_sync()` and `.module`
             return True
         prepared = any(self.loop.is_accelerate_prepare(o.node) for o in origins)
-        return prepared and self.loop.backend is None
+        if prepared:
+            return self.loop.backend is None
+        if block.kind == "model" and facts.unbound(block.model, block.node):
+            return None
+        return False
 
     def _named_helper(self, block: NoSync) -> str | None:
         """The evidence when the model is DDP by the name of the helper that made it alone."""
