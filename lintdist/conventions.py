@@ -45,6 +45,8 @@ CONVENTIONAL_OBJECTS: dict[str, str] = {
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "Accelerator": "accelerate.Accelerator",
     "PartialState": "accelerate.PartialState",
+    # a collective under either meaning (`accelerate.utils.gather_object`, `torch.distributed.gather_object`)
+    "gather_object": "accelerate.utils.gather_object",
 }
 CONVENTIONAL_NAMES: dict[str, str] = {**CONVENTIONAL_MODULES, **CONVENTIONAL_OBJECTS}
 

@@ -136,16 +136,37 @@ VALUE_MARKERS = (
     "is_main_process",
 )
 # Objects known by their API: (attributes one of which must be used, attributes used with it); with no
-# required attribute, two of the others. One attribute alone identifies nothing.
+# required attribute, two of the others. One attribute alone identifies nothing, except on a name that is
+# conventionally that object (``accelerator``, ``API_CONVENTIONAL_NAMES``): there one attribute of either set will do.
 API_SIGNATURES = {
     "accelerator": (
         frozenset({"is_main_process", "is_local_main_process"}),
-        frozenset({"save_state", "wait_for_everyone", "prepare", "backward", "accumulate", "gather_for_metrics"}),
+        frozenset(
+            {
+                "save_state",
+                "wait_for_everyone",
+                "prepare",
+                "backward",
+                "accumulate",
+                "gather_for_metrics",
+                "gradient_accumulation_steps",
+                "clip_grad_norm_",
+                "main_process_first",
+                "num_processes",
+                "process_index",
+                "get_state_dict",
+                "save_model",
+                "load_state",
+                "sync_gradients",
+                "unwrap_model",
+            }
+        ),
     ),
     "ddp": (frozenset({"no_sync"}), frozenset({"module"})),
     "sampler": (frozenset({"set_epoch"}), frozenset({"num_replicas"})),
 }
 API_NAMES = {"accelerator": "an Accelerator", "ddp": "a DDP-wrapped model", "sampler": "a distributed sampler"}
+API_CONVENTIONAL_NAMES = {"accelerator": "accelerator"}
 # A name imported from one of these is what its import says, never identified by its API.
 KNOWN_LIBRARIES = frozenset({"torch", "accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed"})
 
@@ -1052,6 +1073,7 @@ class PythonFacts:
             for a in self._memo["attribute_uses"].get(key, ())
             if scope is self.index.module or self.is_within(a, scope)
         }
+        last = key.rsplit(".", 1)[-1].lower()
         for kind, (required, together) in API_SIGNATURES.items():
             flags = sorted(used & required)
             others = sorted(used & together)
@@ -1059,6 +1081,8 @@ class PythonFacts:
                 return kind, (flags[0], *others)
             if not required and len(others) >= 2:
                 return kind, tuple(others)
+            if API_CONVENTIONAL_NAMES.get(kind) == last and (flags or others):
+                return kind, ("its name", *flags, *others)
         return None
 
     def identified(self, expr: cst.BaseExpression, at: cst.CSTNode, kind: str) -> str | None:
@@ -1070,7 +1094,7 @@ class PythonFacts:
         if found is None or found[0] != kind:
             return None
         name = get_full_name_for_node(expr)
-        attributes = ", ".join(f"`{a}`" for a in found[1])
+        attributes = ", ".join(a if a == "its name" else f"`{a}`" for a in found[1])
         return f"`{name}` is used as {API_NAMES[kind]}: {attributes}"
 
     def unbound(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:

@@ -647,7 +647,23 @@ class TrainingLoop:
         if calls and all(self._one_step(call) for call in calls):
             return Accumulation("none")
         blocks = [b for b in self.accumulate_blocks if accelerator is None or _same_name(b.accelerator, accelerator)]
-        return Accumulation("unknown") if blocks else Accumulation("none")
+        return Accumulation("unknown") if blocks or self._windows_on_own_steps(accelerator) else Accumulation("none")
+
+    def _windows_on_own_steps(self, accelerator: cst.BaseExpression | None) -> bool:
+        """The loop counts its window with the Accelerator's own steps (``step % accelerator.gradient_accumulation_steps``):
+        the code means them to be more than 1, wherever they are set."""
+        if accelerator is None:
+            return False
+        for operation in self.facts.index.nodes(cst.BinaryOperation):
+            right = operation.right
+            if (
+                isinstance(operation.operator, cst.Modulo)
+                and isinstance(right, cst.Attribute)
+                and right.attr.value == "gradient_accumulation_steps"
+                and _same_name(right.value, accelerator)
+            ):
+                return True
+        return False
 
     def _one_step(self, call: cst.Call) -> bool:
         """``Accelerator(gradient_accumulation_steps=1)``, or a plugin with ``num_steps=1`` or without ``num_steps``

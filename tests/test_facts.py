@@ -763,3 +763,31 @@ def test_a_helper_guarded_at_every_caller_is_reached_on_no_path_by_every_rank():
         """
     )
     assert facts.all_ranks_reach(_call(facts, "torch.save"), some_path=True).value is False
+
+
+# -- an Accelerator known by its conventional name and one attribute -----------------------------
+
+
+def test_an_unbound_accelerator_is_known_by_its_name_and_one_accelerate_attribute():
+    facts = _facts(
+        """
+        with accelerator.accumulate(generator):
+            loss.backward()
+        """
+    )
+    receiver = _call(facts, "accelerator.accumulate").func.value
+    assert facts.identified(receiver, receiver, "accelerator") == (
+        "`accelerator` is used as an Accelerator: its name, `accumulate`"
+    )
+
+
+def test_one_attribute_names_nothing_on_a_name_that_is_not_conventional():
+    facts = _facts(
+        """
+        with helper.accumulate(generator):
+            loss.backward()
+        state.backward(loss)
+        """
+    )
+    assert facts.identified(_call(facts, "helper.accumulate").func.value, facts.calls[0], "accelerator") is None
+    assert facts.identified(_call(facts, "state.backward").func.value, facts.calls[0], "accelerator") is None
