@@ -8,126 +8,21 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.edits import replace_nodes
-from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of, string_key
+from lintdist.facts import PythonFacts, argument_of, string_key
 from lintdist.labels import LabelFacts, model_head
-from lintdist.launch import LaunchSettings, parallelism_exported
-from lintdist.loop import integer_literal, is_loss_field
+from lintdist.loop import is_loss_field
+from lintdist.parallelism import (
+    TORCH_CONTEXT_PARALLEL,
+    Size,
+    accelerator_configs,
+    context_parallel_call,
+    parallelism_size,
+)
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-PARALLELISM_CONFIGS = frozenset(
-    {
-        "accelerate.ParallelismConfig",
-        "accelerate.utils.ParallelismConfig",
-        "accelerate.parallelism_config.ParallelismConfig",
-    }
-)
-# `ParallelismConfig(dp_replicate_size, dp_shard_size, tp_size, cp_size, cp_backend, sp_size, sp_backend, ...)`
-SIZE_POSITIONS = {"cp": 3, "sp": 5}
-# torch's own context manager, which `Accelerator.maybe_context_parallel` calls with the "cp" sub-mesh.
-TORCH_CONTEXT_PARALLEL = frozenset(
-    {
-        "torch.distributed.tensor.experimental.context_parallel",
-        "torch.distributed.tensor.experimental._attention.context_parallel",
-        "torch.distributed.tensor.experimental._context_parallel._attention.context_parallel",
-    }
-)
 RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
 LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
-
-
-# -- parallelism sizes, shared with LD305 and LD308 ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Size:
-    """A parallelism size in force for a script: ``value`` None when an expression decides it."""
-
-    value: int | None
-    where: str  # for messages: "`ParallelismConfig(cp_size=4)` at line 12", "config.yaml:9"
-
-
-def parallelism_size(
-    facts: PythonFacts, settings: LaunchSettings | None, span_line, dim: str, configs: list[cst.Call] | None = None
-) -> Size | None:
-    """The ``cp`` or ``sp`` size of ``ParallelismConfig`` calls (``configs``, by default all of the file's), or of
-    the launch (the ``parallelism_config_<dim>_size`` setting, which ``ParallelismConfig`` reads from the
-    environment when its keyword is not given, and from which ``Accelerator()`` builds one when the launch says
-    ``use_parallelism_config``). A literal above 1 in any call wins; None when nothing says anything.
-    ``span_line(node)`` gives a node's line."""
-    launched = launch_size(settings, dim)
-    found: list[Size] = []
-    if configs is None:
-        configs = [call for call in facts.calls if facts.callee_is(call, PARALLELISM_CONFIGS)]
-    for call in configs:
-        line = span_line(call)
-        value = argument_of(call, f"{dim}_size", SIZE_POSITIONS[dim])
-        if value is None or (isinstance(value, cst.Name) and value.value == "None"):
-            if launched is not None:
-                found.append(launched)
-            else:
-                where = f"`ParallelismConfig` at line {line} reads `PARALLELISM_CONFIG_{dim.upper()}_SIZE`"
-                found.append(Size(1, where))  # the launcher exports nothing: accelerate's default
-            continue
-        number = integer_literal(value, facts, call)
-        code = facts.index.module.code_for_node(value)
-        found.append(Size(number, f"`ParallelismConfig({dim}_size={code})` at line {line}"))
-    if not found:
-        return launched
-    on = [size for size in found if size.value is not None and size.value > 1]
-    if on:
-        return on[0]
-    unknown = [size for size in found if size.value is None]
-    return unknown[0] if unknown else found[0]
-
-
-def accelerator_configs(facts: PythonFacts, accelerator: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call] | None:
-    """The ``ParallelismConfig(...)`` calls the ``Accelerator`` held by ``accelerator`` is given (an empty list
-    for one given none); None when the ``Accelerator`` or its ``parallelism_config=`` cannot be followed."""
-    made = [
-        o.node
-        for o in facts.origins(accelerator, at)
-        if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, ACCELERATOR_CLASSES)
-    ]
-    if not made:
-        return None
-    found: list[cst.Call] = []
-    for call in made:
-        value = argument_of(call, "parallelism_config", None)
-        if value is None or (isinstance(value, cst.Name) and value.value == "None"):
-            continue
-        origins = facts.origins(value, call)
-        configs = [
-            o.node
-            for o in origins
-            if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, PARALLELISM_CONFIGS)
-        ]
-        if len(configs) != len(origins):
-            return None  # a config made elsewhere, or sometimes None: the file's calls decide
-        found.extend(configs)
-    return found
-
-
-def launch_size(settings: LaunchSettings | None, dim: str) -> Size | None:
-    """``parallelism_config_<dim>_size`` from an accelerate config (``parallelism_config:`` section) or a launch
-    flag. A flag counts only with ``--use_parallelism_config`` or a config section beside it: otherwise
-    ``accelerate launch`` exports no ``PARALLELISM_CONFIG_*`` variable (``prepare_*_env``)."""
-    if settings is None:
-        return None
-    name = f"parallelism_config_{dim}_size"
-    setting = settings.get(name)
-    if setting is None or (setting.spelling in {"flag", "yaml"} and not parallelism_exported(settings)):
-        return None
-    try:
-        value = int(str(setting.value).strip())
-    except ValueError:
-        return Size(None, f"{_basename(setting.path)}:{setting.line}")
-    written = f"--{name} {value}" if setting.spelling == "flag" else f"{name}: {value}"
-    return Size(value, f"`{written}` at {_basename(setting.path)}:{setting.line}")
-
-
-def _basename(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 # -- the rule ---------------------------------------------------------------------------------------------
@@ -371,7 +266,7 @@ def train(model, loader, args):
         facts = self.facts
         sites: list[_Site] = []
         for block in facts.index.nodes(cst.With):
-            context = next((c for item in block.items if (c := self._context_call(item.item, block)) is not None), None)
+            context = next((c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None)
             if context is None:
                 continue
             direct = facts.calls_within(block.body)
@@ -382,24 +277,6 @@ def train(model, loader, args):
                 if site is not None:
                     sites.append(site)
         return sites
-
-    def _context_call(self, expr: cst.BaseExpression, block: cst.With) -> cst.Call | None:
-        """The context-parallel call a ``with`` item is: ``accelerator.maybe_context_parallel(...)``, torch's
-        ``context_parallel(mesh, ...)``, or a name bound to either."""
-        facts = self.facts
-        candidates = [expr]
-        if isinstance(expr, (cst.Name, cst.Attribute)):
-            candidates = [o.node for o in facts.origins(expr, block) if o.index is None]
-        for node in candidates:
-            if not isinstance(node, cst.Call):
-                continue
-            func = node.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "maybe_context_parallel":
-                if facts.accelerator_like(func.value, node):
-                    return node
-            elif facts.callee_is(node, TORCH_CONTEXT_PARALLEL):
-                return node
-        return None
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.context.span(node).line

@@ -7,8 +7,8 @@ import libcst as cst
 from lintdist.facts import argument_of, string_key, string_value
 from lintdist.loop import integer_literal, string_literal
 from lintdist.model import Severity
+from lintdist.parallelism import PARALLELISM_CONFIGS, parallelism_size
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld304_context_parallel_label_shift import PARALLELISM_CONFIGS, parallelism_size
 
 SP_CONFIGS = frozenset(
     {"accelerate.utils.DeepSpeedSequenceParallelConfig", "accelerate.utils.dataclasses.DeepSpeedSequenceParallelConfig"}

@@ -32,18 +32,11 @@ from lintdist.launch import (
     written,
 )
 from lintdist.model import Severity
+from lintdist.parallelism import PARALLELISM_CONFIGS, SIZE_POSITIONS
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.rules.ld301_fsdp1_only_option import PLUGIN_CLASSES, known_value, plugin_version, python_value
 
-PARALLELISM_CONFIGS = frozenset(
-    {
-        "accelerate.ParallelismConfig",
-        "accelerate.utils.ParallelismConfig",
-        "accelerate.parallelism_config.ParallelismConfig",
-    }
-)
-# `ParallelismConfig(dp_replicate_size, dp_shard_size, tp_size, cp_size, ...)`
-CP_POSITION = 3
+CP_POSITION = SIZE_POSITIONS["cp"]
 CP_SETTING = "parallelism_config_cp_size"
 STANDALONE = "ACCELERATE_ALLOW_CP_STANDALONE"
 HATCH = (

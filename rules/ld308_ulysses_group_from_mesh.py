@@ -10,8 +10,8 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import argument_of, string_key
 from lintdist.loop import is_loss_field, string_literal
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.parallelism import parallelism_size
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld304_context_parallel_label_shift import parallelism_size
 
 RUNTIME_IMPORT = ("lintdist.runtime", "sequence_parallel_group")
 # Device-mesh methods that take the dimension's name (`mesh.get_group("sp")`, `mesh.size(mesh_dim="sp")`).

@@ -1,0 +1,132 @@
+"""What goes through an Accelerator's prepare, and the options its construction gives (lintdist/accelerators.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.accelerators import UNKNOWN, accelerator_calls, accelerator_option, prepared_arguments
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(source: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(source)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _options(source: str, *names: str) -> list[object]:
+    """The options of the Accelerator behind the file's (last) prepare call."""
+    facts = _facts(source)
+    prepare = [call for call, _, _ in prepared_arguments(facts)][-1]
+    (accelerator,) = accelerator_calls(facts, prepare.func.value, prepare)
+    return [accelerator_option(facts, accelerator, name) for name in names]
+
+
+def test_prepared_arguments_pair_each_argument_with_its_target():
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, make_scheduler())
+        lr_scheduler = accelerator.prepare_scheduler(lr_scheduler)
+        first, rest = accelerator.prepare(a, b, c)
+        accelerator.prepare(*parts)
+        other.prepare(x)
+        """
+    )
+    code = facts.index.module.code_for_node
+    found = [(code(argument), target) for _, argument, target in prepared_arguments(facts)]
+    assert found == [
+        ("model", "model"),
+        ("optimizer", "optimizer"),
+        ("make_scheduler()", "scheduler"),
+        ("lr_scheduler", "lr_scheduler"),
+        ("a", None),
+        ("b", None),
+        ("c", None),
+    ]
+
+
+def test_defaults_when_nothing_is_said():
+    source = """
+        from accelerate import Accelerator
+        accelerator = Accelerator(mixed_precision="bf16")
+        model = accelerator.prepare(model)
+        """
+    assert _options(source, "step_scheduler_with_optimizer", "split_batches") == [True, False]
+
+
+def test_literal_keywords_and_the_dataloader_configuration():
+    source = """
+        from accelerate import Accelerator, DataLoaderConfiguration
+        config = DataLoaderConfiguration(split_batches=True)
+        accelerator = Accelerator(step_scheduler_with_optimizer=False, dataloader_config=config)
+        model = accelerator.prepare(model)
+        """
+    assert _options(source, "step_scheduler_with_optimizer", "split_batches") == [False, True]
+
+
+def test_split_batches_given_to_the_accelerator_itself_is_not_read():
+    source = """
+        from accelerate import Accelerator
+        accelerator = Accelerator(split_batches=True)
+        model = accelerator.prepare(model)
+        """
+    assert _options(source, "split_batches") == [False]
+
+
+def test_expressions_and_unreadable_configurations_are_unknown():
+    source = """
+        from accelerate import Accelerator
+
+        def main(args, config):
+            accelerator = Accelerator(step_scheduler_with_optimizer=args.step_with_optimizer, dataloader_config=config)
+            model = accelerator.prepare(model)
+        """
+    assert _options(source, "step_scheduler_with_optimizer", "split_batches") == [UNKNOWN, UNKNOWN]
+    positional = """
+        from accelerate import Accelerator, DataLoaderConfiguration
+        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(False, **more))
+        model = accelerator.prepare(model)
+        """
+    assert _options(positional, "split_batches") == [UNKNOWN]
+
+
+def test_a_kwargs_dict_with_known_keys_hides_nothing():
+    source = """
+        from accelerate import Accelerator
+        accelerator_kwargs = {"gradient_accumulation_steps": 4}
+        accelerator_kwargs["log_with"] = "wandb"
+        accelerator = Accelerator(**accelerator_kwargs)
+        model = accelerator.prepare(model)
+        """
+    assert _options(source, "step_scheduler_with_optimizer", "split_batches") == [True, False]
+
+
+def test_a_kwargs_dict_that_may_set_the_option_is_unknown():
+    keyed = """
+        from accelerate import Accelerator
+        kwargs = {}
+        kwargs["dataloader_config"] = config
+        accelerator = Accelerator(**kwargs)
+        model = accelerator.prepare(model)
+        """
+    assert _options(keyed, "step_scheduler_with_optimizer", "split_batches") == [True, UNKNOWN]
+    updated = """
+        from accelerate import Accelerator
+        kwargs = dict()
+        kwargs.update(options)
+        accelerator = Accelerator(**kwargs)
+        model = accelerator.prepare(model)
+        """
+    assert _options(updated, "step_scheduler_with_optimizer") == [UNKNOWN]
+    unseen = """
+        from accelerate import Accelerator
+        def main(kwargs):
+            accelerator = Accelerator(**kwargs)
+            model = accelerator.prepare(model)
+        """
+    assert _options(unseen, "split_batches") == [UNKNOWN]

@@ -1,0 +1,97 @@
+"""The parallelism sizes in force and the context-parallel regions of a script (lintdist/parallelism.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.launch import LaunchSettings, Setting
+from lintdist.names import NameResolver
+from lintdist.parallelism import Size, accelerator_configs, context_parallel_call, launch_size, parallelism_size
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(source: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(source)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _line(node: cst.CSTNode) -> int:
+    return 7  # a stand-in: the tests read the words, not the positions
+
+
+def _settings(*settings: Setting) -> LaunchSettings:
+    return LaunchSettings({s.name: s for s in settings})
+
+
+def test_a_literal_above_one_wins_and_an_expression_is_unknown():
+    facts = _facts(
+        """
+        from accelerate import ParallelismConfig
+        a = ParallelismConfig(dp_shard_size=2, cp_size=1)
+        b = ParallelismConfig(cp_size=args.cp)
+        c = ParallelismConfig(1, 2, 1, 4)
+        """
+    )
+    assert parallelism_size(facts, None, _line, "cp") == Size(4, "`ParallelismConfig(cp_size=4)` at line 7")
+    configs = [call for call in facts.calls if facts.method_name(call) == "ParallelismConfig"]
+    assert parallelism_size(facts, None, _line, "cp", configs[:2]).value is None
+    assert parallelism_size(facts, None, _line, "sp") == Size(
+        1, "`ParallelismConfig` at line 7 reads `PARALLELISM_CONFIG_SP_SIZE`"
+    )
+
+
+def test_the_launch_says_the_size_only_when_it_exports_it():
+    flag = Setting("parallelism_config_cp_size", "4", "run.sh", 3, 1, "flag")
+    switch = Setting("use_parallelism_config", "true", "run.sh", 3, 1, "flag")
+    assert launch_size(_settings(flag), "cp") is None
+    assert launch_size(_settings(flag, switch), "cp") == Size(4, "`--parallelism_config_cp_size 4` at run.sh:3")
+    env = Setting("parallelism_config_cp_size", "n", "job/env.sh", 2, 1, "env")
+    assert launch_size(_settings(env), "cp") == Size(None, "env.sh:2")
+    facts = _facts("from accelerate import ParallelismConfig\nconfig = ParallelismConfig(dp_shard_size=2)\n")
+    assert parallelism_size(facts, _settings(flag, switch), _line, "cp").value == 4
+    assert parallelism_size(_facts("x = 1\n"), None, _line, "cp") is None
+
+
+def test_the_configs_an_accelerator_is_given():
+    facts = _facts(
+        """
+        from accelerate import Accelerator, ParallelismConfig
+        config = ParallelismConfig(cp_size=2)
+        accelerator = Accelerator(parallelism_config=config)
+        plain = Accelerator()
+        done()
+        """
+    )
+    code = facts.index.module.code_for_node
+    (given,) = accelerator_configs(facts, cst.Name("accelerator"), facts.calls[-1])
+    assert code(given) == "ParallelismConfig(cp_size=2)"
+    assert accelerator_configs(facts, cst.Name("plain"), facts.calls[-1]) == []
+    assert accelerator_configs(facts, cst.Name("unknown"), facts.calls[-1]) is None
+
+
+def test_context_parallel_calls_by_accelerator_torch_or_a_bound_name():
+    facts = _facts(
+        """
+        from torch.distributed.tensor.experimental import context_parallel
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        region = accelerator.maybe_context_parallel(buffers=[ids], buffer_seq_dims=[1])
+        with region:
+            pass
+        with context_parallel(mesh, buffers=[ids]):
+            pass
+        with torch.no_grad():
+            pass
+        """
+    )
+    blocks = facts.index.nodes(cst.With)
+    found = [context_parallel_call(facts, block.items[0].item, block) for block in blocks]
+    code = facts.index.module.code_for_node
+    assert [code(call.func) if call is not None else None for call in found] == [
+        "accelerator.maybe_context_parallel",
+        "context_parallel",
+        None,
+    ]
