@@ -8,7 +8,9 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.accelerators import accelerator_calls, accelerator_option, prepared_arguments
+from lintdist.arguments import command_line_default
 from lintdist.closures import free_reads
+from lintdist.facts import argument_of, string_value
 from lintdist.launch import number
 from lintdist.loop import is_accumulation_name
 from lintdist.loop_bounds import bounding_test, loops_around
@@ -17,6 +19,7 @@ from lintdist.reaching import reaching_bindings, reads_passed_parameter
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.schedulers import (
     LAMBDA_SCHEDULERS,
+    NO_LENGTH,
     schedule_function,
     scheduler_class,
     scheduler_length,
@@ -488,7 +491,7 @@ for epoch in range(args.num_train_epochs):
         length_name, length = found
         values = self._counts.evaluate(length, call)
         bad = [v for v in values if v.optimizer_steps]
-        if not bad:
+        if not bad or self._shared_out_later(length, call):
             return
         mixed = not all(v.optimizer_steps for v in values)
         # a length a helper receives: its other callers would be changed too; the call site is the place
@@ -503,7 +506,39 @@ for epoch in range(args.num_train_epochs):
         if replacements and warmup is not None and self._unscaled_warmup(warmup, call):
             # a warmup in optimizer steps is short by the same factor
             replacements.append((warmup, _wrapped(warmup, accelerator)))
-        self._report(length, f"`{length_name}`", bad[0], mixed, replacements)
+        self._report(length, f"`{length_name}`", bad[0], mixed, replacements, self._lengthless_default(call, qualified))
+
+    def _lengthless_default(self, call: cst.Call, qualified: str) -> str | None:
+        """``get_scheduler(name=args.lr_scheduler, ...)`` where the script's own default for that argument is a
+        schedule without a length (``--lr_scheduler constant``): the flag as the message names it, else None."""
+        if not qualified.endswith("get_scheduler"):
+            return None
+        chosen = argument_of(call, "name", 0)
+        default = string_value(command_line_default(self.facts, chosen)) if chosen is not None else None
+        if default not in NO_LENGTH:
+            return None
+        return f"`--{chosen.attr.value} {default}`"
+
+    def _shared_out_later(self, length: cst.BaseExpression, call: cst.Call) -> bool:
+        """After the scheduler is built, the name its length reads is rebound to itself over the number of
+        processes (``args.max_train_steps = math.ceil(args.max_train_steps / accelerator.num_processes)``, peft's
+        AdaLoRA example): the loop then runs 1/W of the steps the schedule counts, which is what a prepared
+        scheduler stepping W times per optimizer step needs."""
+        facts = self.facts
+        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
+        if key is None:
+            return False
+        for binding in facts.bindings(key, call):
+            if facts.index.order(binding.statement) <= facts.index.order(call):
+                continue
+            for operation in facts.within(binding.value, cst.BinaryOperation):
+                if (
+                    isinstance(operation.operator, (cst.Divide, cst.FloorDivide))
+                    and get_full_name_for_node(operation.left) == key
+                    and any(v.world >= 1 for v in self._counts.evaluate(operation.right, binding.statement))
+                ):
+                    return True
+        return False
 
     def _two_branch_fix(self, length: cst.BaseExpression, call: cst.Call, accelerator: str) -> list:
         """The given-or-derived length (``if args.max_train_steps is None: args.max_train_steps = <from the
@@ -583,7 +618,9 @@ for epoch in range(args.num_train_epochs):
         values = self._counts.evaluate(warmup, at)
         return bool(values) and all(not v.unknown and v.world <= 0 for v in values)
 
-    def _report(self, where: cst.CSTNode, what: str, value: Count, mixed: bool, replacements) -> None:
+    def _report(
+        self, where: cst.CSTNode, what: str, value: Count, mixed: bool, replacements, lengthless: str | None = None
+    ) -> None:
         why = value.why
         if value.where is not None:
             why += f" at line {self.context.span(value.where).line}"
@@ -648,6 +685,13 @@ for epoch in range(args.num_train_epochs):
                 f"; `split_batches=` given to `Accelerator(...)` at line {self.context.span(ignored).line} is ignored "
                 "by accelerate 1.x (accelerate #3177): only `DataLoaderConfiguration(split_batches=True)` is read"
             )
+        severity = None
+        if lengthless is not None:
+            message += (
+                f"; with the script's default {lengthless} the schedule has no length and nothing ends early: this "
+                "matters once a decaying schedule is chosen"
+            )
+            severity = Severity.INFO
         fix = None
         if replacements:
             fix = Fix(
@@ -659,7 +703,7 @@ for epoch in range(args.num_train_epochs):
                 replacements=tuple(replacements),
                 imports=(RUNTIME_IMPORT,),
             )
-        self.report(where, message, fix=fix)
+        self.report(where, message, fix=fix, severity=severity)
 
 
 # -- helpers -------------------------------------------------------------------------------------------

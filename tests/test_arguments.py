@@ -1,0 +1,43 @@
+"""``lintdist.arguments``: what ``args.<name>`` holds when the launch does not pass it."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.arguments import command_line_default
+from lintdist.facts import PythonFacts, string_value
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+
+
+def _default(code: str, read: str) -> str | None:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    facts = PythonFacts(index, NameResolver(index))
+    return string_value(command_line_default(facts, cst.parse_expression(read)))
+
+
+PARSER = """
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-s", "--lr-scheduler", default="constant")
+    parser.add_argument("--mode", dest="run_mode", default="fast")
+    parser.add_argument("--name")
+    args = parser.parse_args()
+"""
+
+
+def test_a_long_flag_with_dashes_names_its_destination():
+    assert _default(PARSER, "args.lr_scheduler") == "constant"
+
+
+def test_dest_wins_over_the_flag():
+    assert _default(PARSER, "args.run_mode") == "fast"
+    assert _default(PARSER, "args.mode") is None
+
+
+def test_no_default_or_no_declaration_is_unknown():
+    assert _default(PARSER, "args.name") is None
+    assert _default(PARSER, "args.other") is None
+    assert _default(PARSER, "lr_scheduler") is None
