@@ -1,0 +1,75 @@
+"""Which DataLoader a loader expression is, whether it is given a sampler, and whether a framework shards it."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import DATALOADER_CLASSES, PythonFacts, argument_of, wrapped_iterable
+
+# Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
+FRAMEWORK_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders", "fit", "validate", "test"})
+LIGHTNING_HOOKS = frozenset({"train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"})
+LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
+MAX_DEPTH = 6
+
+
+def loader_calls(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> list[cst.Call]:
+    """The calls an iterated loader expression comes from, looking through ``enumerate``/``tqdm``/``iter``;
+    none when a value of it went through ``prepare`` (the framework's loader)."""
+    origins = facts.origins(expr, at)
+    if any(facts.is_prepare_call(o.node) for o in origins):
+        return []
+    result = []
+    for origin in origins:
+        node = origin.node
+        if not isinstance(node, cst.Call) or origin.index is not None:
+            continue
+        inner = wrapped_iterable(node)
+        if inner is not None and depth < MAX_DEPTH:
+            result.extend(loader_calls(facts, inner, node, depth + 1))
+        else:
+            result.append(node)
+    return result
+
+
+def plain_loader(facts: PythonFacts, call: cst.Call) -> bool:
+    """Whether ``call`` builds a ``DataLoader``, or a subclass of the file's that does not set up a sampler."""
+    if facts.callee_is(call, DATALOADER_CLASSES):
+        return True
+    if not facts.is_instance_of(call, DATALOADER_CLASSES):
+        return False
+    name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
+    return not any(
+        "sampler" in node.value.lower()
+        for cls in facts.classes
+        if cls.name.value == name
+        for node in facts.within(cls, cst.Name)
+    )
+
+
+def without_sampler(loader: cst.Call) -> bool:
+    """Whether a loader call is given a dataset and surely no sampler or batch sampler (no ``**kwargs``)."""
+    if any(arg.star for arg in loader.args):
+        return False
+    for keyword, position in (("sampler", 3), ("batch_sampler", 4)):
+        value = argument_of(loader, keyword, position)
+        if value is not None and not (isinstance(value, cst.Name) and value.value == "None"):
+            return False
+    return argument_of(loader, "dataset", 0) is not None
+
+
+def framework_loader(facts: PythonFacts, loader: cst.Call) -> bool:
+    """Whether a loader is a framework's to shard: built in a Lightning hook or module, or handed to
+    ``prepare``, ``setup_dataloaders`` or ``fit`` (a method of a library, not of the script)."""
+    function = facts.enclosing_function(loader)
+    if function is not None and function.name.value in LIGHTNING_HOOKS:
+        return True
+    cls = facts.enclosing_class(loader)
+    if cls is not None and facts.derives_from(cls, lambda name: name.startswith(LIGHTNING_MODULES)):
+        return True
+    return any(
+        any(o.node is loader for arg in call.args for o in facts.origins(arg.value, call))
+        for call in facts.calls
+        if facts.method_name(call) in FRAMEWORK_METHODS and not facts.local_functions(call)
+    )
