@@ -73,3 +73,31 @@ def framework_loader(facts: PythonFacts, loader: cst.Call) -> bool:
         for call in facts.calls
         if facts.method_name(call) in FRAMEWORK_METHODS and not facts.local_functions(call)
     )
+
+
+ENUMERATE = frozenset({"builtins.enumerate", "enumerate"})
+TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"})
+
+
+def batch_loop(facts: PythonFacts, loop: cst.For) -> tuple[str | None, cst.BaseExpression | None]:
+    """The batch name and the loader a ``for`` loop reads (``for step, batch in enumerate(tqdm(loader))``);
+    (None, None) when its target is not one name or the loader is passed some other way."""
+    target, source = loop.target, loop.iter
+    if _call_of(facts, source, ENUMERATE):
+        if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+            return None, None
+        target, source = target.elements[1].value, _first_argument(source)
+    if _call_of(facts, source, TQDM):
+        source = _first_argument(source)
+    if not isinstance(target, cst.Name) or source is None:
+        return None, None
+    return target.value, source
+
+
+def _call_of(facts: PythonFacts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
+    return isinstance(expr, cst.Call) and facts.callee_is(expr, names)
+
+
+def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
+    first = call.args[0] if call.args else None
+    return first.value if first is not None and first.keyword is None and not first.star else None

@@ -162,3 +162,9 @@ def class_spelling(
 
 def _module_level(facts: PythonFacts, statement: cst.CSTNode) -> bool:
     return facts.enclosing_function(statement) is None and facts.enclosing_class(statement) is None
+
+
+def unused_name(facts: PythonFacts, scope: cst.CSTNode, candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` that no name in ``scope`` spells, for a variable a fix adds; None if all are."""
+    used = {name.value for name in facts.within(scope, cst.Name)}
+    return next((c for c in candidates if c not in used), None)

@@ -10,6 +10,8 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.edits import replace_nodes
 from lintdist.facts import BACKWARD_METHODS, argument_of
 from lintdist.labels import LabelFacts
+from lintdist.lightning import fitting_trainers
+from lintdist.loaders import batch_loop
 from lintdist.loop import (
     TOKEN_COLLATORS,
     BackwardSite,
@@ -21,10 +23,10 @@ from lintdist.loop import (
     keyword,
 )
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.mutation import changes
+from lintdist.normalisation import Normalisation, normalisation
 from lintdist.rule import Invalid, Rule, Valid
-
-# dict methods that change a batch in place
-DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
+from lintdist.spelling import unused_name
 
 
 class TokenLossNotGlobal(Rule):
@@ -416,7 +418,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         accelerated = receiver is not None and self.facts.is_accelerator(receiver, call)
         # a process group whose ranks never average gradients (tensor parallelism, the same batch on every rank)
         distributed = self.loop.distributed and (accelerated or self.loop.averages_gradients(call))
-        accumulating = self._accumulating(chain)
+        accumulating = self.loop.accumulates or normalisation(self.loop, chain).divided_by_accumulation
         if not (distributed or accumulating):
             return
         if not accumulating and self.loop.surely_single:
@@ -428,28 +430,25 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         head = self.loop.loss_head(chain)
         if head == "sequence":
             return
-        counts_num = [t for t in chain.num if self.loop.factor(t).kind == "count"]
-        counts_den = [t for t in chain.den if self.loop.factor(t).kind == "count"]
-        if chain.base == "mean" and counts_num and not self.loop.factor(counts_num[0]).gathered:
-            chain.num.remove(counts_num[0])  # mean x local count = this micro-batch's sum
-            chain.base = "sum"
-        if chain.base == "mean":
-            if counts_den:
+        norm = normalisation(self.loop, chain)
+        count = norm.count
+        if norm.base == "mean":
+            if count:
                 self._report_once(
-                    counts_den[0].at,
-                    counts_den[0].expr,
+                    count.at,
+                    count.expr,
                     f"{_subject(chain)} is already a per-micro-batch mean; dividing it by a token count gives a mean "
                     "of means scaled down by the count, not the global token mean; " + _REMEDY,
                 )
             else:
                 self._report_mean(call, chain, head, accelerated, distributed)
             return
-        if counts_den:
-            self._check_normalised(chain, counts_den[0], head, receiver if accelerated else None, distributed, call)
-            if self._conditional(counts_den[0], call):
+        if count:
+            self._check_normalised(chain, norm, head, receiver if accelerated else None, distributed, call)
+            if self._conditional(count, call):
                 # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
                 self._check_grad_scaling(call, distributed)
-        elif chain.base == "sum":
+        elif norm.base == "sum":
             self._check_grad_scaling(call, distributed)
 
     def _conditional(self, term: Term, call: cst.Call) -> bool:
@@ -531,7 +530,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _check_normalised(
         self,
         chain: Chain,
-        count: Term,
+        norm: Normalisation,
         head: str | None,
         accelerator: cst.BaseExpression | None,
         distributed: bool,
@@ -539,11 +538,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     ) -> None:
         """A sum-reduced loss divided by a token count: the count must be global, shifted for a causal LM, and
         the loss multiplied by the number of ranks and by the accumulation steps the backend divides by."""
+        count = norm.count
         factor = self.loop.factor(count)
-        worlds = [t for t in chain.num if self.loop.factor(t).kind == "world"]
-        net_accum = sum(self.loop.factor(t).kind == "accum" for t in chain.num) - sum(
-            self.loop.factor(t).kind == "accum" for t in chain.den
-        )
         problem = None
         unshifted = False  # the one problem a local edit of the count fixes
         if not factor.gathered:
@@ -562,7 +558,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 "counts every label, but a causal LM shifts its labels and never predicts the first position; count "
                 "`labels[..., 1:] != -100` (or use `TokenLossWindow(..., shifted=True)`)"
             )
-        elif distributed and not worlds:
+        elif distributed and not norm.world:
             problem = (
                 "divides by the global token count but is not multiplied by the number of processes, and DDP or FSDP then "
                 "average over ranks: the gradient is 1/world_size of the global token mean's; multiply by "
@@ -570,20 +566,20 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
         else:
             configured = self.loop.accelerator_accumulation(accelerator, call) if accelerator is not None else None
-            literal = next((f.literal for t in chain.num if (f := self.loop.factor(t)).literal is not None), None)
+            literal = norm.literal
             expected = integer_literal(configured, self.facts, call) if configured is not None else None
             if literal is not None and expected is not None and literal != expected:
                 problem = (
                     f"multiplies by {literal} accumulation steps while the Accelerator divides by {expected}; "
                     "multiply by `accelerator.gradient_accumulation_steps`"
                 )
-            elif configured is not None and net_accum != 1:
+            elif configured is not None and norm.accumulation != 1:
                 problem = (
                     "is not multiplied by the gradient accumulation steps that `accelerator.backward` divides by, so "
                     "the gradient is 1/G of the global token mean's; multiply by "
                     "`accelerator.gradient_accumulation_steps`"
                 )
-            elif accelerator is None and net_accum != 0:
+            elif accelerator is None and norm.accumulation != 0:
                 problem = (
                     "is scaled by the accumulation steps although a plain backward does not divide by them and the "
                     "global count already spans the whole step; drop the accumulation factor"
@@ -655,7 +651,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             chain = self.loop.chain(expr, returned)
             if chain.base != "mean" or self.loop.loss_head(chain) == "sequence":
                 continue
-            if any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
+            if normalisation(self.loop, chain).counted:
                 continue
             self._report_once(
                 chain.base_at,
@@ -667,21 +663,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
 
     def _lightning_scale(self, cls: cst.ClassDef) -> str | None:
-        """How the Lightning ``Trainer(...)`` that fits ``cls`` combines batches, from literal arguments only.
-
-        The trainer is the one whose ``fit`` gets an instance of ``cls``; failing that, the file's only trainer.
-        """
-        facts = self.facts
-        trainers = facts.lightning_trainers
-        linked = []
-        for call in facts.calls:
-            if facts.method_name(call) != "fit" or not call.args or not isinstance(call.func, cst.Attribute):
-                continue
-            fitted = [o.node for o in facts.origins(call.args[0].value, call)]
-            if any(isinstance(n, cst.Call) and get_full_name_for_node(n.func) == cls.name.value for n in fitted):
-                linked.extend(o.node for o in facts.origins(call.func.value, call) if o.node in trainers)
-        chosen = linked or (trainers if len(trainers) == 1 else [])
-        return next((scale for call in chosen if (scale := _trainer_scale(facts, call)) is not None), None)
+        """How the Trainer that fits ``cls`` makes a step average batches: accumulation or several devices."""
+        trainers = fitting_trainers(self.facts, cls)
+        return next((scale for call in trainers if (scale := _trainer_scale(self.facts, call)) is not None), None)
 
     def _check_compute_loss(self, function: cst.FunctionDef) -> None:
         """A Trainer subclass whose ``compute_loss`` ignores ``num_items_in_batch`` returns a per-batch mean."""
@@ -695,7 +679,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             if isinstance(expr, cst.Tuple) and expr.elements:
                 expr = expr.elements[0].value
             chain = self.loop.chain(expr, returned)
-            if chain.base == "mean" and not any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
+            if chain.base == "mean" and not normalisation(self.loop, chain).counted:
                 self._report_once(
                     chain.base_at,
                     chain.base_expr,
@@ -711,9 +695,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     # -- factors of the loss ----------------------------------------------------------------------
 
     # -- the script around the loss -----------------------------------------------------------
-
-    def _accumulating(self, chain: Chain) -> bool:
-        return self.loop.accumulates or any(self.loop.factor(t).kind == "accum" for t in chain.den)
 
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
@@ -754,11 +735,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
         ):
             return None  # the accumulate block (or the backward) must run once for every batch the loop reads
-        batch, source = self._loop_batch(loop)
+        batch, source = batch_loop(facts, loop)
         if batch is None:
             return None
         model_call = self.loop.model_call(chain.base_expr)
-        if model_call is None or not _passes_labels(model_call, batch) or _changes_batch(facts, loop.body, batch):
+        if model_call is None or not _passes_labels(model_call, batch) or changes(facts, loop.body, batch):
             return None  # the window counts the labels the loader yields
         if head == "causal":
             received = LabelFacts.of(facts).received(model_call)
@@ -769,7 +750,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return None  # several backward passes per micro-batch (LD101's shape)
         position = loop.body.body.index(anchor)
         if any(
-            self._skips(loop, node)
+            facts.enclosing_loop(node) is loop
             for statement in loop.body.body[:position]
             for node in facts.within(statement, cst.Continue)
         ):
@@ -795,45 +776,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             imports=(("lintdist.runtime", "TokenWindows"),),
         )
 
-    def _loop_batch(self, loop: cst.For) -> tuple[str | None, cst.BaseExpression | None]:
-        """The batch variable and the loader expression of ``for batch in X``, ``for i, batch in enumerate(X)``,
-        or either with ``X`` inside ``tqdm(...)``."""
-        target, source = loop.target, loop.iter
-        if _is_call_of(self.facts, source, ENUMERATE):
-            if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
-                return None, None
-            target, source = target.elements[1].value, _first_argument(source)
-        if _is_call_of(self.facts, source, TQDM):
-            source = _first_argument(source)
-        if not isinstance(target, cst.Name) or source is None:
-            return None, None
-        return target.value, source
-
-    def _skips(self, loop: cst.For, node: cst.Continue) -> bool:
-        """``continue`` of ``loop`` itself, not of a loop nested in it."""
-        return self.facts.enclosing_loop(node) is loop
-
     def _free_name(self, loop: cst.For) -> str | None:
-        """A name for the wrapper that the enclosing function (or module) does not use yet."""
-        scope = self.facts.enclosing_function(loop) or self.context.module
-        used = {name.value for name in self.facts.within(scope, cst.Name)}
+        """A name for the windows that nothing in the loop's function uses; None beside a TokenWindows of the
+        script's own."""
         module_names = {name.value for name in self.facts.index.nodes(cst.Name)}
         if "TokenWindows" in module_names and "lintdist" not in module_names:
-            return None  # a TokenWindows of the script's own
-        return next((c for c in ("token_windows", "loss_windows") if c not in used), None)
-
-
-ENUMERATE = frozenset({"builtins.enumerate", "enumerate"})
-TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"})
-
-
-def _is_call_of(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
-    return isinstance(expr, cst.Call) and facts.callee_is(expr, names)
-
-
-def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
-    first = call.args[0] if call.args else None
-    return first.value if first is not None and first.keyword is None and not first.star else None
+            return None
+        scope = self.facts.enclosing_function(loop) or self.context.module
+        return unused_name(self.facts, scope, ("token_windows", "loss_windows"))
 
 
 _REMEDY = (
@@ -845,10 +795,6 @@ _REMEDY = (
 
 def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
     return isinstance(expr, cst.Name) and expr.value == value
-
-
-def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
-    return isinstance(expr, cst.Attribute) and expr.attr.value == attr
 
 
 def _is_hf_trainer(name: str) -> bool:
@@ -881,43 +827,3 @@ def _passes_labels(call: cst.Call, batch: str) -> bool:
     if labels is not None:
         return is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
     return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)
-
-
-def _changes_batch(facts, body: cst.CSTNode, batch: str) -> bool:
-    """The loop body rebinds ``batch``, or writes into it or into a value read from it: ``batch = ...``,
-    ``batch["labels"][mask] = -100``, ``batch.pop("labels")``, ``labels = batch["labels"]; labels.masked_fill_(...)``."""
-    roots = {batch} | {
-        name.value
-        for assign in facts.within(body, cst.Assign)
-        if any(name.value == batch for name in facts.within(assign.value, cst.Name))
-        for target in assign.targets
-        for name in facts.within(target.target, cst.Name)
-    }
-    written = [n.target for n in facts.within(body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)]
-    written += [n.target for n in facts.within(body, cst.NamedExpr, cst.For)]
-    targets = [t for target in written for t in _unpacked(target)]
-    if any(_root(t) == batch or (_root(t) in roots and not isinstance(t, cst.Name)) for t in targets):
-        return True
-    for call in facts.within(body, cst.Call):
-        if not isinstance(call.func, cst.Attribute):
-            continue
-        method = call.func.attr.value
-        if _root(call.func.value) in roots and (method in DICT_MUTATORS or method.endswith("_")):
-            return True
-    return False
-
-
-def _unpacked(target: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The single targets of ``a, (b["x"], *c) = ...`` or ``del a, b``."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [t for element in target.elements for t in _unpacked(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _unpacked(target.value)
-    return [target]
-
-
-def _root(expr: cst.BaseExpression) -> str | None:
-    """The name an expression starts from: ``batch`` for ``batch["labels"][0].data``."""
-    while isinstance(expr, (cst.Subscript, cst.Attribute, cst.Call)):
-        expr = expr.func if isinstance(expr, cst.Call) else expr.value
-    return expr.value if isinstance(expr, cst.Name) else None
