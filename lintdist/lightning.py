@@ -112,3 +112,20 @@ def fitting_trainers(facts: PythonFacts, cls: cst.ClassDef) -> list[cst.Call]:
         if any(isinstance(n, cst.Call) and get_full_name_for_node(n.func) == cls.name.value for n in fitted):
             linked.extend(o.node for o in facts.origins(call.func.value, call) if o.node in trainers)
     return linked or (trainers if len(trainers) == 1 else [])
+
+
+def returned_loss(returned: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The loss Lightning takes from what a ``training_step`` returns: the value itself, or a dict's ``"loss"``
+    (None when the dict has no such literal key)."""
+    if not isinstance(returned, cst.Dict):
+        return returned
+    return next(
+        (
+            e.value
+            for e in returned.elements
+            if isinstance(e, cst.DictElement)
+            and isinstance(e.key, cst.SimpleString)
+            and e.key.evaluated_value == "loss"
+        ),
+        None,
+    )

@@ -1,4 +1,5 @@
-"""Which DataLoader a loader expression is, whether it is given a sampler, and whether a framework shards it."""
+"""Which DataLoader a loader expression is, whether it is given a sampler, whether a framework shards it, and how a
+loop reads its batches."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import DATALOADER_CLASSES, PythonFacts, argument_of, wrapped_iterable
+from lintdist.loop import is_string_subscript, keyword
 
 # Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
 FRAMEWORK_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders", "fit", "validate", "test"})
@@ -52,8 +54,8 @@ def without_sampler(loader: cst.Call) -> bool:
     """Whether a loader call is given a dataset and surely no sampler or batch sampler (no ``**kwargs``)."""
     if any(arg.star for arg in loader.args):
         return False
-    for keyword, position in (("sampler", 3), ("batch_sampler", 4)):
-        value = argument_of(loader, keyword, position)
+    for name, position in (("sampler", 3), ("batch_sampler", 4)):
+        value = argument_of(loader, name, position)
         if value is not None and not (isinstance(value, cst.Name) and value.value == "None"):
             return False
     return argument_of(loader, "dataset", 0) is not None
@@ -101,3 +103,33 @@ def _call_of(facts: PythonFacts, expr: cst.BaseExpression, names: frozenset[str]
 def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
     first = call.args[0] if call.args else None
     return first.value if first is not None and first.keyword is None and not first.star else None
+
+
+def per_batch_loop(facts: PythonFacts, statement: cst.CSTNode) -> cst.For | None:
+    """The ``for`` loop that runs ``statement`` once for every batch it reads: ``statement`` is a statement of
+    its body, no ``continue`` before it skips a batch, and the loop (not ``async``) is a statement of a block."""
+    loop = facts.parent(facts.parent(statement))
+    if not (
+        isinstance(loop, cst.For)
+        and isinstance(loop.body, cst.IndentedBlock)
+        and statement in loop.body.body
+        and loop.asynchronous is None
+        and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
+    ):
+        return None
+    before = loop.body.body[: loop.body.body.index(statement)]
+    skips = any(facts.enclosing_loop(node) is loop for s in before for node in facts.within(s, cst.Continue))
+    return None if skips else loop
+
+
+def passes_batch_labels(call: cst.Call, batch: str) -> bool:
+    """Whether a model call is given the labels of the batch named ``batch``: ``labels=batch["labels"]``, or
+    ``**batch`` without a ``labels`` keyword."""
+    labels = keyword(call, "labels")
+    if labels is not None:
+        return is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
+    return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)
+
+
+def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == value

@@ -10,8 +10,8 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.edits import replace_nodes
 from lintdist.facts import BACKWARD_METHODS, argument_of
 from lintdist.labels import LabelFacts
-from lintdist.lightning import fitting_trainers
-from lintdist.loaders import batch_loop
+from lintdist.lightning import fitting_trainers, returned_loss
+from lintdist.loaders import batch_loop, passes_batch_labels, per_batch_loop
 from lintdist.loop import (
     TOKEN_COLLATORS,
     BackwardSite,
@@ -19,12 +19,17 @@ from lintdist.loop import (
     Term,
     integer_literal,
     is_loss_field,
-    is_string_subscript,
-    keyword,
 )
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.mutation import changes
-from lintdist.normalisation import Normalisation, normalisation
+from lintdist.normalisation import (
+    Normalisation,
+    counted_labels,
+    gradient_scaling,
+    normalisation,
+    on_one_path,
+    predicted_positions,
+)
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import unused_name
 
@@ -388,8 +393,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         ),
     )
 
-    # -- what the shared facts do not record ----------------------------------------------------
-
     # -- whole-file analysis ------------------------------------------------------------------
 
     def finish(self) -> None:
@@ -445,56 +448,38 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             return
         if count:
             self._check_normalised(chain, norm, head, receiver if accelerated else None, distributed, call)
-            if self._conditional(count, call):
+            if on_one_path(self.facts, count, call):
                 # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
                 self._check_grad_scaling(call, distributed)
         elif norm.base == "sum":
             self._check_grad_scaling(call, distributed)
 
-    def _conditional(self, term: Term, call: cst.Call) -> bool:
-        """The division by ``term`` sits in an ``if`` that does not hold the backward ``call``."""
-        facts = self.facts
-        return any(
-            isinstance(a, cst.If) and not facts.is_within(call, a)
-            for a in facts.ancestors(term.at)
-            if not isinstance(a, cst.FunctionDef)
-        ) and facts.enclosing_function(term.at) is facts.enclosing_function(call)
-
     def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
         """A token-sum loss whose gradients are divided by the token count after the backward (torchtune's
         ``training.scale_grads(model, 1 / num_tokens)``): the count must span every rank, and where DDP or FSDP
         average the gradients over ranks the scale must also multiply by their number (torchtune PR 2172)."""
-        facts = self.facts
-        function = facts.enclosing_function(call)
-        for scale in facts.calls_within(function if function is not None else facts.index.module):
-            if "scale_grad" not in (facts.method_name(scale) or ""):
-                continue
-            for arg in scale.args:
-                value = arg.value
-                if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)):
-                    continue
-                count = Term(value.right, scale)
-                if self.loop.factor(count).kind != "count":
-                    continue
-                if not self.loop.factor(count).gathered:
-                    problem = (
-                        "by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
-                        "ranks (`dist.all_reduce`)"
-                    )
-                elif distributed and self.loop.factor(Term(value.left, scale)).kind != "world":
-                    problem = (
-                        "by the global token count, but DDP/FSDP have already averaged them over ranks: the step's "
-                        "gradient is 1/world_size of the global token mean's; scale by `world_size / num_tokens`"
-                    )
-                else:
-                    return
-                self._report_once(
-                    count.at,
-                    count.expr,
-                    f"the summed token losses' gradients are scaled {problem}; or use `TokenLossWindow.scale_sum` from "
-                    "`lintdist.runtime`",
-                )
-                return
+        found = gradient_scaling(self.loop, call)
+        if found is None:
+            return
+        numerator, count = found
+        if not self.loop.factor(count).gathered:
+            problem = (
+                "by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
+                "ranks (`dist.all_reduce`)"
+            )
+        elif distributed and self.loop.factor(numerator).kind != "world":
+            problem = (
+                "by the global token count, but DDP/FSDP have already averaged them over ranks: the step's "
+                "gradient is 1/world_size of the global token mean's; scale by `world_size / num_tokens`"
+            )
+        else:
+            return
+        self._report_once(
+            count.at,
+            count.expr,
+            f"the summed token losses' gradients are scaled {problem}; or use `TokenLossWindow.scale_sum` from "
+            "`lintdist.runtime`",
+        )
 
     def _report_mean(
         self, call: cst.Call, chain: Chain, head: str | None, accelerated: bool, distributed: bool
@@ -593,37 +578,12 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
 
     def _shift_count_fix(self, count: Term) -> Fix | None:
-        """``batch["labels"].ne(-100)`` (or ``labels != -100``) in a causal LM's count becomes
-        ``batch["labels"][..., 1:].ne(-100)``: the positions the model predicts. Only where the count compares
-        one labels expression, read by name or by a ``"labels"`` key, with the ignore index."""
-        sites = self.loop.count_sites(count)
-        if not sites or len(sites) != 1:
+        """Count only the labels a causal LM predicts, where the count reads one labels expression."""
+        labels = counted_labels(self.loop, count)
+        if labels is None:
             return None
-        labels = sites[0]
-        if isinstance(labels, cst.Subscript):
-            key = labels.slice[0].slice if len(labels.slice) == 1 else None
-            named = (
-                isinstance(key, cst.Index)
-                and isinstance(key.value, cst.SimpleString)
-                and "labels" in (key.value.evaluated_value or "")
-            )
-        else:
-            name = get_full_name_for_node(labels) if isinstance(labels, (cst.Name, cst.Attribute)) else None
-            named = name is not None and "labels" in name.rsplit(".", 1)[-1]
-        if not named or labels.lpar:
-            return None
-        shifted = cst.Subscript(
-            value=labels,
-            slice=[
-                cst.SubscriptElement(cst.Index(cst.Ellipsis())),
-                cst.SubscriptElement(cst.Slice(lower=cst.Integer("1"), upper=None)),
-            ],
-        )
-        return Fix(
-            Applicability.SAFE,
-            "Count only the labels a causal LM predicts (`[..., 1:]`)",
-            replacements=((labels, shifted),),
-        )
+        message = "Count only the labels a causal LM predicts (`[..., 1:]`)"
+        return Fix(Applicability.SAFE, message, replacements=((labels, predicted_positions(labels)),))
 
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
@@ -634,18 +594,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if scale is None:
             return
         for returned in self.facts.returns.get(function, ()):
-            expr = returned
-            if isinstance(expr, cst.Dict):
-                expr = next(
-                    (
-                        e.value
-                        for e in expr.elements
-                        if isinstance(e, cst.DictElement)
-                        and isinstance(e.key, cst.SimpleString)
-                        and e.key.evaluated_value == "loss"
-                    ),
-                    None,
-                )
+            expr = returned_loss(returned)
             if expr is None:
                 continue
             chain = self.loop.chain(expr, returned)
@@ -688,14 +637,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                     "`num_items_in_batch` (or pass it to the model: `model(**inputs, num_items_in_batch=...)`)",
                 )
 
-    # -- walking the loss back to its base ---------------------------------------------------
-
-    # -- what the model is ------------------------------------------------------------------------
-
-    # -- factors of the loss ----------------------------------------------------------------------
-
-    # -- the script around the loss -----------------------------------------------------------
-
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
     ) -> None:
@@ -726,20 +667,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             anchor = facts.parent(self.loop.statement_of(call))  # no accumulation: windows of one batch
         else:
             return None
-        loop = facts.parent(facts.parent(anchor))
-        if not (
-            isinstance(loop, cst.For)
-            and isinstance(loop.body, cst.IndentedBlock)
-            and anchor in loop.body.body
-            and loop.asynchronous is None
-            and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
-        ):
+        loop = per_batch_loop(facts, anchor)
+        if loop is None:
             return None  # the accumulate block (or the backward) must run once for every batch the loop reads
         batch, source = batch_loop(facts, loop)
         if batch is None:
             return None
         model_call = self.loop.model_call(chain.base_expr)
-        if model_call is None or not _passes_labels(model_call, batch) or changes(facts, loop.body, batch):
+        if model_call is None or not passes_batch_labels(model_call, batch) or changes(facts, loop.body, batch):
             return None  # the window counts the labels the loader yields
         if head == "causal":
             received = LabelFacts.of(facts).received(model_call)
@@ -748,13 +683,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         backwards = [c for c in facts.reachable_calls(loop.body) if facts.method_name(c) in BACKWARD_METHODS]
         if len(backwards) != 1:
             return None  # several backward passes per micro-batch (LD101's shape)
-        position = loop.body.body.index(anchor)
-        if any(
-            facts.enclosing_loop(node) is loop
-            for statement in loop.body.body[:position]
-            for node in facts.within(statement, cst.Continue)
-        ):
-            return None  # a skipped batch is read into a window but never reaches accumulate
         name = self._free_name(loop)
         if name is None:
             return None
@@ -793,10 +721,6 @@ _REMEDY = (
 )
 
 
-def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == value
-
-
 def _is_hf_trainer(name: str) -> bool:
     return name.split(".", 1)[0] in {"transformers", "trl"} and name.endswith("Trainer")
 
@@ -818,12 +742,3 @@ def _subject(chain: Chain) -> str:
         if name:
             return f"`{name}`"
     return "the loss"
-
-
-def _passes_labels(call: cst.Call, batch: str) -> bool:
-    """The model gets the loop's batch labels, which the window counts: ``model(**batch)`` or
-    ``labels=batch["labels"]``, and no other ``labels=``."""
-    labels = keyword(call, "labels")
-    if labels is not None:
-        return is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
-    return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)

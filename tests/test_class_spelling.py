@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import SAMPLER_CLASSES, PythonFacts
 from lintdist.names import NameResolver
-from lintdist.spelling import class_spelling
+from lintdist.spelling import class_spelling, unused_name
 from lintdist.syntax import SyntaxIndex
 
 MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -40,3 +40,11 @@ def test_imports_inside_functions_do_not_count():
 def test_a_new_import_unless_the_name_is_taken():
     assert _spelling("import os\n") == ("DistributedSampler", (("torch.utils.data", "DistributedSampler"),))
     assert _spelling("DistributedSampler = make_sampler\n") == (None, ())
+
+
+def test_unused_name_in_a_scope():
+    index = SyntaxIndex(cst.parse_module("def f():\n    token_windows = 1\n"))
+    facts = PythonFacts(index, NameResolver(index))
+    function = index.nodes(cst.FunctionDef)[0]
+    assert unused_name(facts, function, ("token_windows", "loss_windows")) == "loss_windows"
+    assert unused_name(facts, function, ("token_windows",)) is None

@@ -7,7 +7,15 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
+from lintdist.loaders import (
+    batch_loop,
+    framework_loader,
+    loader_calls,
+    passes_batch_labels,
+    per_batch_loop,
+    plain_loader,
+    without_sampler,
+)
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -105,3 +113,43 @@ def test_framework_loaders():
     )
     loaders = [c for c in facts.calls if _code(facts, c.func) == "DataLoader"]
     assert [framework_loader(facts, c) for c in loaders] == [True, True, True, False]
+
+
+def test_batch_loop_through_enumerate_and_tqdm():
+    facts = _facts(
+        "from tqdm import tqdm\nfor step, batch in enumerate(tqdm(loader)):\n    pass\nfor a, b in pairs:\n    pass\n"
+    )
+    first, second = facts.index.nodes(cst.For)
+    batch, source = batch_loop(facts, first)
+    assert (batch, _code(facts, source)) == ("batch", "loader")
+    assert batch_loop(facts, second) == (None, None)
+
+
+def test_per_batch_loop_needs_a_body_statement_that_no_continue_skips():
+    facts = _facts(
+        """
+        for batch in loader:
+            if batch is None:
+                continue
+            step(batch)
+        for batch in loader:
+            prepare(batch)
+            with accumulate(model):
+                step(batch)
+        """
+    )
+    skipping, plain = facts.index.nodes(cst.For)
+    assert per_batch_loop(facts, skipping.body.body[1]) is None
+    assert per_batch_loop(facts, plain.body.body[1]) is plain
+    inner = plain.body.body[1].body.body[0]
+    assert per_batch_loop(facts, inner) is None  # inside the `with`: not a statement of the loop's body
+
+
+def test_passes_batch_labels():
+    def call(text: str) -> cst.Call:
+        return cst.parse_expression(text)
+
+    assert passes_batch_labels(call('model(input_ids=x, labels=batch["labels"])'), "batch")
+    assert passes_batch_labels(call("model(**batch)"), "batch")
+    assert not passes_batch_labels(call('model(**batch, labels=batch["targets"])'), "batch")
+    assert not passes_batch_labels(call("model(**other)"), "batch")
