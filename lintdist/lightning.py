@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -97,3 +98,34 @@ def _literal(expr: cst.CSTNode | None) -> object:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value
     return None
+
+
+def fitting_trainers(facts: PythonFacts, cls: cst.ClassDef) -> list[cst.Call]:
+    """The ``Trainer(...)`` calls that fit the LightningModule ``cls`` (``trainer.fit(Model(...))``); the file's one
+    Trainer when no ``fit`` call links one."""
+    trainers = facts.lightning_trainers
+    linked = []
+    for call in facts.calls:
+        if facts.method_name(call) != "fit" or not call.args or not isinstance(call.func, cst.Attribute):
+            continue
+        fitted = [o.node for o in facts.origins(call.args[0].value, call)]
+        if any(isinstance(n, cst.Call) and get_full_name_for_node(n.func) == cls.name.value for n in fitted):
+            linked.extend(o.node for o in facts.origins(call.func.value, call) if o.node in trainers)
+    return linked or (trainers if len(trainers) == 1 else [])
+
+
+def returned_loss(returned: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The loss Lightning takes from what a ``training_step`` returns: the value itself, or a dict's ``"loss"``
+    (None when the dict has no such literal key)."""
+    if not isinstance(returned, cst.Dict):
+        return returned
+    return next(
+        (
+            e.value
+            for e in returned.elements
+            if isinstance(e, cst.DictElement)
+            and isinstance(e.key, cst.SimpleString)
+            and e.key.evaluated_value == "loss"
+        ),
+        None,
+    )

@@ -115,7 +115,24 @@ class Rule:
         return project_versions(self.context.path)
 
     def finish(self) -> None:
-        """Whole-file analysis, run after the shared traversal."""
+        """Whole-file analysis, run after the shared traversal. Unless a rule overrides it, it runs the check
+        for the file's kind: ``check_python()``, ``check_config(document)`` or ``check_launch(launch)``."""
+        kind, context = self.context.kind, self.context
+        if kind == "python":
+            self.check_python()
+        elif kind == "config" and context.config is not None:
+            self.check_config(context.config)
+        elif kind == "launch" and context.launch is not None:
+            self.check_launch(context.launch)
+
+    def check_python(self) -> None:
+        """The check of a Python file, for a rule that checks several kinds of file."""
+
+    def check_config(self, document) -> None:
+        """The check of a parsed configuration file (``lintdist.sources.ConfigDocument``)."""
+
+    def check_launch(self, launch) -> None:
+        """The check of a parsed launch file (``lintdist.sources.LaunchFile``)."""
 
     def elsewhere(self, facts) -> Rule:
         """This rule, asked of another module of the project (``facts`` from ``self.facts.project``): its

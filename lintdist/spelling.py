@@ -122,3 +122,49 @@ def _in_sight(facts: PythonFacts, node: cst.CSTNode, at: cst.CSTNode | None) -> 
     """``node`` is at module level, or in a function that ``at`` is inside."""
     function = facts.enclosing_function(node)
     return function is None or (at is not None and facts.is_within(at, function))
+
+
+def class_spelling(
+    facts: PythonFacts, classes: frozenset[str], modules: frozenset[str], home: str
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """How module-level code names a class (one of the qualified ``classes``, exported by each of ``modules``),
+    and the import a fix must add: a module-level import of it or of its module (aliases kept), a dotted use
+    already there, else its bare name imported from ``home``; ``(None, ())`` when a name of the script's own is
+    in the way."""
+    name = next(iter(classes)).rsplit(".", 1)[-1]
+    names = facts.names
+    for statement in facts.index.nodes(cst.ImportFrom):
+        if not _module_level(facts, statement) or statement.module is None:
+            continue
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        module = get_full_name_for_node(statement.module)
+        for alias in statement.names:
+            if f"{module}.{get_full_name_for_node(alias.name)}" in classes:
+                return get_full_name_for_node(alias.asname.name if alias.asname is not None else alias.name), ()
+    for statement in facts.index.nodes(cst.Import):  # `import torch.utils.data as tud`
+        if not _module_level(facts, statement):
+            continue
+        for alias in statement.names:
+            module = get_full_name_for_node(alias.name)
+            if module in modules:
+                local = get_full_name_for_node(alias.asname.name) if alias.asname is not None else module
+                return f"{local}.{name}", ()
+    for attribute in facts.index.nodes(cst.Attribute):  # `torch.utils.data.distributed.DistributedSampler`
+        known = attribute.attr.value == name and not classes.isdisjoint(facts.qualified_names(attribute))
+        if known and names.module_bindings(get_full_name_for_node(attribute).split(".", 1)[0]):
+            return facts.index.module.code_for_node(attribute), ()
+    taken = any(n.value == name and facts.is_variable(n) for n in facts.index.nodes(cst.Name))
+    if names.module_bindings(name) or taken:
+        return None, ()
+    return name, ((home, name),)
+
+
+def _module_level(facts: PythonFacts, statement: cst.CSTNode) -> bool:
+    return facts.enclosing_function(statement) is None and facts.enclosing_class(statement) is None
+
+
+def unused_name(facts: PythonFacts, scope: cst.CSTNode, candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` that no name in ``scope`` spells, for a variable a fix adds; None if all are."""
+    used = {name.value for name in facts.within(scope, cst.Name)}
+    return next((c for c in candidates if c not in used), None)

@@ -10,6 +10,8 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.edits import replace_nodes
 from lintdist.facts import BACKWARD_METHODS, argument_of
 from lintdist.labels import LabelFacts
+from lintdist.lightning import fitting_trainers, returned_loss
+from lintdist.loaders import batch_loop, passes_batch_labels, per_batch_loop
 from lintdist.loop import (
     TOKEN_COLLATORS,
     BackwardSite,
@@ -17,14 +19,19 @@ from lintdist.loop import (
     Term,
     integer_literal,
     is_loss_field,
-    is_string_subscript,
-    keyword,
 )
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.mutation import changes
+from lintdist.normalisation import (
+    Normalisation,
+    counted_labels,
+    gradient_scaling,
+    normalisation,
+    on_one_path,
+    predicted_positions,
+)
 from lintdist.rule import Invalid, Rule, Valid
-
-# dict methods that change a batch in place
-DICT_MUTATORS = frozenset({"pop", "popitem", "update", "setdefault", "clear", "__setitem__", "__delitem__"})
+from lintdist.spelling import unused_name
 
 
 class TokenLossNotGlobal(Rule):
@@ -386,8 +393,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         ),
     )
 
-    # -- what the shared facts do not record ----------------------------------------------------
-
     # -- whole-file analysis ------------------------------------------------------------------
 
     def finish(self) -> None:
@@ -416,7 +421,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         accelerated = receiver is not None and self.facts.is_accelerator(receiver, call)
         # a process group whose ranks never average gradients (tensor parallelism, the same batch on every rank)
         distributed = self.loop.distributed and (accelerated or self.loop.averages_gradients(call))
-        accumulating = self._accumulating(chain)
+        accumulating = self.loop.accumulates or normalisation(self.loop, chain).divided_by_accumulation
         if not (distributed or accumulating):
             return
         if not accumulating and self.loop.surely_single:
@@ -428,74 +433,53 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         head = self.loop.loss_head(chain)
         if head == "sequence":
             return
-        counts_num = [t for t in chain.num if self.loop.factor(t).kind == "count"]
-        counts_den = [t for t in chain.den if self.loop.factor(t).kind == "count"]
-        if chain.base == "mean" and counts_num and not self.loop.factor(counts_num[0]).gathered:
-            chain.num.remove(counts_num[0])  # mean x local count = this micro-batch's sum
-            chain.base = "sum"
-        if chain.base == "mean":
-            if counts_den:
+        norm = normalisation(self.loop, chain)
+        count = norm.count
+        if norm.base == "mean":
+            if count:
                 self._report_once(
-                    counts_den[0].at,
-                    counts_den[0].expr,
+                    count.at,
+                    count.expr,
                     f"{_subject(chain)} is already a per-micro-batch mean; dividing it by a token count gives a mean "
                     "of means scaled down by the count, not the global token mean; " + _REMEDY,
                 )
             else:
                 self._report_mean(call, chain, head, accelerated, distributed)
             return
-        if counts_den:
-            self._check_normalised(chain, counts_den[0], head, receiver if accelerated else None, distributed, call)
-            if self._conditional(counts_den[0], call):
+        if count:
+            self._check_normalised(chain, norm, head, receiver if accelerated else None, distributed, call)
+            if on_one_path(self.facts, count, call):
                 # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
                 self._check_grad_scaling(call, distributed)
-        elif chain.base == "sum":
+        elif norm.base == "sum":
             self._check_grad_scaling(call, distributed)
-
-    def _conditional(self, term: Term, call: cst.Call) -> bool:
-        """The division by ``term`` sits in an ``if`` that does not hold the backward ``call``."""
-        facts = self.facts
-        return any(
-            isinstance(a, cst.If) and not facts.is_within(call, a)
-            for a in facts.ancestors(term.at)
-            if not isinstance(a, cst.FunctionDef)
-        ) and facts.enclosing_function(term.at) is facts.enclosing_function(call)
 
     def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
         """A token-sum loss whose gradients are divided by the token count after the backward (torchtune's
         ``training.scale_grads(model, 1 / num_tokens)``): the count must span every rank, and where DDP or FSDP
         average the gradients over ranks the scale must also multiply by their number (torchtune PR 2172)."""
-        facts = self.facts
-        function = facts.enclosing_function(call)
-        for scale in facts.calls_within(function if function is not None else facts.index.module):
-            if "scale_grad" not in (facts.method_name(scale) or ""):
-                continue
-            for arg in scale.args:
-                value = arg.value
-                if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)):
-                    continue
-                count = Term(value.right, scale)
-                if self.loop.factor(count).kind != "count":
-                    continue
-                if not self.loop.factor(count).gathered:
-                    problem = (
-                        "by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
-                        "ranks (`dist.all_reduce`)"
-                    )
-                elif distributed and self.loop.factor(Term(value.left, scale)).kind != "world":
-                    problem = (
-                        "by the global token count, but DDP/FSDP have already averaged them over ranks: the step's "
-                        "gradient is 1/world_size of the global token mean's; scale by `world_size / num_tokens`"
-                    )
-                else:
-                    return
-                self._report_once(
-                    count.at,
-                    count.expr,
-                    f"the summed token losses' gradients are scaled {problem}; or use `TokenLossWindow.scale_sum` from "
-                    "`lintdist.runtime`",
-                )
-                return
+        found = gradient_scaling(self.loop, call)
+        if found is None:
+            return
+        numerator, count = found
+        if not self.loop.factor(count).gathered:
+            problem = (
+                "by this rank's token count only, so ranks with fewer tokens weigh more; sum the count over "
+                "ranks (`dist.all_reduce`)"
+            )
+        elif distributed and self.loop.factor(numerator).kind != "world":
+            problem = (
+                "by the global token count, but DDP/FSDP have already averaged them over ranks: the step's "
+                "gradient is 1/world_size of the global token mean's; scale by `world_size / num_tokens`"
+            )
+        else:
+            return
+        self._report_once(
+            count.at,
+            count.expr,
+            f"the summed token losses' gradients are scaled {problem}; or use `TokenLossWindow.scale_sum` from "
+            "`lintdist.runtime`",
+        )
 
     def _report_mean(
         self, call: cst.Call, chain: Chain, head: str | None, accelerated: bool, distributed: bool
@@ -531,7 +515,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _check_normalised(
         self,
         chain: Chain,
-        count: Term,
+        norm: Normalisation,
         head: str | None,
         accelerator: cst.BaseExpression | None,
         distributed: bool,
@@ -539,11 +523,8 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     ) -> None:
         """A sum-reduced loss divided by a token count: the count must be global, shifted for a causal LM, and
         the loss multiplied by the number of ranks and by the accumulation steps the backend divides by."""
+        count = norm.count
         factor = self.loop.factor(count)
-        worlds = [t for t in chain.num if self.loop.factor(t).kind == "world"]
-        net_accum = sum(self.loop.factor(t).kind == "accum" for t in chain.num) - sum(
-            self.loop.factor(t).kind == "accum" for t in chain.den
-        )
         problem = None
         unshifted = False  # the one problem a local edit of the count fixes
         if not factor.gathered:
@@ -562,7 +543,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                 "counts every label, but a causal LM shifts its labels and never predicts the first position; count "
                 "`labels[..., 1:] != -100` (or use `TokenLossWindow(..., shifted=True)`)"
             )
-        elif distributed and not worlds:
+        elif distributed and not norm.world:
             problem = (
                 "divides by the global token count but is not multiplied by the number of processes, and DDP or FSDP then "
                 "average over ranks: the gradient is 1/world_size of the global token mean's; multiply by "
@@ -570,20 +551,20 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
         else:
             configured = self.loop.accelerator_accumulation(accelerator, call) if accelerator is not None else None
-            literal = next((f.literal for t in chain.num if (f := self.loop.factor(t)).literal is not None), None)
+            literal = norm.literal
             expected = integer_literal(configured, self.facts, call) if configured is not None else None
             if literal is not None and expected is not None and literal != expected:
                 problem = (
                     f"multiplies by {literal} accumulation steps while the Accelerator divides by {expected}; "
                     "multiply by `accelerator.gradient_accumulation_steps`"
                 )
-            elif configured is not None and net_accum != 1:
+            elif configured is not None and norm.accumulation != 1:
                 problem = (
                     "is not multiplied by the gradient accumulation steps that `accelerator.backward` divides by, so "
                     "the gradient is 1/G of the global token mean's; multiply by "
                     "`accelerator.gradient_accumulation_steps`"
                 )
-            elif accelerator is None and net_accum != 0:
+            elif accelerator is None and norm.accumulation != 0:
                 problem = (
                     "is scaled by the accumulation steps although a plain backward does not divide by them and the "
                     "global count already spans the whole step; drop the accumulation factor"
@@ -597,37 +578,12 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
 
     def _shift_count_fix(self, count: Term) -> Fix | None:
-        """``batch["labels"].ne(-100)`` (or ``labels != -100``) in a causal LM's count becomes
-        ``batch["labels"][..., 1:].ne(-100)``: the positions the model predicts. Only where the count compares
-        one labels expression, read by name or by a ``"labels"`` key, with the ignore index."""
-        sites = self.loop.count_sites(count)
-        if not sites or len(sites) != 1:
+        """Count only the labels a causal LM predicts, where the count reads one labels expression."""
+        labels = counted_labels(self.loop, count)
+        if labels is None:
             return None
-        labels = sites[0]
-        if isinstance(labels, cst.Subscript):
-            key = labels.slice[0].slice if len(labels.slice) == 1 else None
-            named = (
-                isinstance(key, cst.Index)
-                and isinstance(key.value, cst.SimpleString)
-                and "labels" in (key.value.evaluated_value or "")
-            )
-        else:
-            name = get_full_name_for_node(labels) if isinstance(labels, (cst.Name, cst.Attribute)) else None
-            named = name is not None and "labels" in name.rsplit(".", 1)[-1]
-        if not named or labels.lpar:
-            return None
-        shifted = cst.Subscript(
-            value=labels,
-            slice=[
-                cst.SubscriptElement(cst.Index(cst.Ellipsis())),
-                cst.SubscriptElement(cst.Slice(lower=cst.Integer("1"), upper=None)),
-            ],
-        )
-        return Fix(
-            Applicability.SAFE,
-            "Count only the labels a causal LM predicts (`[..., 1:]`)",
-            replacements=((labels, shifted),),
-        )
+        message = "Count only the labels a causal LM predicts (`[..., 1:]`)"
+        return Fix(Applicability.SAFE, message, replacements=((labels, predicted_positions(labels)),))
 
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
@@ -638,24 +594,13 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if scale is None:
             return
         for returned in self.facts.returns.get(function, ()):
-            expr = returned
-            if isinstance(expr, cst.Dict):
-                expr = next(
-                    (
-                        e.value
-                        for e in expr.elements
-                        if isinstance(e, cst.DictElement)
-                        and isinstance(e.key, cst.SimpleString)
-                        and e.key.evaluated_value == "loss"
-                    ),
-                    None,
-                )
+            expr = returned_loss(returned)
             if expr is None:
                 continue
             chain = self.loop.chain(expr, returned)
             if chain.base != "mean" or self.loop.loss_head(chain) == "sequence":
                 continue
-            if any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
+            if normalisation(self.loop, chain).counted:
                 continue
             self._report_once(
                 chain.base_at,
@@ -667,21 +612,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
 
     def _lightning_scale(self, cls: cst.ClassDef) -> str | None:
-        """How the Lightning ``Trainer(...)`` that fits ``cls`` combines batches, from literal arguments only.
-
-        The trainer is the one whose ``fit`` gets an instance of ``cls``; failing that, the file's only trainer.
-        """
-        facts = self.facts
-        trainers = facts.lightning_trainers
-        linked = []
-        for call in facts.calls:
-            if facts.method_name(call) != "fit" or not call.args or not isinstance(call.func, cst.Attribute):
-                continue
-            fitted = [o.node for o in facts.origins(call.args[0].value, call)]
-            if any(isinstance(n, cst.Call) and get_full_name_for_node(n.func) == cls.name.value for n in fitted):
-                linked.extend(o.node for o in facts.origins(call.func.value, call) if o.node in trainers)
-        chosen = linked or (trainers if len(trainers) == 1 else [])
-        return next((scale for call in chosen if (scale := _trainer_scale(facts, call)) is not None), None)
+        """How the Trainer that fits ``cls`` makes a step average batches: accumulation or several devices."""
+        trainers = fitting_trainers(self.facts, cls)
+        return next((scale for call in trainers if (scale := _trainer_scale(self.facts, call)) is not None), None)
 
     def _check_compute_loss(self, function: cst.FunctionDef) -> None:
         """A Trainer subclass whose ``compute_loss`` ignores ``num_items_in_batch`` returns a per-batch mean."""
@@ -695,7 +628,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             if isinstance(expr, cst.Tuple) and expr.elements:
                 expr = expr.elements[0].value
             chain = self.loop.chain(expr, returned)
-            if chain.base == "mean" and not any(self.loop.factor(t).kind == "count" for t in chain.num + chain.den):
+            if chain.base == "mean" and not normalisation(self.loop, chain).counted:
                 self._report_once(
                     chain.base_at,
                     chain.base_expr,
@@ -703,17 +636,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
                     "and the Trainer's accumulated step is a mean of means; compute the summed loss and divide it by "
                     "`num_items_in_batch` (or pass it to the model: `model(**inputs, num_items_in_batch=...)`)",
                 )
-
-    # -- walking the loss back to its base ---------------------------------------------------
-
-    # -- what the model is ------------------------------------------------------------------------
-
-    # -- factors of the loss ----------------------------------------------------------------------
-
-    # -- the script around the loss -----------------------------------------------------------
-
-    def _accumulating(self, chain: Chain) -> bool:
-        return self.loop.accumulates or any(self.loop.factor(t).kind == "accum" for t in chain.den)
 
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
@@ -745,20 +667,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             anchor = facts.parent(self.loop.statement_of(call))  # no accumulation: windows of one batch
         else:
             return None
-        loop = facts.parent(facts.parent(anchor))
-        if not (
-            isinstance(loop, cst.For)
-            and isinstance(loop.body, cst.IndentedBlock)
-            and anchor in loop.body.body
-            and loop.asynchronous is None
-            and isinstance(facts.parent(loop), (cst.IndentedBlock, cst.Module))
-        ):
+        loop = per_batch_loop(facts, anchor)
+        if loop is None:
             return None  # the accumulate block (or the backward) must run once for every batch the loop reads
-        batch, source = self._loop_batch(loop)
+        batch, source = batch_loop(facts, loop)
         if batch is None:
             return None
         model_call = self.loop.model_call(chain.base_expr)
-        if model_call is None or not _passes_labels(model_call, batch) or _changes_batch(facts, loop.body, batch):
+        if model_call is None or not passes_batch_labels(model_call, batch) or changes(facts, loop.body, batch):
             return None  # the window counts the labels the loader yields
         if head == "causal":
             received = LabelFacts.of(facts).received(model_call)
@@ -767,13 +683,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         backwards = [c for c in facts.reachable_calls(loop.body) if facts.method_name(c) in BACKWARD_METHODS]
         if len(backwards) != 1:
             return None  # several backward passes per micro-batch (LD101's shape)
-        position = loop.body.body.index(anchor)
-        if any(
-            self._skips(loop, node)
-            for statement in loop.body.body[:position]
-            for node in facts.within(statement, cst.Continue)
-        ):
-            return None  # a skipped batch is read into a window but never reaches accumulate
         name = self._free_name(loop)
         if name is None:
             return None
@@ -795,45 +704,14 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             imports=(("lintdist.runtime", "TokenWindows"),),
         )
 
-    def _loop_batch(self, loop: cst.For) -> tuple[str | None, cst.BaseExpression | None]:
-        """The batch variable and the loader expression of ``for batch in X``, ``for i, batch in enumerate(X)``,
-        or either with ``X`` inside ``tqdm(...)``."""
-        target, source = loop.target, loop.iter
-        if _is_call_of(self.facts, source, ENUMERATE):
-            if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
-                return None, None
-            target, source = target.elements[1].value, _first_argument(source)
-        if _is_call_of(self.facts, source, TQDM):
-            source = _first_argument(source)
-        if not isinstance(target, cst.Name) or source is None:
-            return None, None
-        return target.value, source
-
-    def _skips(self, loop: cst.For, node: cst.Continue) -> bool:
-        """``continue`` of ``loop`` itself, not of a loop nested in it."""
-        return self.facts.enclosing_loop(node) is loop
-
     def _free_name(self, loop: cst.For) -> str | None:
-        """A name for the wrapper that the enclosing function (or module) does not use yet."""
-        scope = self.facts.enclosing_function(loop) or self.context.module
-        used = {name.value for name in self.facts.within(scope, cst.Name)}
+        """A name for the windows that nothing in the loop's function uses; None beside a TokenWindows of the
+        script's own."""
         module_names = {name.value for name in self.facts.index.nodes(cst.Name)}
         if "TokenWindows" in module_names and "lintdist" not in module_names:
-            return None  # a TokenWindows of the script's own
-        return next((c for c in ("token_windows", "loss_windows") if c not in used), None)
-
-
-ENUMERATE = frozenset({"builtins.enumerate", "enumerate"})
-TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"})
-
-
-def _is_call_of(facts, expr: cst.BaseExpression, names: frozenset[str]) -> bool:
-    return isinstance(expr, cst.Call) and facts.callee_is(expr, names)
-
-
-def _first_argument(call: cst.Call) -> cst.BaseExpression | None:
-    first = call.args[0] if call.args else None
-    return first.value if first is not None and first.keyword is None and not first.star else None
+            return None
+        scope = self.facts.enclosing_function(loop) or self.context.module
+        return unused_name(self.facts, scope, ("token_windows", "loss_windows"))
 
 
 _REMEDY = (
@@ -841,14 +719,6 @@ _REMEDY = (
     "batch)` (or `.scale_sum(loss_sum)` for a sum-reduced loss) to backward: each optimizer step then follows the "
     "window's global token mean"
 )
-
-
-def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == value
-
-
-def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
-    return isinstance(expr, cst.Attribute) and expr.attr.value == attr
 
 
 def _is_hf_trainer(name: str) -> bool:
@@ -872,52 +742,3 @@ def _subject(chain: Chain) -> str:
         if name:
             return f"`{name}`"
     return "the loss"
-
-
-def _passes_labels(call: cst.Call, batch: str) -> bool:
-    """The model gets the loop's batch labels, which the window counts: ``model(**batch)`` or
-    ``labels=batch["labels"]``, and no other ``labels=``."""
-    labels = keyword(call, "labels")
-    if labels is not None:
-        return is_string_subscript(labels, '"labels"', "'labels'") and _is_name(labels.value, batch)
-    return any(arg.star == "**" and _is_name(arg.value, batch) for arg in call.args)
-
-
-def _changes_batch(facts, body: cst.CSTNode, batch: str) -> bool:
-    """The loop body rebinds ``batch``, or writes into it or into a value read from it: ``batch = ...``,
-    ``batch["labels"][mask] = -100``, ``batch.pop("labels")``, ``labels = batch["labels"]; labels.masked_fill_(...)``."""
-    roots = {batch} | {
-        name.value
-        for assign in facts.within(body, cst.Assign)
-        if any(name.value == batch for name in facts.within(assign.value, cst.Name))
-        for target in assign.targets
-        for name in facts.within(target.target, cst.Name)
-    }
-    written = [n.target for n in facts.within(body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)]
-    written += [n.target for n in facts.within(body, cst.NamedExpr, cst.For)]
-    targets = [t for target in written for t in _unpacked(target)]
-    if any(_root(t) == batch or (_root(t) in roots and not isinstance(t, cst.Name)) for t in targets):
-        return True
-    for call in facts.within(body, cst.Call):
-        if not isinstance(call.func, cst.Attribute):
-            continue
-        method = call.func.attr.value
-        if _root(call.func.value) in roots and (method in DICT_MUTATORS or method.endswith("_")):
-            return True
-    return False
-
-
-def _unpacked(target: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The single targets of ``a, (b["x"], *c) = ...`` or ``del a, b``."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [t for element in target.elements for t in _unpacked(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _unpacked(target.value)
-    return [target]
-
-
-def _root(expr: cst.BaseExpression) -> str | None:
-    """The name an expression starts from: ``batch`` for ``batch["labels"][0].data``."""
-    while isinstance(expr, (cst.Subscript, cst.Attribute, cst.Call)):
-        expr = expr.func if isinstance(expr, cst.Call) else expr.value
-    return expr.value if isinstance(expr, cst.Name) else None

@@ -7,45 +7,15 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import (
-    DATALOADER_CLASSES,
-    RANK_GETTERS,
-    RANK_NAMES,
-    SAMPLER_CLASSES,
-    Loop,
-    argument_of,
-    epoch_counter,
-    single_pass,
-    wrapped_iterable,
-)
+from lintdist.callgraph import run_together
+from lintdist.datasets import split_by_rank
+from lintdist.facts import SAMPLER_CLASSES, Loop, argument_of, epoch_counter, single_pass
+from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
+from lintdist.spelling import class_spelling
 
-ITERABLE_CLASSES = frozenset(
-    {
-        "torch.utils.data.IterableDataset",
-        "torch.utils.data.dataset.IterableDataset",
-        "torch.utils.data.IterDataPipe",
-        "torch.utils.data.datapipes.datapipe.IterDataPipe",
-        "datasets.IterableDataset",
-        "datasets.iterable_dataset.IterableDataset",
-    }
-)
-# Libraries whose datasets stream (iterable) or split themselves by rank.
-SELF_SHARDING_MODULES = ("webdataset", "torchdata", "streaming", "litdata", "ffcv")
-# Parts of a dataset class's name that say it is iterable or streamed.
-ITERABLE_NAME_PARTS = ("Iterable", "IterDataPipe", "Stream", "WebDataset")
-# Calls and methods that make a dataset iterable or keep one rank's part of it.
-SHARDING_CALLS = frozenset({"split_dataset_by_node", "to_iterable_dataset", "shard", "IterableDatasetShard"})
 SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
-LOAD_DATASET = frozenset({"datasets.load_dataset", "datasets.load.load_dataset"})
-# Where a rank only chooses the device, not the data: `.to(rank)`, `.cuda(local_rank)`, `device=...`.
-DEVICE_METHODS = frozenset({"to", "cuda", "device", "set_device"})
-# Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
-FRAMEWORK_METHODS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders", "fit", "validate", "test"})
-LIGHTNING_HOOKS = frozenset({"train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"})
-LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
-MAX_DEPTH = 6
 WRAPPER_NAMES = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard")
 
 
@@ -374,10 +344,6 @@ for x, y in loader:
         ),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._reach: dict[int, set[int]] = {}
-
     def finish(self) -> None:
         typos = {id(call) for call in self.facts.calls if self._sampler_as_shuffle(call)}
         wrappers = self._wrappers()
@@ -386,8 +352,10 @@ for x, y in loader:
         # DataLoader(...) call -> the training loops that iterate it, with the loader's expression there
         found: dict[int, tuple[cst.Call, list[Use]]] = {}
         for use in self._training_iterations():
-            for loader in self._loaders(use.expr, use.loop):
-                if any(self._related(use.loop, wrapper) for wrapper in wrappers):
+            for loader in loader_calls(self.facts, use.expr, use.loop):
+                if not (plain_loader(self.facts, loader) and without_sampler(loader)):
+                    continue
+                if any(run_together(self.facts, use.loop, wrapper) for wrapper in wrappers):
                     found.setdefault(id(loader), (loader, []))[1].append(use)
         for loader, uses in found.values():
             if id(loader) in typos or self._split_elsewhere(loader):
@@ -399,7 +367,7 @@ for x, y in loader:
         loader shuffles the whole dataset itself on every rank and the sampler is never used."""
         facts = self.facts
         shuffle = next((a for a in call.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
-        if shuffle is None or not self._plain_loader(call):
+        if shuffle is None or not plain_loader(facts, call):
             return False
         if argument_of(call, "sampler", 3) is not None or argument_of(call, "batch_sampler", 4) is not None:
             return False
@@ -458,198 +426,13 @@ for x, y in loader:
         facts = self.facts
         return facts.trains(loop.body) and not facts.under_no_grad(loop) and facts.rank_guard(loop) is None
 
-    def _loaders(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> list[cst.Call]:
-        """The ``DataLoader(...)`` calls an iterated expression can be; none when a framework prepared it."""
-        facts = self.facts
-        origins = facts.origins(expr, at)
-        if any(facts.is_prepare_call(o.node) for o in origins):
-            return []
-        result = []
-        for origin in origins:
-            node = origin.node
-            if not isinstance(node, cst.Call) or origin.index is not None:
-                continue
-            if wrapped_iterable(node) is not None and depth < MAX_DEPTH:
-                result.extend(self._loaders(wrapped_iterable(node), node, depth + 1))
-            elif self._plain_loader(node) and self._unsampled(node):
-                result.append(node)
-        return result
-
-    def _plain_loader(self, call: cst.Call) -> bool:
-        """torch's ``DataLoader``, or a subclass of this file that never mentions a sampler (one that does may
-        build its own ``DistributedSampler``)."""
-        facts = self.facts
-        if facts.callee_is(call, DATALOADER_CLASSES):
-            return True
-        if not facts.is_instance_of(call, DATALOADER_CLASSES):
-            return False
-        name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
-        return not any(
-            "sampler" in node.value.lower()
-            for cls in facts.classes
-            if cls.name.value == name
-            for node in facts.within(cls, cst.Name)
-        )
-
-    def _unsampled(self, loader: cst.Call) -> bool:
-        """No ``sampler``/``batch_sampler`` (or ``None`` for both), and no ``**kwargs`` that may hold one."""
-        if any(arg.star for arg in loader.args):
-            return False
-        for keyword, position in (("sampler", 3), ("batch_sampler", 4)):
-            value = argument_of(loader, keyword, position)
-            if value is not None and not (isinstance(value, cst.Name) and value.value == "None"):
-                return False
-        return argument_of(loader, "dataset", 0) is not None
-
     # -- the traps: data split some other way -----------------------------------------------------
 
     def _split_elsewhere(self, loader: cst.Call) -> bool:
         facts = self.facts
-        if facts.rank_guard(loader) is not None or self._framework_loader(loader):
+        if facts.rank_guard(loader) is not None or framework_loader(facts, loader):
             return True
-        dataset = argument_of(loader, "dataset", 0)
-        return self._iterable_or_sharded(dataset, loader, 0, set())
-
-    def _framework_loader(self, loader: cst.Call) -> bool:
-        """The loader is built in a Lightning hook or module, or handed to accelerate/Fabric/Lightning."""
-        facts = self.facts
-        function = facts.enclosing_function(loader)
-        if function is not None and function.name.value in LIGHTNING_HOOKS:
-            return True
-        cls = facts.enclosing_class(loader)
-        if cls is not None and facts.derives_from(cls, lambda name: name.startswith(LIGHTNING_MODULES)):
-            return True
-        for call in facts.calls:
-            if facts.method_name(call) in FRAMEWORK_METHODS and not facts.local_functions(call):
-                for arg in call.args:
-                    if any(o.node is loader for o in facts.origins(arg.value, call)):
-                        return True
-        return False
-
-    def _iterable_or_sharded(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int, seen: set[int]) -> bool:
-        """The dataset is iterable, or already holds one rank's part, as far as lintdist can follow it."""
-        if depth > MAX_DEPTH:
-            return False
-        facts = self.facts
-        for origin in facts.origins(expr, at):
-            node = origin.node
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if self._mentions_rank(node):
-                return True
-            parts: list[cst.BaseExpression] = []
-            if isinstance(node, cst.Subscript):
-                parts = [node.value]  # `dataset[rank::world]` is caught above; `splits["train"]` is followed
-            elif isinstance(node, cst.Call):
-                if self._iterable_call(node):
-                    return True
-                # `Subset(dataset, indices)`, `ConcatDataset([a, b])`; not the device of `.to(device)`, which may be
-                # the rank's GPU (`torch.device(f"cuda:{rank}")`) without choosing any data
-                parts = [] if facts.method_name(node) in DEVICE_METHODS else [arg.value for arg in node.args]
-                if isinstance(node.func, cst.Attribute):
-                    parts.append(node.func.value)  # `dataset.shard(...)`, `dataset.with_format("torch")`
-            elif isinstance(node, (cst.List, cst.Tuple)):
-                parts = [element.value for element in node.elements]
-            if any(part is not node and self._iterable_or_sharded(part, node, depth + 1, seen) for part in parts):
-                return True
-        return False
-
-    def _iterable_call(self, call: cst.Call) -> bool:
-        """A call that builds an iterable dataset or keeps one rank's part of one."""
-        facts = self.facts
-        names = facts.qualified_names(call.func) | {get_full_name_for_node(call.func) or ""}
-        last = {name.rsplit(".", 1)[-1] for name in names}
-        if not last.isdisjoint(SHARDING_CALLS) or facts.is_instance_of(call, ITERABLE_CLASSES):
-            return True
-        if any(name.startswith(SELF_SHARDING_MODULES) for name in names):
-            return True
-        if any(part in name for name in last for part in ITERABLE_NAME_PARTS):
-            return True
-        if facts.callee_is(call, LOAD_DATASET):
-            streaming = argument_of(call, "streaming", None)
-            if streaming is not None and not (isinstance(streaming, cst.Name) and streaming.value == "False"):
-                return True
-        for cls in facts.classes:
-            # a local iterable dataset, or one that reads the rank to pick its part
-            if (
-                cls.name.value in last
-                and facts.enclosing_class(cls) is None
-                and (facts.derives_from(cls, _iterable_name) or self._mentions_rank(cls))
-            ):
-                return True
-        return False
-
-    def _mentions_rank(self, node: cst.CSTNode) -> bool:
-        """The expression (or class) reads a process's rank to choose data, not a device."""
-        facts = self.facts
-        for name in facts.within(node, cst.Name):
-            if name.value in RANK_NAMES and not self._device_use(name, node):
-                return True
-        for call in facts.within(node, cst.Call):
-            if facts.method_name(call) in RANK_GETTERS and not self._device_use(call, node):
-                return True
-        for string in facts.within(node, cst.SimpleString):
-            if string.value.strip("\"'") in {"RANK", "LOCAL_RANK"} and not self._device_use(string, node):
-                return True
-        return False
-
-    def _device_use(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
-        """``node`` sits in a device choice (``.to(rank)``, ``.cuda(rank)``, ``device=...``, ``torch.device``)."""
-        facts = self.facts
-        for ancestor in facts.ancestors(node):
-            if isinstance(ancestor, cst.Arg) and ancestor.keyword is not None and "device" in ancestor.keyword.value:
-                return True
-            if isinstance(ancestor, cst.Call) and facts.method_name(ancestor) in DEVICE_METHODS:
-                return True
-            if ancestor is container:
-                break
-        return False
-
-    # -- is the loader part of the distributed job? ------------------------------------------------
-
-    def _related(self, loop: Loop, wrapper: cst.Call) -> bool:
-        """The wrapped model and the loop share code: the same function or class, module-level code, or a
-        function of this file whose calls reach both."""
-        first, second = self._unit(loop), self._unit(wrapper)
-        if first is None or second is None or first is second:
-            return True
-        roots = [f for functions in self.facts.functions.values() for f in functions]
-        return any({id(first), id(second)} <= self._reached(root) for root in roots) or {
-            id(first),
-            id(second),
-        } <= self._reached(None)
-
-    def _unit(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        """The class or function ``node`` belongs to (a function belongs to itself, a method to its class)."""
-        facts = self.facts
-        cls = facts.enclosing_class(node)
-        if cls is not None:
-            return cls
-        return node if isinstance(node, cst.FunctionDef) else facts.enclosing_function(node)
-
-    def _reached(self, root: cst.FunctionDef | None) -> set[int]:
-        """The functions and classes (ids) the calls of ``root`` reach (module-level code when None)."""
-        key = id(root)
-        if key not in self._reach:
-            facts = self.facts
-            if root is None:
-                calls = [c for c in facts.calls if self._unit(c) is None]
-                units: set[int] = set()
-            else:
-                calls = facts.reachable_calls(root)
-                units = {id(self._unit(root))}
-            pending = list(calls)
-            seen: set[int] = set()
-            while pending:
-                call = pending.pop()
-                for function in facts.local_functions(call):
-                    if id(function) not in seen:
-                        seen.add(id(function))
-                        units.add(id(self._unit(function)))
-                        pending.extend(facts.reachable_calls(function))
-            self._reach[key] = units
-        return self._reach[key]
+        return split_by_rank(facts, argument_of(loader, "dataset", 0), loader)
 
     # -- the report and its fix -----------------------------------------------------------------
 
@@ -680,7 +463,7 @@ for x, y in loader:
         shuffle_arg = next((a for a in loader.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
         if len(positional) > 2 or (shuffle_arg is None and argument_of(loader, "shuffle", 2) is not None):
             return None
-        sampler_name, imports = self._sampler_name()
+        sampler_name, imports = class_spelling(facts, SAMPLER_CLASSES, SAMPLER_MODULES, "torch.utils.data")
         if sampler_name is None:
             return None
         shuffle = code(shuffle_arg.value) if shuffle_arg is not None else "False"
@@ -756,40 +539,6 @@ for x, y in loader:
             )
         ]
 
-    def _sampler_name(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-        """How this file names ``DistributedSampler`` at module level, or the import the fix must add."""
-        facts = self.facts
-        for statement in facts.index.nodes(cst.ImportFrom):
-            if facts.enclosing_function(statement) is not None or facts.enclosing_class(statement) is not None:
-                continue
-            if statement.module is None or isinstance(statement.names, cst.ImportStar):
-                continue
-            module = get_full_name_for_node(statement.module)
-            for alias in statement.names:
-                if f"{module}.{get_full_name_for_node(alias.name)}" in SAMPLER_CLASSES:
-                    local = alias.asname.name if alias.asname is not None else alias.name
-                    return get_full_name_for_node(local), ()
-        for statement in facts.index.nodes(cst.Import):  # `import torch.utils.data as tud`
-            if facts.enclosing_function(statement) is not None or facts.enclosing_class(statement) is not None:
-                continue
-            for alias in statement.names:
-                module = get_full_name_for_node(alias.name)
-                if module in SAMPLER_MODULES:
-                    local = get_full_name_for_node(alias.asname.name) if alias.asname is not None else module
-                    return f"{local}.DistributedSampler", ()
-        for attribute in facts.index.nodes(cst.Attribute):  # `torch.utils.data.distributed.DistributedSampler`
-            if attribute.attr.value == "DistributedSampler" and not SAMPLER_CLASSES.isdisjoint(
-                facts.qualified_names(attribute)
-            ):
-                root = get_full_name_for_node(attribute).split(".", 1)[0]
-                if self.context.names.module_bindings(root):
-                    return self.context.module.code_for_node(attribute), ()
-        if self.context.names.module_bindings("DistributedSampler") or any(
-            n.value == "DistributedSampler" and facts.is_variable(n) for n in facts.index.nodes(cst.Name)
-        ):
-            return None, ()
-        return "DistributedSampler", (("torch.utils.data", "DistributedSampler"),)
-
     def _epochs(self, loader: cst.Call, loop: Loop, expr: cst.BaseExpression) -> list[tuple[Loop, cst.BaseExpression]]:
         """The epoch loops around a training loop that do not already tell a sampler the epoch."""
         facts = self.facts
@@ -837,7 +586,3 @@ def _is_sampler_class(qualified: str) -> bool:
     """torch's samplers (``DistributedSampler``, ``RandomSampler``...), and subclasses named like them."""
     module, _, name = qualified.rpartition(".")
     return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))
-
-
-def _iterable_name(qualified: str) -> bool:
-    return any(part in qualified.rsplit(".", 1)[-1] for part in ITERABLE_NAME_PARTS)

@@ -1,6 +1,7 @@
 """LD301 fsdp1-only-option: an FSDP1-only option where FSDP2 is in force, in any of the four spellings.
 
-The knowledge of which option does what under FSDP2 (verified in accelerate 1.15's
+What each place sets (plugin keyword, YAML key, flag, variable) is ``lintdist.fsdp``'s answer; the
+knowledge of which option does what under FSDP2 (verified in accelerate 1.15's
 ``FullyShardedDataParallelPlugin.__post_init__``, ``prepare_multi_gpu_env`` and
 ``convert_config_to_fsdp2``) lives here as small pure functions; LD302 reuses them
 for its conversion, so the two rules can never disagree about a converted file.
@@ -16,51 +17,34 @@ import libcst as cst
 
 from lintdist.edits import with_arg_changes
 from lintdist.facts import PythonFacts, argument_of
+from lintdist.fsdp import (
+    FSDP1_CPU_OFFLOAD,
+    FSDP1_MIXED_PRECISION,
+    FSDP1_OPTION_CLASSES,
+    FSDP2_ACCELERATE,
+    PLUGIN_CLASSES,
+    config_options,
+    config_version,
+    fsdp_config_settings,
+    fsdp_section,
+    is_local_state_dict,
+    launch_settings,
+    plugin_version,
+    strategy_name,
+)
 from lintdist.launch import (
-    LaunchSettings,
     Setting,
     accelerate_runs_fsdp,
-    command_settings,
-    config_settings,
     edit_setting,
     flag_spelling,
-    launched_version,
     launcher_owns_env,
     linked_config,
-    nothing_launched,
     setting_span,
 )
 from lintdist.model import Applicability, Fix, Severity, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.sources import (
-    ConfigDocument,
-    LaunchCommand,
-    LaunchFile,
-)
+from lintdist.values import enum_member, known_value, parses_as_bool, python_value, shell_expansion
 
-PLUGIN_CLASSES = frozenset(
-    {
-        "accelerate.FullyShardedDataParallelPlugin",
-        "accelerate.utils.FullyShardedDataParallelPlugin",
-        "accelerate.utils.dataclasses.FullyShardedDataParallelPlugin",
-    }
-)
-FSDP1_MIXED_PRECISION = frozenset(
-    {
-        "torch.distributed.fsdp.MixedPrecision",
-        "torch.distributed.fsdp.api.MixedPrecision",
-        "torch.distributed.fsdp.fully_sharded_data_parallel.MixedPrecision",
-    }
-)
-FSDP1_CPU_OFFLOAD = frozenset(
-    {
-        "torch.distributed.fsdp.CPUOffload",
-        "torch.distributed.fsdp.api.CPUOffload",
-        "torch.distributed.fsdp.fully_sharded_data_parallel.CPUOffload",
-    }
-)
-# accelerate numbers the strategies from 1 in this order (accelerate.utils.constants.FSDP_SHARDING_STRATEGY).
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 # The FSDP2 equivalent of each strategy, as `accelerate to-fsdp2` maps it.
 RESHARD_FOR = {
     "FULL_SHARD": True,
@@ -69,11 +53,6 @@ RESHARD_FOR = {
     "HYBRID_SHARD": True,
     "HYBRID_SHARD_ZERO2": False,
 }
-# The first accelerate with FSDP2 (`fsdp_version` appears in `utils/dataclasses.py` at v1.6.0).
-FSDP2_ACCELERATE = ">=1.6.0"
-# What accelerate's str_to_bool accepts.
-BOOL_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
-
 # Launch-side options (normalised to the flag name) that FSDP2 ignores, and why.
 IGNORED_LAUNCH_OPTIONS = {
     "fsdp_use_orig_params": "FSDP2 always trains the original parameters",
@@ -82,42 +61,6 @@ IGNORED_LAUNCH_OPTIONS = {
     "fsdp_backward_prefetch": "accelerate resets it to None under FSDP2, which prefetches on its own",
     "fsdp_forward_prefetch": "accelerate has no forward prefetch for FSDP2",
 }
-
-
-# -- values ---------------------------------------------------------------------------------
-
-
-def strategy_name(value: object) -> str | None:
-    """``SHARD_GRAD_OP`` for "shard_grad_op", 2 or "2"; None for anything that is not a sharding strategy."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return STRATEGIES[value - 1] if 1 <= value <= len(STRATEGIES) else None
-    if isinstance(value, str):
-        text = value.strip().upper()
-        if text.isdigit():
-            return strategy_name(int(text))
-        return text if text in RESHARD_FOR else None
-    return None
-
-
-def parses_as_bool(value: object) -> bool:
-    return isinstance(value, bool) or str(value).strip().lower() in BOOL_WORDS
-
-
-def shell_expansion(value: object) -> bool:
-    """A flag or variable value the shell fills in (``$RESHARD``, ``${R:-true}``, a backquote): unknown here."""
-    return isinstance(value, str) and ("$" in value or "`" in value)
-
-
-def is_local_state_dict(value: object) -> bool:
-    text = str(value).strip().upper()
-    return text in {"LOCAL_STATE_DICT", "2"} or text.endswith(".LOCAL_STATE_DICT")
-
-
-def normalised_key(key: str) -> str:
-    """The launcher's name for an ``fsdp_config`` key: it adds the ``fsdp_`` prefix when missing."""
-    return key if key.startswith("fsdp_") else f"fsdp_{key}"
 
 
 # -- launch-side options (YAML keys, flags, environment variables) -----------------------------
@@ -225,52 +168,11 @@ def _truthy_in_launcher(options: dict[str, object]) -> bool:
     return bool(options.get("fsdp_cpu_ram_efficient_loading", "true"))
 
 
-def fsdp_section(document: ConfigDocument | None) -> dict | None:
-    """The ``fsdp_config`` mapping of an accelerate config that runs FSDP, else None.
-
-    accelerate refuses a config without ``distributed_type``, so a YAML that has ``fsdp_config``
-    but no ``distributed_type`` is some other tool's (an axolotl or Trainer config): not judged.
-    """
-    if document is None or document.flavour != "accelerate":
-        return None
-    section = document.data.get("fsdp_config")
-    backend = str(document.data.get("distributed_type", "")).upper()
-    return section if isinstance(section, dict) and backend == "FSDP" else None
-
-
-def config_options(document: ConfigDocument | None) -> dict[str, object]:
-    section = fsdp_section(document)
-    return {normalised_key(str(k)): v for k, v in section.items()} if section else {}
-
-
-def config_version(section: dict) -> object:
-    """The ``fsdp_version`` of an ``fsdp_config`` mapping (either spelling of the key), or None."""
-    for key, value in section.items():
-        if normalised_key(str(key)) == "fsdp_version":
-            return value
-    return None
-
-
 def repair(text: str, setting: Setting, problem: Problem) -> tuple[TextEdit, ...]:
     """The edits that repair one option in its own spelling; empty when there is no repair or it cannot be made."""
     if not problem.fixable:
         return ()
     return edit_setting(text, setting, remove=problem.remove, value=problem.value, rename=problem.rename)
-
-
-def fsdp_config_settings(document: ConfigDocument, path: str) -> dict[str, Setting]:
-    """The ``fsdp_config`` keys of a config as settings, by normalised name; keys merged in from an anchor
-    (``<<: *base``) are left out: other sections may share them, so they are the user's to change."""
-    return {
-        s.name: s
-        for s in config_settings(document, path)
-        if s.keys[:1] == ("fsdp_config",) and document.key_position(*s.keys) is not None
-    }
-
-
-def launch_settings(text: str, launch: LaunchFile, command: LaunchCommand | None, path: str) -> list[Setting]:
-    """The environment and flags of a launch line (the file's exports alone where it has no command)."""
-    return command_settings(command or LaunchCommand("none"), launch, text, path)
 
 
 # -- the Python plugin ------------------------------------------------------------------------
@@ -289,47 +191,6 @@ class PluginProblem:
     certain: bool = True  # False: the value could not be read (a parameter, `args.x`...)
 
 
-def known_value(facts: PythonFacts, expr: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The one expression a value comes from when lintdist can read it: a literal, a ``torch`` enum
-    member, a dict, or a call of a known class. None when it may vary or is unknown."""
-    origins = facts.origins(expr)
-    if len(origins) != 1 or origins[0].index is not None:
-        return None
-    node = origins[0].node
-    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float, cst.Dict)):
-        return node
-    if isinstance(node, cst.Name):
-        return node if node.value in {"True", "False", "None"} else None
-    if isinstance(node, cst.Attribute):
-        return node if any(n.startswith("torch.") for n in facts.qualified_names(node)) else None
-    if isinstance(node, cst.Call) and facts.callee_is(node, FSDP1_MIXED_PRECISION | FSDP1_CPU_OFFLOAD):
-        return node
-    return None
-
-
-def python_value(node: cst.BaseExpression | None) -> object:
-    """A literal's Python value (strings, numbers, booleans, None); other nodes give themselves."""
-    if isinstance(node, cst.Name) and node.value in {"True", "False", "None"}:
-        return {"True": True, "False": False, "None": None}[node.value]
-    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
-        value = node.evaluated_value
-        return value.decode() if isinstance(value, bytes) else value
-    if isinstance(node, cst.Integer):
-        return node.evaluated_value
-    return node
-
-
-def enum_member(facts: PythonFacts, node: object, enum: str) -> str | None:
-    """``SHARD_GRAD_OP`` for ``ShardingStrategy.SHARD_GRAD_OP`` (any import style) when ``enum`` matches."""
-    if not isinstance(node, cst.Attribute):
-        return None
-    for name in facts.qualified_names(node):
-        owner, _, member = name.rpartition(".")
-        if name.startswith("torch.") and owner.rsplit(".", 1)[-1] == enum:
-            return member
-    return None
-
-
 def bool_arg(arg: cst.Arg, name: str, value: bool) -> cst.Arg:
     return arg.with_changes(keyword=cst.Name(name), value=cst.Name(str(value)))
 
@@ -337,7 +198,7 @@ def bool_arg(arg: cst.Arg, name: str, value: bool) -> cst.Arg:
 def judge_plugin(facts: PythonFacts, call: cst.Call) -> list[PluginProblem]:
     """The keywords of a ``FullyShardedDataParallelPlugin(...)`` call that are wrong under FSDP2."""
     keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
-    values = {name: known_value(facts, arg.value) for name, arg in keywords.items()}
+    values = {name: known_value(facts, arg.value, FSDP1_OPTION_CLASSES) for name, arg in keywords.items()}
     problems = []
     for name, arg in keywords.items():
         node = values[name]
@@ -449,31 +310,6 @@ def _offload_flag(call: cst.Call) -> bool | None:
         return False
     value = python_value(argument_of(call, "offload_params", 0))
     return value if isinstance(value, bool) and len(call.args) == 1 else None
-
-
-def plugin_version(
-    facts: PythonFacts, call: cst.Call, settings: LaunchSettings | None, source: str
-) -> tuple[int | None, Setting | None]:
-    """The FSDP version a plugin call runs: its ``fsdp_version`` keyword, else what the launcher exports.
-
-    ``source`` is the script's text. Returns (version, the launch setting it came from).
-    None: lintdist cannot tell.
-    """
-    arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "fsdp_version"), None)
-    if arg is None and call.args and call.args[0].keyword is None and not call.args[0].star:
-        arg = call.args[0]  # fsdp_version is the first field
-    if arg is not None:
-        value = python_value(known_value(facts, arg.value))
-        return (value if value in {1, 2} else None), None
-    if any(a.star for a in call.args) or "FSDP_VERSION" in source:
-        # `*args`/`**kwargs` may carry the version, and a script that names the variable
-        # (`os.environ["FSDP_VERSION"] = "2"`) may set it before the plugin reads it
-        return None, None
-    setting = launched_version(settings)
-    if setting is None:
-        return (1, None) if nothing_launched(settings) else (None, None)
-    version = str(setting.value).strip()
-    return (int(version) if version in {"1", "2"} else None), setting
 
 
 # -- the rule ---------------------------------------------------------------------------------------
@@ -704,19 +540,12 @@ torchrun --nproc_per_node 2 train.py
     )
 
     def finish(self) -> None:
-        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is False:
-            return  # the project's accelerate predates FSDP2: `fsdp_version` means nothing to it
-        kind = self.context.kind
-        if kind == "python":
-            self._check_python()
-        elif kind == "config":
-            self._check_config()
-        elif kind == "launch" and self.context.launch is not None:
-            self._check_launch()
+        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is not False:  # else `fsdp_version` means nothing
+            super().finish()
 
     # -- Python -----------------------------------------------------------------------------------
 
-    def _check_python(self) -> None:
+    def check_python(self) -> None:
         facts = self.facts
         for call in facts.calls:
             if not facts.callee_is(call, PLUGIN_CLASSES):
@@ -739,8 +568,7 @@ torchrun --nproc_per_node 2 train.py
 
     # -- accelerate config ------------------------------------------------------------------------
 
-    def _check_config(self) -> None:
-        document = self.context.config
+    def check_config(self, document) -> None:
         section = fsdp_section(document)
         if section is None or str(config_version(section)).strip() != "2":
             return
@@ -749,8 +577,7 @@ torchrun --nproc_per_node 2 train.py
 
     # -- launch files -----------------------------------------------------------------------------
 
-    def _check_launch(self) -> None:
-        launch = self.context.launch
+    def check_launch(self, launch) -> None:
         reported: set[int] = set()
         for command in launch.commands or [None]:
             document, config_name = (None, "") if command is None else linked_config(command, self.context.path)

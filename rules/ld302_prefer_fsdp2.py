@@ -10,6 +10,18 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.edits import with_arg_changes, with_keyword
+from lintdist.fsdp import (
+    FSDP1_OPTION_CLASSES,
+    FSDP2_ACCELERATE,
+    PLUGIN_CLASSES,
+    config_options,
+    config_version,
+    fsdp_config_settings,
+    fsdp_section,
+    plugin_version,
+    runs_fsdp,
+    section_options,
+)
 from lintdist.launch import (
     Setting,
     accelerate_runs_fsdp,
@@ -21,21 +33,9 @@ from lintdist.launch import (
 )
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld301_fsdp1_only_option import (
-    FSDP2_ACCELERATE,
-    PLUGIN_CLASSES,
-    config_options,
-    config_version,
-    fsdp_config_settings,
-    fsdp_section,
-    judge_launch_options,
-    judge_plugin,
-    known_value,
-    normalised_key,
-    plugin_version,
-    repair,
-)
+from lintdist.rules.ld301_fsdp1_only_option import judge_launch_options, judge_plugin, repair
 from lintdist.sources import LaunchCommand
+from lintdist.values import known_value
 
 RAW_FSDP = frozenset(
     {
@@ -212,21 +212,17 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
     )
 
     def finish(self) -> None:
-        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is False:
-            return  # the project's accelerate predates FSDP2: `fsdp_version` means nothing to it
-        kind = self.context.kind
-        if kind == "python":
-            self._check_python()
-        elif kind == "config":
-            self._check_config()
-        elif kind == "launch" and self.context.launch is not None:
-            for command in self.context.launch.commands:
-                if command.launcher == "accelerate":
-                    self._check_command(command)
+        if self.versions.allows("accelerate", FSDP2_ACCELERATE) is not False:  # else `fsdp_version` means nothing
+            super().finish()
+
+    def check_launch(self, launch) -> None:
+        for command in launch.commands:
+            if command.launcher == "accelerate":
+                self._check_command(command)
 
     # -- Python -----------------------------------------------------------------------------------
 
-    def _check_python(self) -> None:
+    def check_python(self) -> None:
         facts = self.facts
         for call in facts.calls:
             if facts.callee_is(call, RAW_FSDP):
@@ -269,15 +265,14 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         if arg.keyword is None or arg.keyword.value not in UNREADABLE_BLOCKS_FIX:
             return False
         value = arg.value
-        return known_value(self.facts, value) is None and not (isinstance(value, cst.Name) and value.value == "None")
+        return known_value(self.facts, value, FSDP1_OPTION_CLASSES) is None and not (
+            isinstance(value, cst.Name) and value.value == "None"
+        )
 
     # -- accelerate config ------------------------------------------------------------------------
 
-    def _check_config(self) -> None:
-        document = self.context.config
-        if document is None or document.flavour != "accelerate":
-            return
-        if str(document.data.get("distributed_type", "")).upper() != "FSDP":
+    def check_config(self, document) -> None:
+        if not runs_fsdp(document):
             return
         text = self.context.text
         section = fsdp_section(document)
@@ -308,7 +303,7 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
     def _config_fix(self, section: dict | None, settings: dict[str, Setting]) -> Fix | None:
         document, text = self.context.config, self.context.text
         # every key joins the judgement; one merged in from an anchor has no setting here, so no repair
-        options = {normalised_key(str(k)): v for k, v in (section or {}).items()}
+        options = section_options(section)
         edits: list[TextEdit] = []
         for problem in judge_launch_options(options, lambda n: settings[n].raw if n in settings else n, yaml=True):
             edit = repair(text, settings[problem.name], problem) if problem.name in settings else ()

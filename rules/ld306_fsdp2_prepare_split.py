@@ -17,10 +17,10 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, DATALOADER_CLASSES, argument_of
+from lintdist.fsdp import PLUGIN_CLASSES, plugin_version
 from lintdist.launch import launched_version
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-from lintdist.rules.ld301_fsdp1_only_option import PLUGIN_CLASSES, plugin_version
 
 MAX_DEPTH = 4
 # What `prepare` receives besides models and optimizers.

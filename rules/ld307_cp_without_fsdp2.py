@@ -18,6 +18,7 @@ from dataclasses import replace
 import libcst as cst
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.fsdp import PLUGIN_CLASSES, plugin_version
 from lintdist.launch import (
     LaunchSettings,
     Setting,
@@ -34,7 +35,7 @@ from lintdist.launch import (
 from lintdist.model import Severity
 from lintdist.parallelism import PARALLELISM_CONFIGS, SIZE_POSITIONS
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld301_fsdp1_only_option import PLUGIN_CLASSES, known_value, plugin_version, python_value
+from lintdist.values import known_value, python_value
 
 CP_POSITION = SIZE_POSITIONS["cp"]
 CP_SETTING = "parallelism_config_cp_size"
@@ -230,18 +231,9 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
         ),
     )
 
-    def finish(self) -> None:
-        kind = self.context.kind
-        if kind == "python":
-            self._check_python()
-        elif kind == "config" and self.context.config is not None:
-            self._check_config()
-        elif kind == "launch" and self.context.launch is not None:
-            self._check_launch()
-
     # -- Python ---------------------------------------------------------------------------------
 
-    def _check_python(self) -> None:
+    def check_python(self) -> None:
         facts = self.facts
         settings = _launched(self.context.settings)
         for call in facts.calls:
@@ -313,8 +305,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
     # -- accelerate config ----------------------------------------------------------------------
 
-    def _check_config(self) -> None:
-        document = self.context.config
+    def check_config(self, document) -> None:
         if document.flavour != "accelerate":
             return
         settings = LaunchSettings()
@@ -329,8 +320,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
     # -- launch files ---------------------------------------------------------------------------
 
-    def _check_launch(self) -> None:
-        launch = self.context.launch
+    def check_launch(self, launch) -> None:
         for command in launch.commands:
             if command.launcher != "accelerate":
                 continue

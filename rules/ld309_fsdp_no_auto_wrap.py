@@ -33,6 +33,15 @@ from pathlib import Path
 import libcst as cst
 
 from lintdist.facts import argument_of
+from lintdist.fsdp import (
+    PLUGIN_CLASSES,
+    config_version,
+    fsdp_section,
+    normalised_key,
+    plugin_version,
+    runs_fsdp,
+    section_options,
+)
 from lintdist.launch import (
     LaunchSettings,
     Setting,
@@ -43,15 +52,8 @@ from lintdist.launch import (
 )
 from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld301_fsdp1_only_option import (
-    PLUGIN_CLASSES,
-    config_version,
-    fsdp_section,
-    normalised_key,
-    plugin_version,
-    python_value,
-)
 from lintdist.sources import LaunchCommand, SourceError, line_col, read_source, shell_tokens
+from lintdist.values import python_value
 
 POLICIES = frozenset({"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"})
 LAUNCHER_MIN_NUM_PARAMS = int(1e8)  # `accelerate launch --fsdp_min_num_params` default, always exported
@@ -322,18 +324,9 @@ num_processes: 8
         ),
     )
 
-    def finish(self) -> None:
-        kind = self.context.kind
-        if kind == "python":
-            self._check_python()
-        elif kind == "config":
-            self._check_config()
-        elif kind == "launch" and self.context.launch is not None:
-            self._check_launch()
-
     # -- Python -----------------------------------------------------------------------------------
 
-    def _check_python(self) -> None:
+    def check_python(self) -> None:
         facts = self.facts
         backend = self.context.settings.distributed_type if self.context.settings is not None else None
         if backend is not None and str(backend.value).upper() == "DEEPSPEED":
@@ -392,14 +385,11 @@ num_processes: 8
 
     # -- accelerate config ------------------------------------------------------------------------
 
-    def _check_config(self) -> None:
-        document = self.context.config
-        if document is None or document.flavour != "accelerate":
-            return
-        if str(document.data.get("distributed_type", "")).upper() != "FSDP":
+    def check_config(self, document) -> None:
+        if not runs_fsdp(document):
             return
         section = fsdp_section(document)
-        options = {normalised_key(str(k)): v for k, v in section.items()} if section else {}
+        options = section_options(section)
         wrapping = _options_wrapping(options, launcher_default=True, version=config_version(section or {}))
         found = judge(
             wrapping,
@@ -414,8 +404,7 @@ num_processes: 8
 
     # -- launch files -----------------------------------------------------------------------------
 
-    def _check_launch(self) -> None:
-        launch = self.context.launch
+    def check_launch(self, launch) -> None:
         reported: set[Span] = set()
         for command in launch.commands:
             env = {name: (value, token) for name, value, token in [*launch.exports, *command.env]}
@@ -433,7 +422,7 @@ num_processes: 8
                     {"fsdp_auto_wrap_policy": env["FSDP_AUTO_WRAP_POLICY"][0]} if "FSDP_AUTO_WRAP_POLICY" in env else {}
                 )
                 section = fsdp_section(document)
-                options.update({normalised_key(str(k)): v for k, v in (section or {}).items()})
+                options.update(section_options(section))
                 options.update({f.name: f.value for f in command.flags if f.name.startswith("fsdp_")})
                 wrapping = _options_wrapping(options, launcher_default=True, version=options.get("fsdp_version"))
                 span = self._span(flag.token.start, flag.token.end)

@@ -1,0 +1,50 @@
+"""How a script names a class a fix adds (``lintdist.spelling.class_spelling``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import SAMPLER_CLASSES, PythonFacts
+from lintdist.names import NameResolver
+from lintdist.spelling import class_spelling, unused_name
+from lintdist.syntax import SyntaxIndex
+
+MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
+
+
+def _spelling(code: str):
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return class_spelling(PythonFacts(index, NameResolver(index)), SAMPLER_CLASSES, MODULES, "torch.utils.data")
+
+
+def test_an_import_of_the_class_keeps_its_alias():
+    assert _spelling("from torch.utils.data.distributed import DistributedSampler as DS\n") == ("DS", ())
+
+
+def test_an_import_of_its_module():
+    assert _spelling("import torch.utils.data as tud\n") == ("tud.DistributedSampler", ())
+
+
+def test_a_dotted_use_already_there():
+    code = "import torch\ns = torch.utils.data.distributed.DistributedSampler(ds)\n"
+    assert _spelling(code) == ("torch.utils.data.distributed.DistributedSampler", ())
+
+
+def test_imports_inside_functions_do_not_count():
+    code = "def f():\n    from torch.utils.data import DistributedSampler\n"
+    assert _spelling(code) == (None, ())  # the bare name is a variable of the script's there
+
+
+def test_a_new_import_unless_the_name_is_taken():
+    assert _spelling("import os\n") == ("DistributedSampler", (("torch.utils.data", "DistributedSampler"),))
+    assert _spelling("DistributedSampler = make_sampler\n") == (None, ())
+
+
+def test_unused_name_in_a_scope():
+    index = SyntaxIndex(cst.parse_module("def f():\n    token_windows = 1\n"))
+    facts = PythonFacts(index, NameResolver(index))
+    function = index.nodes(cst.FunctionDef)[0]
+    assert unused_name(facts, function, ("token_windows", "loss_windows")) == "loss_windows"
+    assert unused_name(facts, function, ("token_windows",)) is None
