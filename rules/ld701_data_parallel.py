@@ -7,6 +7,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.branches import never_runs
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
@@ -179,6 +180,8 @@ out = data_parallel(net, batch, device_ids=[0, 1])
         for call in facts.calls:
             if not _may_be_class(call):
                 continue
+            if never_runs(facts, call) is not None:
+                continue  # `num_gpus = 1` ... `if num_gpus > 1: nn.DataParallel(...)`: a branch that never runs
             if facts.callee_is(call, DATA_PARALLEL_FUNCTIONS):
                 self.report(call, _message("`torch.nn.parallel.data_parallel(...)`"))
             elif facts.callee_is(call, DATA_PARALLEL) or _last(call) in subclasses:
