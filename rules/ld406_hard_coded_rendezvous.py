@@ -235,7 +235,28 @@ local_rank = int(os.environ["LOCAL_RANK"])
         evidence = self._launched()
         if evidence is None:
             return
+        launcher = self.launch.launcher
+        # not `deepspeed`: its workers host their own store at the port, so one written value reaches them all
+        launched = (
+            self.launch.rendezvous is not None
+            and self.launch.rendezvous.value is True
+            and launcher is not None
+            and launcher.value in {"torchrun", "accelerate"}
+        )
         for node, what in found:
+            if launched and "MASTER_PORT" in what:
+                # torch 2.13 `rendezvous._create_c10d_store`: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, the
+                # default of its static and c10d rendezvous) every worker is a client of the agent's store
+                self.report(
+                    node,
+                    f"{what} overwrites the port of the rendezvous that {self.launch.launcher.where()} starts: under "
+                    "torchrun (and `accelerate launch`, which runs it) every worker connects as a client to the store "
+                    "the launcher hosts at `MASTER_ADDR:MASTER_PORT`, so a port written here points the workers "
+                    "where nothing listens and `init_process_group` times out (unless it happens to equal the "
+                    "launcher's port); use `os.environ.setdefault(...)` for a fallback, or leave it to the launcher",
+                    severity=Severity.ERROR,
+                )
+                continue
             self.report(
                 node,
                 f"{what} overwrites the rendezvous the launcher provides ({evidence}): torchrun and `accelerate "

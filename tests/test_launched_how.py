@@ -78,7 +78,9 @@ def test_the_rendezvous_finding_names_the_launch_line_when_the_code_does_not_say
     result = lintdist("check", "--no-cache", "--output-format", "json", str(tmp_path / "train.py"))
     [finding] = json.loads(result.output)
     assert finding["code"] == "LD406"
-    assert "`torchrun` at " in finding["message"] and "job.sh:2 starts it" in finding["message"]
+    assert "`torchrun` at " in finding["message"] and "job.sh:2 starts" in finding["message"]
+    # a port written under torchrun points the workers away from the store the launcher hosts: an error
+    assert finding["severity"] == "error" and "where nothing listens" in finding["message"]
 
 
 def _script_launch(text: str):
