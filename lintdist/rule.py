@@ -66,6 +66,9 @@ class Rule:
     triggers: ClassVar[tuple[Trigger, ...]] = ()
     python_triggers: ClassVar[tuple[Trigger, ...] | None] = None
     also_triggers: ClassVar[tuple[tuple[Trigger, ...], ...]] = ()
+    # The harm needs several processes (work repeated on every rank, a rank left out of a collective): the
+    # engine runs no such rule on a Python file whose launch surely runs one process (`TrainingLoop.surely_single`)
+    needs_several_processes: ClassVar[bool] = False
     VALID: ClassVar[tuple[Valid, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
 

@@ -126,6 +126,7 @@ class DdpLoaderWithoutDistributedSampler(Rule):
     code = "LD203"
     name = "ddp-loader-without-distributed-sampler"
     severity = Severity.ERROR
+    needs_several_processes = True
     fix_kind = "unsafe"
     # the loader, or a loader made in another module of the project (`from data import build_loader`)
     triggers = ("DataLoader", Pattern(("loader",), IMPORTED_LOADER))

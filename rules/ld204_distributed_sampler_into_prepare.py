@@ -103,6 +103,7 @@ class DistributedSamplerIntoPrepare(Rule):
     code = "LD204"
     name = "distributed-sampler-into-prepare"
     severity = Severity.ERROR
+    needs_several_processes = True
     fix_kind = "safe"
     # the sampler, or a loader made in another module of the project with one (`from data import build_loader`)
     triggers = ("Sampler", Pattern(("loader",), IMPORTED_LOADER))

@@ -133,6 +133,7 @@ class ReadAfterWriteWithoutBarrier(Rule):
     code = "LD403"
     name = "read-after-write-without-barrier"
     severity = Severity.ERROR
+    needs_several_processes = True
     fix_kind = "safe"
     # a read call, a write call, and something that writes on the main process only (a rank guard, a main-process
     # flag, or accelerate's own main-only writes: `accelerator.save`, `accelerator.save_state`...)

@@ -104,6 +104,7 @@ class GatherForMetrics(Rule):
     code = "LD404"
     name = "gather-for-metrics"
     severity = Severity.WARNING
+    needs_several_processes = True
     fix_kind = "safe"
     # one argument, not torch's `torch.gather(t, ...)` nor `x.gather(dim, index)` (`gather(1, idx)`, `gather(dim=...)`)
     triggers = (

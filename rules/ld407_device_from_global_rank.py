@@ -126,6 +126,7 @@ class DeviceFromGlobalRank(Rule):
     code = "LD407"
     name = "device-from-global-rank"
     severity = Severity.WARNING
+    needs_several_processes = True
     fix_kind = "unsafe"
     # a global rank read next to a device choice, or an NCCL group with a device given by no index
     triggers = (

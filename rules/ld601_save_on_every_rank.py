@@ -246,6 +246,7 @@ class SaveOnEveryRank(Rule):
     code = "LD601"
     name = "save-on-every-rank"
     severity = Severity.WARNING
+    needs_several_processes = True
     fix_kind = "safe"
     # `torch.save(`/`save(` from torch, `.save_pretrained(`: both need a distributed marker too
     triggers = (Pattern(("save(", "save_pretrained("), None),)
@@ -379,7 +380,7 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
     def finish(self) -> None:
         facts = self.facts
         loop = self.loop
-        if loop.surely_single or (not loop.distributed and facts.project is None):
+        if not loop.distributed and facts.project is None:
             return  # a module that sets up no processes is checked for the runs its callers elsewhere set up
         for call in facts.calls:
             if facts.callee_is(call, TORCH_SAVES):
