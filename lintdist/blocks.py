@@ -3,7 +3,7 @@ block around a run, and the constructions of a class that run a node in its cons
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -49,12 +49,12 @@ def statement_run(
     return body[start : end + 1]
 
 
-def with_block(run: list[cst.SimpleStatementLine], item: str) -> tuple[Replacement, ...]:
-    """The replacements that put the consecutive statements ``run`` in one ``with <item>:`` block, keeping the first
-    statement's leading comments and blank lines before the block."""
+def with_block(run: Sequence[cst.BaseStatement], item: str | cst.BaseExpression) -> tuple[Replacement, ...]:
+    """The replacements that put the consecutive statements ``run`` of one block in one ``with <item>:`` block,
+    keeping the first statement's leading comments and blank lines before the block."""
     first = run[0]
     block = cst.With(
-        items=[cst.WithItem(cst.parse_expression(item))],
+        items=[cst.WithItem(cst.parse_expression(item) if isinstance(item, str) else item)],
         body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *run[1:]]),
         leading_lines=first.leading_lines,
     )

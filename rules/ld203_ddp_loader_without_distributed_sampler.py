@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.datasets import LOAD_DATASET
 from lintdist.facts import (
     DATALOADER_CLASSES,
     RANK_GETTERS,
@@ -38,7 +39,6 @@ ITERABLE_NAME_PARTS = ("Iterable", "IterDataPipe", "Stream", "WebDataset")
 # Calls and methods that make a dataset iterable or keep one rank's part of it.
 SHARDING_CALLS = frozenset({"split_dataset_by_node", "to_iterable_dataset", "shard", "IterableDatasetShard"})
 SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
-LOAD_DATASET = frozenset({"datasets.load_dataset", "datasets.load.load_dataset"})
 # Where a rank only chooses the device, not the data: `.to(rank)`, `.cuda(local_rank)`, `device=...`.
 DEVICE_METHODS = frozenset({"to", "cuda", "device", "set_device"})
 # Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
