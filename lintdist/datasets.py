@@ -57,27 +57,39 @@ def is_load_dataset(facts: PythonFacts, call: cst.Call) -> bool:
     )
 
 
-def loaded_dataset(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> bool:
-    """Whether ``expr`` holds a dataset read with ``load_dataset`` (not streamed) or derived from one by its methods
-    or a subscript, followed through names, attributes, helpers' returns and parameters."""
+def dataset_sources(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> list[cst.Call]:
+    """The ``load_dataset(...)`` calls a dataset expression derives from: itself, through dataset methods
+    (``raw.map(...).with_format(...)``), subscripts (``splits["train"]``), names, attributes, helpers' returns and
+    parameters."""
     if depth > MAX_DEPTH:
-        return False
+        return []
     # a subscript or a method chain descends into a smaller expression and cannot cycle: only following a name's
     # origins spends depth (`splits["train"].filter(...)` of `splits = raw.map(...).with_format(...)`)
     if isinstance(expr, cst.Subscript):
-        return loaded_dataset(facts, expr.value, at, depth)
+        return dataset_sources(facts, expr.value, at, depth)
     if isinstance(expr, cst.Call):
         if is_load_dataset(facts, expr):
-            return not m.matches(argument_of(expr, "streaming", None), TRUE)
+            return [expr]
         if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in DATASET_METHODS:
-            return loaded_dataset(facts, expr.func.value, expr, depth)
-    if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
-        return any(
-            o.node is not expr and loaded_dataset(facts, o.node, o.node, depth + 1)
-            for o in facts.origins(expr, at)
-            if isinstance(o.node, cst.BaseExpression)
-        )
-    return False
+            return dataset_sources(facts, expr.func.value, expr, depth)
+    if not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
+        return []
+    return [
+        source
+        for o in facts.origins(expr, at)
+        if o.node is not expr and isinstance(o.node, cst.BaseExpression)
+        for source in dataset_sources(facts, o.node, o.node, depth + 1)
+    ]
+
+
+def loaded_dataset(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """Whether ``expr`` holds a dataset read with ``load_dataset`` and not streamed (or derived from one)."""
+    return any(not streamed(source) for source in dataset_sources(facts, expr, at))
+
+
+def streamed(call: cst.Call) -> bool:
+    """Whether a ``load_dataset(...)`` call streams (``streaming=True``): it writes no cache."""
+    return m.matches(argument_of(call, "streaming", None), TRUE)
 
 
 def holds_url(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
@@ -138,7 +150,7 @@ def shared_preparation(facts: PythonFacts, call: cst.Call) -> str | None:
     ``load_from_cache_file=False``."""
     if is_load_dataset(facts, call):
         # no path: a local module that shadows `datasets` (the real function requires one)
-        if argument_of(call, "path", 0) is None or m.matches(argument_of(call, "streaming", None), TRUE):
+        if argument_of(call, "path", 0) is None or streamed(call):
             return None
         if reads_local_files(facts, call) or names_rank(facts, argument_of(call, "cache_dir", None)):
             return None
