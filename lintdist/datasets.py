@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import MAX_DEPTH, RANK_GETTERS, RANK_NAMES, argument_of
@@ -35,8 +34,6 @@ REMOTE_PREFIXES = ("http://", "https://", "hf://", "s3://", "gs://")
 # Cache folders on a remote filesystem, where datasets 5.2 takes no file lock (`builder.py`: `FileLock` only when local).
 REMOTE_CACHES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")
 LOCAL_PATHS = ("./", "../", "/", "~")
-TRUE = m.Name("True")
-FALSE = m.Name("False")
 
 
 def is_load_dataset(facts: PythonFacts, call: cst.Call) -> bool:
@@ -89,7 +86,7 @@ def loaded_dataset(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode
 
 def streamed(call: cst.Call) -> bool:
     """Whether a ``load_dataset(...)`` call streams (``streaming=True``): it writes no cache."""
-    return m.matches(argument_of(call, "streaming", None), TRUE)
+    return _is(argument_of(call, "streaming", None), "True")
 
 
 def holds_url(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
@@ -163,16 +160,16 @@ def shared_preparation(facts: PythonFacts, call: cst.Call) -> str | None:
         return "hub" if names & HUB_LISTINGS else "url"
     if (
         any(n.startswith(DOWNLOADING_DATASET_PACKAGES) for n in names)
-        and m.matches(argument_of(call, "download", None), TRUE)
+        and _is(argument_of(call, "download", None), "True")
         and not names_rank(facts, argument_of(call, "root", 0))
     ):
         return "torchvision"
     if (
         facts.method_name(call) in {"map", "filter"}
         and isinstance(call.func, cst.Attribute)
-        and not m.matches(argument_of(call, "keep_in_memory", None), TRUE)
+        and not _is(argument_of(call, "keep_in_memory", None), "True")
         # `load_from_cache_file=False`: every rank computes its own copy whatever the order
-        and not m.matches(argument_of(call, "load_from_cache_file", None), FALSE)
+        and not _is(argument_of(call, "load_from_cache_file", None), "False")
         and loaded_dataset(facts, call.func.value, call)
     ):
         return "map"
@@ -190,6 +187,11 @@ def string_prefix(expr: cst.BaseExpression) -> str:
     if isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
         return expr.parts[0].value
     return ""
+
+
+def _is(expr: cst.BaseExpression | None, constant: str) -> bool:
+    """``expr`` is the constant ``True``/``False``/``None`` as written."""
+    return isinstance(expr, cst.Name) and expr.value == constant
 
 
 def _element_values(expr: cst.List | cst.Tuple | cst.Set | cst.Dict) -> list[cst.BaseExpression]:
