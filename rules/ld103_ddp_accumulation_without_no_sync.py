@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.blocks import with_block
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
 from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite, integer_literal, is_accumulation_name
 from lintdist.model import Applicability, Fix, Severity
@@ -734,21 +735,12 @@ for epoch in range(epochs):
                 return None, model
         if self._other_steps(pairing) or self._reads_gradients(pairing):
             return None, model
-        statements = list(block.body[first : last + 1])
-        head = statements[0]
-        leading = head.leading_lines
-        statements[0] = head.with_changes(leading_lines=())
         item = cst.parse_expression(f"grad_sync({model}, sync=(0))")
         item = item.with_changes(args=[item.args[0], item.args[1].with_changes(value=condition)])
-        wrapped = cst.With(
-            items=[cst.WithItem(item=item)], body=cst.IndentedBlock(body=statements), leading_lines=leading
-        )
-        replacements = [(block.body[first], wrapped)]
-        replacements.extend((s, cst.RemovalSentinel.REMOVE) for s in block.body[first + 1 : last + 1])
         fix = Fix(
             Applicability.SAFE,
             f"Run the forward and backward under `grad_sync({model}, sync=...)`, syncing on the step's micro-batch",
-            replacements=tuple(replacements),
+            replacements=with_block(block.body[first : last + 1], item),
             imports=(("lintdist.runtime", "grad_sync"),),
         )
         return fix, model

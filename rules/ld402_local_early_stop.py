@@ -7,44 +7,12 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.exits import left_loop
 from lintdist.facts import MAIN_FLAG_WORDS
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.rank_values import joins_every_rank, rank_local_reason
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
-# Calls whose value is the same on every rank: a reduction or gather across ranks, accelerate's trigger, a broadcast.
-REDUCING = frozenset(
-    {
-        "gather",
-        "gather_for_metrics",
-        "gather_object",
-        "reduce",
-        "all_reduce",
-        "all_gather",
-        "all_gather_object",
-        "all_gather_into_tensor",
-        "broadcast",
-        "broadcast_object_list",
-        "check_trigger",
-        "any_rank",
-        "reduce_dict",
-        "all_reduce_mean",
-        "sync_across_processes",
-    }
-)
-# torch.distributed collectives that write their result into their first argument.
-IN_PLACE = frozenset({"all_reduce", "reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object"})
-# Collectives (or collective-making calls) in a loop body: a rank that leaves the loop early skips them.
-COLLECTIVE_METHODS = REDUCING | frozenset(
-    {"backward", "wait_for_everyone", "barrier", "pad_across_processes", "save_state", "reduce_scatter"}
-)
-# Words of a name that holds a rank-local value: a loss, a metric, an early-stopping counter or flag.
-LOCAL_WORD = re.compile(
-    r"loss|metric|acc(?!el|um)|patience|score|ppl|perplex|best|stop|improve|plateau|bad_|_bad|f1|bleu|rouge|reward|"
-    r"nan|finite|grad_norm|converge|diverge|wait|no_gain|tolerance",
-    re.IGNORECASE,
-)
-# Calls that test a value for NaN/inf: their argument is what matters.
-VALUE_TESTS = frozenset({"isnan", "isinf", "isfinite", "any", "all", "abs", "float", "int", "bool", "round"})
 # The rule's own text trigger: an `if` line that reads a loss/metric/stop flag/rank guard, followed within a few
 # lines by a `break`/`return` (or `if c: break` on one line). Read backwards (`Pattern(..., backwards=True)`), so
 # the scan starts at each `break`/`return` (a literal) and looks back over the lines above it: forwards, every
@@ -374,25 +342,18 @@ for epoch in range(10):
     )
 
     def finish(self) -> None:
-        facts = self.facts
         seen: set[int] = set()
-        for exit_node in facts.index.nodes(cst.Break, cst.Return):
+        for exit_node in self.facts.index.nodes(cst.Break, cst.Return):
             found = self._stop(exit_node)
-            if found is None:
-                continue
-            holder, loop, reason, guard = found
-            if id(holder) in seen:
-                continue
-            seen.add(id(holder))
-            self._report(exit_node, holder, loop, reason, guard)
-
-    # -- what leaves which loop ---------------------------------------------------------------
+            if found is not None and id(found[0]) not in seen:
+                seen.add(id(found[0]))
+                self._report(exit_node, *found)
 
     def _stop(self, exit_node: cst.CSTNode):
-        """(the `if` holding the exit, the training loop it leaves, the rank-local value, the guard) or None."""
+        """(the `if` holding the exit, the rank-local value, the guard) or None."""
         facts = self.facts
-        loop = self._left_loop(exit_node)
-        if loop is None or not self._collective_loop(loop):
+        loop = left_loop(facts, exit_node)
+        if loop is None or not joins_every_rank(facts, loop.body):
             return None
         if facts.single_process_branch(exit_node) is not None:
             return None  # `if local_rank == -1 and stopper(...): break`: taken only when there is one process
@@ -408,227 +369,26 @@ for epoch in range(10):
             if ancestor is loop:
                 break
             if isinstance(ancestor, cst.If) and child is not ancestor.test:
-                if holder is None:
-                    holder = ancestor
+                holder = holder or ancestor
                 if guard is None and reason is None:
-                    reason = self._local(ancestor.test, ancestor, 0)
+                    reason = rank_local_reason(facts, ancestor.test, ancestor)
             child = ancestor
         if holder is None or (guard is None and reason is None):
             return None
-        return holder, loop, reason, guard
-
-    def _left_loop(self, exit_node: cst.CSTNode):
-        """The loop a `break` leaves; for a `return`, the outermost loop around it in its function."""
-        facts = self.facts
-        if isinstance(exit_node, cst.Break):
-            return facts.enclosing_loop(exit_node) or self._loop_of_break(exit_node)
-        outer = None
-        for ancestor in facts.ancestors(exit_node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                break
-            if isinstance(ancestor, (cst.For, cst.While)):
-                outer = ancestor
-        return outer
-
-    def _loop_of_break(self, exit_node: cst.CSTNode):
-        for ancestor in self.facts.ancestors(exit_node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                return None
-            if isinstance(ancestor, (cst.For, cst.While)):
-                return ancestor
-        return None
-
-    def _collective_loop(self, loop) -> bool:
-        """The loop's body does something every rank must join: a backward pass (a wrapped model's gradient
-        all-reduce) or a collective, directly or in a local helper."""
-        memo = self.facts._memo.setdefault("ld402_collective_loops", {})
-        if id(loop) not in memo:
-            facts = self.facts
-            memo[id(loop)] = any(
-                facts.method_name(call) in COLLECTIVE_METHODS for call in facts.reachable_calls(loop.body)
-            )
-        return memo[id(loop)]
+        return holder, reason, guard
 
     def _distributed(self, loop) -> bool:
-        if self.loop.distributed:
-            return True
         facts = self.facts
-        return any(
+        return self.loop.distributed or any(
             isinstance(call.func, cst.Attribute)
             and isinstance(call.func.value, (cst.Name, cst.Attribute))
             and facts.accelerator_like(call.func.value, call)
             for call in facts.calls_within(loop)
         )
 
-    # -- is a condition rank-local? ---------------------------------------------------------------
-
-    def _local(self, test: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        """Why ``test`` may differ between ranks (the rank-local value it reads), or None."""
-        facts = self.facts
-        calls = [c for c in facts.index.within(test, cst.Call)]
-        if any(facts.method_name(c) in REDUCING for c in calls):
-            return None
-        for call in calls:
-            # a helper of this file that agrees across ranks (`if should_stop_all(val_loss):`)
-            if any(
-                facts.method_name(inner) in REDUCING
-                for function in facts.local_functions(call)
-                for inner in facts.reachable_calls(function)
-            ):
-                return None
-        for call in calls:
-            if facts.callee_is(call, CLOCKS):
-                return f"`{_code(call)}` (each rank reads its own clock)"
-        for call in calls:
-            if facts.method_name(call) == "item" and isinstance(call.func, cst.Attribute):
-                receiver = call.func.value
-                key = _root_key(receiver)
-                if key is None or not self._reduced(key, at, 0):
-                    return f"`{_code(call)}`"
-        keys = []
-        for node in _atoms(facts, test):
-            key = get_full_name_for_node(node)
-            if not key or key in {"True", "False", "None"} or key in keys:
-                continue
-            if _counter_name(key.rsplit(".", 1)[-1]) or self._uniform(key, node) or self._reduced(key, at, 0):
-                continue
-            keys.append(key)
-        for key in keys:
-            last = key.rsplit(".", 1)[-1]
-            if LOCAL_WORD.search(last) and not _counter_name(last):
-                return f"`{key}`"
-        for call in calls:
-            # a value computed by a function named for a loss or metric (`validation_loss(model, loader)`)
-            callee = get_full_name_for_node(call.func) or ""
-            last = callee.rsplit(".", 1)[-1]
-            if last and LOCAL_WORD.search(last) and not _counter_name(last):
-                return f"`{callee}(...)`"
-        if depth < 2:
-            for key in keys:
-                for binding in facts.bindings(key, at):
-                    why = self._local_binding(binding, depth)
-                    if why:
-                        return f"`{key}` ({why})"
-        return None
-
-    def _uniform(self, key: str, node: cst.CSTNode) -> bool:
-        """A setting every rank holds alike: a command-line or config field (`args.patience`,
-        `self.config.early_stop`), a constant (`PATIENCE`), a parameter with a literal default, a name bound only to
-        literals, or a `TrainerControl` flag."""
-        parts = key.split(".")
-        if parts[-1] in UNIFORM_FLAGS or parts[-1].isupper():
-            return True
-        if parts[0] in {"self", "cls"}:
-            parts = parts[1:]
-        if len(parts) > 1 and (parts[0] in CONFIG_ROOTS or parts[0].endswith(("args", "config", "cfg"))):
-            return True
-        facts = self.facts
-        bindings = facts.bindings(key, node)
-        if bindings:
-            return all(_literal(b.value) for b in bindings) and not self._counted(key)
-        found = facts.parameter(key, node) if len(parts) == 1 and "." not in key else None
-        return found is not None and found[2].default is not None and _literal(found[2].default)
-
-    def _counted(self, key: str) -> bool:
-        """``key += ...`` somewhere in the file: a counter (`patience += 1`), not a setting."""
-        memo = self.facts._memo.setdefault("ld402_counted", None)
-        if memo is None:
-            memo = {get_full_name_for_node(node.target) for node in self.facts.index.nodes(cst.AugAssign)}
-            self.facts._memo["ld402_counted"] = memo
-        return key in memo
-
-    def _local_binding(self, binding, depth: int) -> str | None:
-        """A flag or value set from a rank-local value, or set under a rank-local test."""
-        facts = self.facts
-        value = binding.value
-        if not isinstance(value, cst.Name) or value.value not in {"True", "False", "None"}:
-            why = self._local(value, binding.statement, depth + 1)
-            if why:
-                return f"set from {why}"
-        for ancestor in facts.ancestors(binding.statement):
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-                break
-            if isinstance(ancestor, cst.If):
-                why = self._local(ancestor.test, ancestor, depth + 1)
-                if why:
-                    return f"set under a test of {why}"
-        return None
-
-    def _reduced(self, key: str, at: cst.CSTNode, depth: int) -> bool:
-        """``key`` holds a value made the same on every rank: bound from a reduction or gather (or from a helper
-        that reduces, or from names that are), reduced in place (`dist.all_reduce(t)`), or fed with gathered
-        values (`metric.add_batch(accelerator.gather_for_metrics(...))` ... `metric.compute()`)."""
-        facts = self.facts
-        memo = facts._memo.setdefault("ld402_reduced", {})
-        scope = facts.enclosing_function(at)
-        token = (key, id(scope), depth)
-        if token in memo:
-            return memo[token]
-        memo[token] = False
-        answer = False
-        for binding in facts.bindings(key, at):
-            if self._reducing_value(binding.value, depth):
-                answer = True
-                break
-        if not answer:
-            container = scope if scope is not None else self.context.module
-            root = key.split(".", 1)[0] if not key.startswith("self.") else key
-            for call in facts.calls_within(container):
-                method = facts.method_name(call)
-                receiver = _root_key(call.func.value) if isinstance(call.func, cst.Attribute) else None
-                first = _root_key(call.args[0].value) if call.args else None
-                if (
-                    method in IN_PLACE
-                    and first == root
-                    and isinstance(facts.parent(call), cst.Expr)
-                    and not facts.is_within(at, call)
-                ):
-                    answer = True  # dist.all_reduce(t) as a statement: `t` now holds the sum over ranks
-                    break
-                if receiver == root and self._reducing_arguments(call, depth):
-                    answer = True  # losses.append(accelerator.gather(...)), metric.add_batch(predictions=gathered)
-                    break
-        memo[token] = answer
-        return answer
-
-    def _reducing_value(self, value: cst.BaseExpression, depth: int) -> bool:
-        facts = self.facts
-        calls = facts.index.within(value, cst.Call)
-        for call in calls:
-            if facts.method_name(call) in REDUCING:
-                return True
-            for function in facts.local_functions(call):
-                if any(facts.method_name(c) in REDUCING for c in facts.reachable_calls(function)):
-                    return True
-        if depth < 3:
-            for call in calls:
-                # `metric.compute()` of a metric fed with gathered values
-                receiver = _root_key(call.func.value) if isinstance(call.func, cst.Attribute) else None
-                if receiver and self._reduced(receiver, value, depth + 1):
-                    return True
-            for node in _atoms(facts, value):
-                key = get_full_name_for_node(node)
-                if key and key not in {"True", "False", "None"} and self._reduced(key, value, depth + 1):
-                    return True
-        return False
-
-    def _reducing_arguments(self, call: cst.Call, depth: int) -> bool:
-        """``call`` is given a gathered or reduced value: a reducing call inside it, or a name that holds one."""
-        facts = self.facts
-        if any(facts.method_name(c) in REDUCING for c in facts.calls_within(call)):
-            return True
-        if depth >= 3:
-            return False
-        for arg in call.args:
-            for node in _atoms(facts, arg.value):
-                key = get_full_name_for_node(node)
-                if key and self._reduced(key, call, depth + 1):
-                    return True
-        return False
-
     # -- the report and the fix -------------------------------------------------------------------
 
-    def _report(self, exit_node, holder: cst.If, loop, reason: str | None, guard) -> None:
+    def _report(self, exit_node, holder: cst.If, reason: str | None, guard) -> None:
         word = "break" if isinstance(exit_node, cst.Break) else "return"
         accelerator = self._accelerator(holder)
         if accelerator:
@@ -719,63 +479,6 @@ for epoch in range(10):
                 if name and not name.startswith("torch.") and facts.accelerator_like(func.value, call):
                     return name
         return None
-
-
-def _atoms(facts, expr: cst.BaseExpression) -> list[cst.CSTNode]:
-    """The names and attribute chains ``expr`` reads, outermost (``a.b.c``, not ``a.b``), not the callee of a call."""
-    found = []
-    for node in facts.index.within(expr, cst.Name, cst.Attribute):
-        parent = facts.parent(node)
-        if isinstance(parent, cst.Attribute) and parent.value is node:
-            continue  # part of a longer chain
-        if isinstance(parent, cst.Attribute) and parent.attr is node:
-            continue
-        if isinstance(parent, cst.Call) and parent.func is node:
-            continue
-        if isinstance(parent, cst.Arg) and parent.keyword is node:
-            continue
-        found.append(node)
-    return found
-
-
-def _literal(expr: cst.BaseExpression) -> bool:
-    """A number, string, bool or None (possibly negated): ``5``, ``-1``, ``1e-3``, ``float("inf")``."""
-    if isinstance(expr, cst.UnaryOperation):
-        expr = expr.expression
-    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
-        return True
-    if isinstance(expr, cst.Name):
-        return expr.value in {"True", "False", "None"}
-    return (
-        isinstance(expr, cst.Call)
-        and get_full_name_for_node(expr.func) in {"float", "int"}
-        and all(_literal(a.value) for a in expr.args)
-    )
-
-
-def _root_key(expr: cst.BaseExpression) -> str | None:
-    """``losses`` of ``losses[0].mean()``; ``self.x`` of ``self.x.y``."""
-    while True:
-        if isinstance(expr, cst.Call):
-            expr = expr.func.value if isinstance(expr.func, cst.Attribute) else expr.func
-        elif isinstance(expr, cst.Subscript) or (
-            isinstance(expr, cst.Attribute)
-            and not (isinstance(expr.value, cst.Name) and expr.value.value in {"self", "cls"})
-        ):
-            expr = expr.value
-        else:
-            break
-    return get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
-
-
-COUNTER_PART = re.compile(r"(?:^|_)(?:steps?|epochs?|iters?|iterations?|updates?|batch(?:es)?|samples|tokens)(?:$|_)")
-FOLLOWS_METRIC = re.compile(r"patience|best|stop|wait|loss|metric|bad|improve|score|acc(?!el|um)")
-
-
-def _counter_name(name: str) -> bool:
-    """A step or epoch count (`eval_steps`, `max_train_steps`); not `best_step`, which follows a metric."""
-    lower = name.lower()
-    return bool(COUNTER_PART.search(lower)) and not FOLLOWS_METRIC.search(lower)
 
 
 def _code(node: cst.CSTNode) -> str:

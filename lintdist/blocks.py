@@ -1,0 +1,92 @@
+"""Statements as a fix sees them: the simple statement holding a node, runs of consecutive statements, a ``with``
+block around a run, and the constructions of a class that run a node in its constructor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from lintdist.facts import MAX_DEPTH
+
+if TYPE_CHECKING:
+    from lintdist.facts import PythonFacts
+
+Replacement = tuple[cst.CSTNode, cst.CSTNode | cst.RemovalSentinel]
+
+
+def simple_statement(facts: PythonFacts, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+    """The simple statement line holding ``node`` when it sits directly in a block (None in a compound statement's
+    header, a one-line suite or a lambda)."""
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, cst.SimpleStatementLine):
+            return ancestor if isinstance(facts.parent(ancestor), (cst.IndentedBlock, cst.Module)) else None
+        if isinstance(ancestor, (cst.BaseCompoundStatement, cst.SimpleStatementSuite, cst.Lambda)):
+            return None
+    return None
+
+
+def statement_run(
+    facts: PythonFacts,
+    statement: cst.SimpleStatementLine,
+    marked: set[int],
+    joinable: Callable[[cst.SimpleStatementLine], bool],
+) -> list[cst.SimpleStatementLine] | None:
+    """The consecutive simple statements around ``statement`` from the first to the last one in ``marked`` (ids),
+    crossing only statements ``joinable`` accepts; None when ``statement`` itself is not joinable."""
+    if not joinable(statement):
+        return None
+    body = list(facts.parent(statement).body)
+    index = next(i for i, s in enumerate(body) if s is statement)
+    start = end = index
+    for step in (-1, 1):
+        scan = index + step
+        while 0 <= scan < len(body) and isinstance(body[scan], cst.SimpleStatementLine) and joinable(body[scan]):
+            if id(body[scan]) in marked:
+                start, end = min(start, scan), max(end, scan)
+            scan += step
+    return body[start : end + 1]
+
+
+def with_block(run: Sequence[cst.BaseStatement], item: str | cst.BaseExpression) -> tuple[Replacement, ...]:
+    """The replacements that put the consecutive statements ``run`` of one block in one ``with <item>:`` block,
+    keeping the first statement's leading comments and blank lines before the block."""
+    first = run[0]
+    block = cst.With(
+        items=[cst.WithItem(cst.parse_expression(item) if isinstance(item, str) else item)],
+        body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *run[1:]]),
+        leading_lines=first.leading_lines,
+    )
+    return ((first, block), *((s, cst.RemovalSentinel.REMOVE) for s in run[1:]))
+
+
+def constructions_running(facts: PythonFacts, node: cst.CSTNode) -> list[cst.Call]:
+    """The constructions ``Cls(...)`` of this file that run ``node``: it sits in ``Cls.__init__`` or in a method
+    only the constructor calls (directly or through other such methods); empty when anything else calls it, or it
+    is in no method."""
+    function = facts.enclosing_function(node)
+    cls = facts.enclosing_class(function) if function is not None else None
+    if cls is None:
+        return []
+    seen = {id(function)}
+    pending = [function]
+    found: list[cst.Call] = []
+    while pending:
+        current = pending.pop()
+        if facts.enclosing_class(current) is not cls or facts.enclosing_function(current) is not None:
+            return []
+        sites = facts.call_sites(current)
+        if current.name.value == "__init__":
+            found.extend(site for site in sites if isinstance(site.func, (cst.Name, cst.Attribute)))
+            continue
+        if not sites:
+            return []
+        for site in sites:
+            caller = facts.enclosing_function(site)
+            if caller is None:
+                return []
+            if id(caller) not in seen and len(seen) <= MAX_DEPTH:
+                seen.add(id(caller))
+                pending.append(caller)
+    return found

@@ -1,0 +1,87 @@
+"""lintdist/blocks.py: simple statements, runs of them, ``with`` blocks around a run, constructors that run code."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.blocks import constructions_running, simple_statement, statement_run, with_block
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _call(facts: PythonFacts, text: str) -> cst.Call:
+    module = facts.index.module
+    return next(c for c in facts.calls if module.code_for_node(c.func) == text)
+
+
+def test_simple_statement_only_in_a_block():
+    facts = _facts("x = f()\nif g():\n    y = h()\nif k(): z = 1\n")
+    assert simple_statement(facts, _call(facts, "f")) is facts.index.module.body[0]
+    assert simple_statement(facts, _call(facts, "h")) is not None
+    assert simple_statement(facts, _call(facts, "g")) is None  # a header
+    assert simple_statement(facts, _call(facts, "k")) is None
+
+
+def test_a_run_spans_the_marked_statements_and_stops_at_a_refused_one():
+    facts = _facts("a = f()\nb = 1\nc = g()\nstop()\nd = h()\n")
+    body = facts.index.module.body
+    marked = {id(body[0]), id(body[2]), id(body[4])}
+
+    def joinable(statement: cst.SimpleStatementLine) -> bool:
+        return "stop" not in facts.index.module.code_for_node(statement)
+
+    assert statement_run(facts, body[2], marked, joinable) == list(body[0:3])
+    assert statement_run(facts, body[4], marked, joinable) == [body[4]]
+    assert statement_run(facts, body[3], marked, joinable) is None
+
+
+def test_with_block_wraps_a_run_and_keeps_its_leading_comment():
+    module = cst.parse_module("# why\na = f()\nb = g()\nc = 3\n")
+    run = list(module.body[:2])
+    replacements = {id(old): new for old, new in with_block(run, "ctx()")}
+
+    class Apply(cst.CSTTransformer):
+        def on_leave(self, original, updated):
+            return replacements.get(id(original), updated)
+
+    assert module.visit(Apply()).code == "# why\nwith ctx():\n    a = f()\n    b = g()\nc = 3\n"
+
+
+def test_constructions_running_a_constructor_helper():
+    facts = _facts(
+        """
+        class Captions:
+            def __init__(self, name):
+                self.rows = self._rows(name)
+
+            def _rows(self, name):
+                return download(name)
+
+            def other(self):
+                return fetch()
+
+        class Shared:
+            def __init__(self):
+                self.helper()
+
+            def helper(self):
+                prepare()
+
+            def again(self):
+                self.helper()
+
+        captions = Captions("x")
+        shared = Shared()
+        """
+    )
+    assert constructions_running(facts, _call(facts, "download")) == [_call(facts, "Captions")]
+    assert constructions_running(facts, _call(facts, "fetch")) == []  # nothing calls it
+    assert constructions_running(facts, _call(facts, "prepare")) == []  # another method calls it too

@@ -1,0 +1,149 @@
+"""lintdist/rank_values.py: whether a value is the same on every rank, and whether code makes the ranks meet."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.rank_values import (
+    counter_name,
+    joins_every_rank,
+    literal,
+    rank_local_reason,
+    reads,
+    reduced,
+    root_key,
+    uniform_setting,
+)
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _tests(facts: PythonFacts) -> dict[str, cst.If]:
+    """The file's ``if`` statements by the code of their test."""
+    return {facts.index.module.code_for_node(i.test): i for i in facts.index.nodes(cst.If)}
+
+
+def _reason(facts: PythonFacts, test: str) -> str | None:
+    node = _tests(facts)[test]
+    return rank_local_reason(facts, node.test, node)
+
+
+def test_losses_metrics_clocks_and_flags_set_from_them_are_rank_local():
+    facts = _facts(
+        """
+        import time
+        start = time.time()
+        for batch in loader:
+            loss = model(batch)
+            if loss.item() < 0.01:
+                break
+            if val_loss > best_loss:
+                bad_epochs += 1
+            if time.time() - start > budget:
+                break
+            if bad_epochs > 5:
+                break
+            flag = val_loss > 3
+            if flag:
+                break
+        """
+    )
+    assert _reason(facts, "loss.item() < 0.01") == "`loss.item()`"
+    assert _reason(facts, "val_loss > best_loss") == "`val_loss`"
+    assert _reason(facts, "time.time() - start > budget") == "`time.time()` (each rank reads its own clock)"
+    assert _reason(facts, "bad_epochs > 5") == "`bad_epochs`"
+    assert _reason(facts, "flag") == "`flag` (set from `val_loss`)"
+
+
+def test_settings_counters_and_reduced_values_are_uniform():
+    facts = _facts(
+        """
+        import torch.distributed as dist
+        PATIENCE = 3
+        limit = 10
+        for step, batch in enumerate(loader):
+            loss = model(batch)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            gathered = accelerator.gather(loss)
+            if step >= args.max_steps:
+                break
+            if completed_steps >= PATIENCE:
+                break
+            if total.item() < 0.01:
+                break
+            if gathered.mean() < limit:
+                break
+            if accelerator.check_trigger():
+                break
+        """
+    )
+    for test in ("step >= args.max_steps", "completed_steps >= PATIENCE", "total.item() < 0.01"):
+        assert _reason(facts, test) is None, test
+    assert _reason(facts, "gathered.mean() < limit") is None
+    assert _reason(facts, "accelerator.check_trigger()") is None
+    at = _tests(facts)["total.item() < 0.01"]
+    assert reduced(facts, "total", at)
+    assert reduced(facts, "gathered", at)
+    assert not reduced(facts, "loss", at)
+
+
+def test_uniform_setting_needs_literal_bindings_never_counted():
+    facts = _facts(
+        """
+        def train(patience=3, threshold=compute()):
+            wait = 0
+            limit = 5
+            wait += 1
+            check(patience, threshold, wait, limit, args.epochs, self.config.stop, control.should_training_stop)
+        """
+    )
+    (call,) = [c for c in facts.calls if facts.method_name(c) == "check"]
+    uniform = {k: uniform_setting(facts, k, call) for k in ("patience", "threshold", "wait", "limit")}
+    assert uniform == {"patience": True, "threshold": False, "wait": False, "limit": True}
+    assert uniform_setting(facts, "args.epochs", call)
+    assert uniform_setting(facts, "self.config.stop", call)
+    assert uniform_setting(facts, "control.should_training_stop", call)
+
+
+def test_joins_every_rank_through_local_helpers():
+    facts = _facts(
+        """
+        def step(loss):
+            loss.backward()
+
+        for batch in loader:
+            step(model(batch))
+        for batch in loader:
+            print(batch)
+        """
+    )
+    first, second = facts.index.nodes(cst.For)
+    assert joins_every_rank(facts, first.body)
+    assert not joins_every_rank(facts, second.body)
+
+
+def test_small_helpers():
+    facts = _facts("f(a.b.c, d[0], g(h), key=e)\n")
+    (call,) = [c for c in facts.calls if facts.method_name(c) == "f"]
+    assert [facts.index.module.code_for_node(n) for n in reads(facts, call)] == ["a.b.c", "d", "h", "e"]
+    assert root_key(cst.parse_expression("losses[0].mean()")) == "losses"
+    assert root_key(cst.parse_expression("self.x.y")) == "self.x"
+    assert [literal(cst.parse_expression(t)) for t in ("-1", "1e-3", 'float("inf")', "None", "x", "f(1)")] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert counter_name("max_train_steps") and counter_name("epoch")
+    assert not counter_name("best_step") and not counter_name("patience")
