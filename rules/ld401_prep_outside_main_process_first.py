@@ -214,6 +214,7 @@ class PrepOutsideMainProcessFirst(Rule):
     code = "LD401"
     name = "prep-outside-main-process-first"
     severity = Severity.WARNING
+    needs_several_processes = True
     fix_kind = "safe"
     # `load_dataset` imported (not in a `>>>` docstring line) or called through `datasets.`; `torch.hub`;
     # `urlretrieve`; a torchvision/torchaudio dataset built with `download=True`

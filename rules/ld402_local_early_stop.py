@@ -185,6 +185,7 @@ class LocalEarlyStop(Rule):
     code = "LD402"
     name = "local-early-stop"
     severity = Severity.ERROR
+    needs_several_processes = True
     fix_kind = "safe"
     # the distribution words first: most files hold a `return`, few a sign of several processes
     triggers = DISTRIBUTION_WORDS
