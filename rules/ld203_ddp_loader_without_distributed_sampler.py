@@ -8,7 +8,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.callgraph import run_together
-from lintdist.sharding import split_by_rank
+from lintdist.dataset_split import split_by_rank
 from lintdist.facts import SAMPLER_CLASSES, Loop, argument_of, epoch_counter, single_pass
 from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
 from lintdist.model import Applicability, Fix, Severity

@@ -1,4 +1,4 @@
-"""Whether a dataset is split across ranks already (``lintdist.sharding``)."""
+"""Whether a dataset is split across ranks already (``lintdist.dataset_split``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.sharding import device_use, iterable_call, mentions_rank, split_by_rank
+from lintdist.dataset_split import device_use, iterable_call, mentions_rank, split_by_rank
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
