@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import MAX_CALLER_DEPTH, RANK_NAMES
+from lintdist.facts import MAX_CALLER_DEPTH
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -58,13 +58,16 @@ def others_branch(facts: PythonFacts, node: cst.CSTNode) -> cst.If | None:
 
 def never_with_main(facts: PythonFacts, node: cst.CSTNode) -> bool:
     """``node`` sits, within its function, in a branch that excludes the main process (``if rank != 0:``) or runs
-    only without distribution (``if local_rank == -1:``), so a main-only caller never reaches it there."""
+    only in a one-process job (``if local_rank == -1:``, ``facts.single_process_when``), so a main-only caller never
+    reaches it there."""
     child = node
     for ancestor in facts.ancestors(node):
         if isinstance(ancestor, _SCOPES):
             return False
         if isinstance(ancestor, cst.If):
-            if child is ancestor.body and (facts.excludes_main(ancestor.test, True) or _single_process(ancestor.test)):
+            if child is ancestor.body and (
+                facts.excludes_main(ancestor.test, True) or facts.single_process_when(ancestor.test, True)
+            ):
                 return True
             if child is ancestor.orelse and facts.excludes_main(ancestor.test, False):
                 return True
@@ -167,17 +170,3 @@ def _is_deepspeed_test(test: cst.BaseExpression) -> bool:
     left = (get_full_name_for_node(test.left) or "").rsplit(".", 1)[-1]
     right = (get_full_name_for_node(target.comparator) or "").rsplit(".", 1)[-1]
     return {left, right} == {"distributed_type", "DEEPSPEED"}
-
-
-def _single_process(test: cst.BaseExpression) -> bool:
-    """``local_rank == -1`` or ``world_size == 1`` (alone or as a conjunct): the branch of a run without peers."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _single_process(test.left) or _single_process(test.right)
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return False
-    target = test.comparisons[0]
-    if not isinstance(target.operator, cst.Equal):
-        return False
-    name = (get_full_name_for_node(test.left) or "").rsplit(".", 1)[-1]
-    value = cst.Module([]).code_for_node(target.comparator)
-    return (name in RANK_NAMES and value == "-1") or (name == "world_size" and value == "1")
