@@ -83,7 +83,7 @@ class _Hoist:
         self.facts = facts
         self.guard = guard
         self.anchors = anchors
-        self.syncs = orderings  # by anchor: how its call is ordered against the rank-0 work before it
+        self.orderings = orderings  # by anchor: how its call is ordered against the rank-0 work before it
         self.bindable = bindable
         self.copies: list[cst.If] = []  # the copies of the guard, around the statements that stay guarded
         self.ordered: dict[int, Ordering] = {}  # the lines that leave the guard whole, by their anchor's `Ordering`
@@ -94,7 +94,7 @@ class _Hoist:
         self.taken: set[str] = set()
         self.header_used = False
 
-    def fix(self) -> tuple[list[cst.BaseStatement], set[str]]:
+    def fix(self) -> list[cst.BaseStatement]:
         guard, facts = self.guard, self.facts
         if guard.orelse is not None:
             raise NoHoist("the guard has an `else` branch")
@@ -132,7 +132,7 @@ class _Hoist:
         self._check_bound_names()
         first = statements[0]
         statements[0] = first.with_changes(leading_lines=(*guard.leading_lines, *first.leading_lines))
-        return statements, needed
+        return statements
 
     # -- splitting blocks ---------------------------------------------------------------------
 
@@ -231,8 +231,8 @@ class _Hoist:
         )
         if whole:
             self._check_call(small.value if isinstance(small, (cst.Expr, cst.Assign)) else small)
-            if id(small.value) in self.syncs:
-                self.ordered[id(line)] = self.syncs[id(small.value)]
+            if id(small.value) in self.orderings:
+                self.ordered[id(line)] = self.orderings[id(small.value)]
             bound = self._bound(line)
             self.bound |= bound
             return [line], None, (needed - bound) | self._reads(line)
@@ -281,20 +281,20 @@ class _Hoist:
         may still precede what follows them."""
         out: list[cst.BaseStatement] = []
         for statement in statements:
-            sync = self.ordered.get(id(statement))
+            ordering = self.ordered.get(id(statement))
             if any(statement is copy for copy in self.copies):
                 after_work = True
             elif isinstance(statement, cst.If):
                 statement, after_work = self._if_barriers(statement, after_work)
-            elif sync is not None and sync.barrier:
+            elif ordering is not None and ordering.barrier:
                 after_work = False
-            elif sync is not None and sync.writes and after_work:
-                if sync.owner is None:
+            elif ordering is not None and ordering.writes and after_work:
+                if ordering.owner is None:
                     raise NoHoist(
                         "rank-0 work comes before the call, and no Accelerator is in sight at the helper's call to "
                         "make the other ranks wait for it"
                     )
-                wait = cst.Call(cst.Attribute(value=sync.owner.deep_clone(), attr=cst.Name("wait_for_everyone")))
+                wait = cst.Call(cst.Attribute(value=ordering.owner.deep_clone(), attr=cst.Name("wait_for_everyone")))
                 out.append(cst.SimpleStatementLine(body=[cst.Expr(wait)], leading_lines=statement.leading_lines))
                 statement = statement.with_changes(leading_lines=())
                 after_work = False
@@ -564,7 +564,7 @@ def hoist(
     inside ``guard`` whose statements join its copies; ``orderings``: by anchor, how its call is ordered against
     the rank-0 work before it; ``bindable``: for a call nested in a larger statement, the stem of the name it is
     bound to first (``"state_dict"``), None when it may not be."""
-    return _Hoist(facts, guard, anchors, inner, orderings or {}, bindable).fix()[0]
+    return _Hoist(facts, guard, anchors, inner, orderings or {}, bindable).fix()
 
 
 def helper_repeatable(facts: PythonFacts, site: cst.CSTNode, allowed: Callable[[cst.Call], bool]) -> str:
