@@ -1,8 +1,9 @@
 """Which calls are collectives: operations every process of the group must join, or the job hangs.
 
 A rule asks ``collective_kind`` of a call instead of keeping its own lists of ``torch.distributed``,
-``torch.distributed.checkpoint``, accelerate and DeepSpeed names; ``same_collective`` says whether two calls are one
-collective made on both sides of a rank test. The answers come from the facts' indexes (no walk of their own).
+``torch.distributed.checkpoint``, accelerate and DeepSpeed names; ``same_collective`` says whether two calls join one
+collective, and ``joined_by_others``/``main_joins`` whether the ranks on the other side of a rank test make it too.
+The answers come from the facts' indexes (no walk of their own).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.main_process import others_branch, outermost_function
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -116,6 +118,37 @@ def is_barrier(facts: PythonFacts, call: cst.Call) -> bool:
 def same_collective(facts: PythonFacts, a: cst.Call, b: cst.Call) -> bool:
     """``a`` and ``b`` join the same collective: barriers of any spelling, otherwise calls of the same name."""
     return _key(facts, a) == _key(facts, b)
+
+
+def joined_by_others(facts: PythonFacts, call: cst.Call) -> bool:
+    """The other ranks make the same collective as ``call`` in a branch of its function that leaves the main process
+    out and that they reach: the barrier of ``if rank != 0:`` closing the rank-0-first idiom, or ``dist.gather(t,
+    dst=0)`` under the ``else:`` of ``if rank == 0:`` (or after ``if rank != 0: ...; return``)."""
+    scope = facts.enclosing_function(call)
+    return any(
+        other is not call
+        and facts.enclosing_function(other) is scope
+        and same_collective(facts, other, call)
+        and others_branch(facts, other) is not None
+        # the other ranks' side must be reachable by them: under an outer main-process guard it is dead code
+        # (microsoft/Oscar's `if local_rank not in [-1, 0]: barrier()` inside `if local_rank in [-1, 0] and ...:`)
+        and facts.rank_guard(other) is None
+        for other in facts.calls
+    )
+
+
+def main_joins(facts: PythonFacts, call: cst.Call) -> bool:
+    """The main process may make the same collective as ``call`` in the same top-level function, nested functions
+    included, outside any branch that leaves it out: the rank-0-first pair, a root collective on both sides of the
+    rank test, or the main side's call in a closure (transformers' optuna search broadcasts from one)."""
+    scope = outermost_function(facts, call)
+    return any(
+        other is not call
+        and same_collective(facts, other, call)
+        and outermost_function(facts, other) is scope
+        and others_branch(facts, other) is None
+        for other in facts.calls
+    )
 
 
 def on_sub_group(call: cst.Call) -> bool:

@@ -15,7 +15,8 @@ from lintdist.collectives import (
     TORCH_COLLECTIVES,
     collective_kind,
     is_barrier,
-    same_collective,
+    joined_by_others,
+    main_joins,
 )
 from lintdist.facts import MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
 from lintdist.hoist import NoHoist, Ordering, helper_repeatable, hoist, logs_on_main
@@ -24,7 +25,6 @@ from lintdist.main_process import (
     main_or_deepspeed_guard,
     never_with_main,
     others_branch,
-    outermost_function,
     outermost_main_guard,
 )
 from lintdist.model import Applicability, Fix, Severity
@@ -411,7 +411,7 @@ def save(output_dir):
             hit, either = main_only(facts, call), False
             if hit is None and (guard := main_or_deepspeed_guard(facts, call)) is not None:
                 hit, either = (guard, None), True
-            if hit is not None and not self._joined_by_others(hit[1] or call):
+            if hit is not None and not joined_by_others(facts, hit[1] or call):
                 found.setdefault(id(hit[0]), []).append((call, what, hit[0], hit[1], either))
         for call, guard, collective, helper in self._helpers_elsewhere():
             if id(guard) not in found:
@@ -505,7 +505,7 @@ def save(output_dir):
         reported: set[int] = set()
         for call in facts.calls:
             branch = others_branch(facts, call) if collective_kind(facts, call) == "always" else None
-            if branch is None or id(branch) in reported or self._main_joins(call):
+            if branch is None or id(branch) in reported or main_joins(facts, call):
                 continue
             reported.add(id(branch))
             callee = get_full_name_for_node(call.func) or "this call"
@@ -515,38 +515,6 @@ def save(output_dir):
                 "function): the other ranks wait in it forever; call it on every rank, outside the rank test"
             )
             self.report(call, message)
-
-    def _main_joins(self, call: cst.Call) -> bool:
-        """The main process may make the same collective in the same top-level function, nested functions included
-        (outside any branch that leaves it out): the rank-0-first pair, a root collective on both sides of the rank
-        test, or the main side's call in a closure (transformers' optuna search broadcasts from one)."""
-        facts = self.facts
-        scope = outermost_function(facts, call)
-        return any(
-            other is not call
-            and same_collective(facts, other, call)
-            and outermost_function(facts, other) is scope
-            and others_branch(facts, other) is None
-            for other in facts.calls
-        )
-
-    def _joined_by_others(self, call: cst.Call) -> bool:
-        """The other ranks make the same call in a branch of the same function that excludes the main process:
-        the barrier of ``if rank != 0:`` closing the rank-0-first idiom, or ``dist.gather(t, out, dst=0)`` under
-        ``if rank == 0:`` with ``dist.gather(t, dst=0)`` under its ``else:`` (or after ``if rank != 0: ...;
-        return``)."""
-        facts = self.facts
-        scope = facts.enclosing_function(call)
-        return any(
-            other is not call
-            and facts.enclosing_function(other) is scope
-            and same_collective(facts, other, call)
-            and others_branch(facts, other) is not None
-            # the other ranks' side must be reachable by them: under an outer main-process guard it is dead code
-            # (microsoft/Oscar's `if local_rank not in [-1, 0]: barrier()` inside `if local_rank in [-1, 0] and ...:`)
-            and facts.rank_guard(other) is None
-            for other in facts.calls
-        )
 
     # -- what the project says of the backend -------------------------------------------------
 

@@ -7,7 +7,14 @@ import textwrap
 import libcst as cst
 import pytest
 
-from lintdist.collectives import collective_kind, is_barrier, on_sub_group, same_collective
+from lintdist.collectives import (
+    collective_kind,
+    is_barrier,
+    joined_by_others,
+    main_joins,
+    on_sub_group,
+    same_collective,
+)
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -83,3 +90,71 @@ def test_every_barrier_spelling_is_one_collective_and_other_calls_go_by_name() -
 def test_on_sub_group(arguments: str, sub_group: bool) -> None:
     call = cst.parse_expression(f"dist.all_reduce({arguments})")
     assert on_sub_group(call) is sub_group
+
+
+def _calls(facts: PythonFacts, text: str) -> list[cst.Call]:
+    module = facts.index.module
+    return [c for c in facts.calls if module.code_for_node(c) == text]
+
+
+def test_the_rank_0_first_pair_is_joined_on_both_sides() -> None:
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def prepare(rank):
+            if rank != 0:
+                dist.barrier()
+            build_cache()
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    others, main = _calls(facts, "dist.barrier()")
+    assert joined_by_others(facts, main) and not joined_by_others(facts, others)
+    assert main_joins(facts, others)
+
+
+def test_a_root_collective_in_both_branches_is_joined() -> None:
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def collect(rank):
+            if rank == 0:
+                dist.gather(t, out, dst=0)
+            else:
+                dist.gather(t, dst=0)
+        """
+    )
+    main, others = facts.calls
+    assert joined_by_others(facts, main)
+    assert main_joins(facts, others)
+
+
+def test_a_collective_only_one_side_makes_is_not_joined() -> None:
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def log(rank):
+            if local_rank in [-1, 0] and verbose:
+                dist.all_reduce(t)
+                if local_rank not in [-1, 0]:
+                    dist.all_reduce(t)  # dead: only the main process gets here
+
+        def wait(accelerator):
+            if accelerator.is_main_process:
+                write_report()
+            else:
+                accelerator.wait_for_everyone()
+
+        def other():
+            accelerator.wait_for_everyone()  # another function
+        """
+    )
+    main, dead, others, elsewhere = facts.calls[0], facts.calls[1], facts.calls[3], facts.calls[4]
+    names = [facts.method_name(c) for c in (main, dead, others, elsewhere)]
+    assert names == ["all_reduce", "all_reduce", "wait_for_everyone", "wait_for_everyone"]
+    assert not joined_by_others(facts, main)
+    assert not main_joins(facts, others)
