@@ -1,0 +1,85 @@
+"""What says that a script's model is sharded (FSDP or DeepSpeed): its launch settings, a plugin built in it, a test
+of ``DistributedType.FSDP``, and accelerate settings that make a save wait for every rank.
+
+Rules that say "hangs under FSDP" ask these instead of reading launch settings and plugin names themselves. The
+answers come from the facts' indexes (no walk of their own) and are kept per file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.loop import DEEPSPEED_PLUGINS, FSDP_PLUGINS
+
+if TYPE_CHECKING:
+    from lintdist.facts import PythonFacts
+    from lintdist.launch import LaunchSettings
+
+SHARDED_BACKENDS = frozenset({"FSDP", "DEEPSPEED"})
+PROJECT_CONFIGURATIONS = frozenset(
+    {"accelerate.utils.ProjectConfiguration", "accelerate.utils.dataclasses.ProjectConfiguration"}
+)
+
+
+def launch_backend(settings: LaunchSettings | None) -> str | None:
+    """The backend a launch's settings select, upper case ("FSDP", "DEEPSPEED", "MULTI_GPU"...), or None."""
+    backend = settings.distributed_type if settings is not None else None
+    return str(backend.value).upper() if backend is not None else None
+
+
+def builds_fsdp_plugin(facts: PythonFacts) -> bool:
+    """The script builds an accelerate FSDP plugin or passes ``fsdp_plugin=`` to an ``Accelerator``."""
+    return _builds(facts, FSDP_PLUGINS, ("fsdp_plugin",))
+
+
+def sharded(facts: PythonFacts, settings: LaunchSettings | None) -> bool:
+    """The launch selects FSDP or DeepSpeed, or the script builds an FSDP or DeepSpeed plugin (or passes one to its
+    ``Accelerator``)."""
+    return launch_backend(settings) in SHARDED_BACKENDS or _builds(
+        facts, FSDP_PLUGINS | DEEPSPEED_PLUGINS, ("fsdp_plugin", "deepspeed_plugin")
+    )
+
+
+def fsdp_evidence(
+    facts: PythonFacts, settings: LaunchSettings | None, line_of: Callable[[cst.CSTNode], int]
+) -> str | None:
+    """What says the script runs under FSDP, in words: the launch settings, an FSDP plugin built in it, or a test of
+    ``DistributedType.FSDP`` (it expects to run under FSDP), at the line ``line_of`` gives; None when nothing does."""
+    if launch_backend(settings) == "FSDP":
+        return "the launch settings select FSDP"
+    if builds_fsdp_plugin(facts):
+        return "the script builds an FSDP plugin"
+    for node in facts.index.nodes(cst.Attribute):
+        if node.attr.value == "FSDP" and any(q.endswith("DistributedType.FSDP") for q in facts.qualified_names(node)):
+            return f"the script tests `DistributedType.FSDP` at line {line_of(node)}"
+    return None
+
+
+def automatic_checkpoint_naming(facts: PythonFacts) -> bool:
+    """The script builds a ``ProjectConfiguration`` with ``automatic_checkpoint_naming`` set (not ``False``):
+    accelerate 1.15's ``save_state`` then calls ``wait_for_everyone()`` whatever the backend."""
+    if "automatic_checkpoint_naming" not in facts._memo:
+        facts._memo["automatic_checkpoint_naming"] = any(
+            facts.callee_is(call, PROJECT_CONFIGURATIONS)
+            and (naming := argument_of(call, "automatic_checkpoint_naming", None)) is not None
+            and get_full_name_for_node(naming) != "False"
+            for call in facts.calls
+        )
+    return facts._memo["automatic_checkpoint_naming"]
+
+
+def _builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ...]) -> bool:
+    """The script builds one of ``plugins``, or passes one of ``keywords`` to an ``Accelerator``."""
+    return any(
+        facts.callee_is(call, plugins)
+        or (
+            facts.callee_is(call, ACCELERATOR_CLASSES)
+            and any(argument_of(call, k, None) is not None for k in keywords)
+        )
+        for call in facts.calls
+    )

@@ -1,0 +1,86 @@
+"""The program model's "is the model sharded, and what says so?" questions (lintdist.sharding)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from lintdist.facts import PythonFacts
+from lintdist.launch import LaunchSettings, Setting
+from lintdist.names import NameResolver
+from lintdist.sharding import automatic_checkpoint_naming, builds_fsdp_plugin, fsdp_evidence, launch_backend, sharded
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _settings(backend: str | None) -> LaunchSettings:
+    settings = LaunchSettings()
+    if backend is not None:
+        settings.set(Setting("distributed_type", backend, "default_config.yaml", 1, 1, "yaml"))
+    return settings
+
+
+def _line(facts: PythonFacts):
+    """A stand-in for the caller's line numbers: 3 for the node that reads ``DistributedType.FSDP``."""
+    return lambda node: 3 if facts.index.module.code_for_node(node) == "DistributedType.FSDP" else 0
+
+
+def test_launch_backend() -> None:
+    assert launch_backend(None) is None
+    assert launch_backend(_settings(None)) is None
+    assert launch_backend(_settings("fsdp")) == "FSDP"
+    assert launch_backend(_settings("MULTI_GPU")) == "MULTI_GPU"
+
+
+@pytest.mark.parametrize(
+    ("code", "backend", "expected"),
+    [
+        ("import accelerate\n", "DEEPSPEED", True),
+        ("import accelerate\n", "FSDP", True),
+        ("import accelerate\n", "MULTI_GPU", False),
+        ("import accelerate\n", None, False),
+        ("from accelerate import FullyShardedDataParallelPlugin as P\nplugin = P()\n", None, True),
+        ("from accelerate.utils import DeepSpeedPlugin\nplugin = DeepSpeedPlugin(zero_stage=3)\n", None, True),
+        ("from accelerate import Accelerator\naccelerator = Accelerator(deepspeed_plugin=plugin)\n", None, True),
+        ("from accelerate import Accelerator\naccelerator = Accelerator(mixed_precision='bf16')\n", None, False),
+        ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", None, False),  # not a plugin
+    ],
+)
+def test_sharded(code: str, backend: str | None, expected: bool) -> None:
+    assert sharded(_facts(code), _settings(backend)) is expected
+
+
+def test_fsdp_evidence_in_order_of_strength() -> None:
+    tested = "from accelerate.utils import DistributedType\n\nif kind == DistributedType.FSDP:\n    pass\n"
+    facts = _facts(tested)
+    assert fsdp_evidence(facts, _settings("FSDP"), _line(facts)) == "the launch settings select FSDP"
+    assert fsdp_evidence(facts, _settings(None), _line(facts)) == "the script tests `DistributedType.FSDP` at line 3"
+    plugin = _facts("from accelerate import Accelerator\naccelerator = Accelerator(fsdp_plugin=plugin)\n")
+    assert builds_fsdp_plugin(plugin)
+    assert fsdp_evidence(plugin, None, _line(plugin)) == "the script builds an FSDP plugin"
+    deepspeed = _facts("from accelerate import Accelerator\naccelerator = Accelerator(deepspeed_plugin=plugin)\n")
+    assert not builds_fsdp_plugin(deepspeed)
+    assert fsdp_evidence(deepspeed, _settings("DEEPSPEED"), _line(deepspeed)) is None
+    # `FSDP` of another enum is no evidence
+    other = _facts("from mylib import Backend\nif backend == Backend.FSDP:\n    pass\n")
+    assert fsdp_evidence(other, None, _line(other)) is None
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("automatic_checkpoint_naming=True", True),
+        ("automatic_checkpoint_naming=args.auto", True),
+        ("automatic_checkpoint_naming=False", False),
+        ("total_limit=3", False),
+    ],
+)
+def test_automatic_checkpoint_naming(argument: str, expected: bool) -> None:
+    facts = _facts(f"from accelerate.utils import ProjectConfiguration\nconfig = ProjectConfiguration({argument})\n")
+    assert automatic_checkpoint_naming(facts) is expected
