@@ -18,7 +18,7 @@ from lintdist.collectives import (
     joined_by_others,
     main_joins,
 )
-from lintdist.facts import MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
+from lintdist.facts import MAIN_FLAG_WORDS, MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
 from lintdist.hoist import NoHoist, Ordering, helper_repeatable, hoist, logs_on_main
 from lintdist.main_process import (
     main_only,
@@ -231,6 +231,7 @@ class CollectiveInRankGuard(Rule):
     code = "LD405"
     name = "collective-in-rank-guard"
     severity = Severity.ERROR
+    needs_several_processes = True
     fix_kind = "unsafe"
     triggers = ("distributed", "accelerat", "deepspeed")
     # a main-process guard, and a collective
@@ -241,6 +242,8 @@ class CollectiveInRankGuard(Rule):
             # a bare `rank` only where something tests it (`rank == 0`, `rank % n == 0`, `if not rank:`): the
             # word alone is in every low-rank adapter and tensor-parallel module of a library tree
             RANK_TEST,
+            # a project's own flag (`self.is_main`, `env.is_global_main()`), which the facts read by its name
+            *MAIN_FLAG_WORDS,
         ),
         # ... and a collective
         (
