@@ -8,6 +8,7 @@ calls behind it, and the kinds of wrapper the module builds at all.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import DDP_WRAPPERS, PythonFacts, argument_of
 
@@ -34,6 +35,13 @@ def forward_target(call: cst.Call) -> cst.BaseExpression:
     if isinstance(func, cst.Attribute) and func.attr.value == "forward":
         return func.value
     return func
+
+
+def forward_of(call: cst.Call, names: frozenset[str]) -> str | None:
+    """The dotted name, among ``names``, of the module a call runs the forward of (``model(x)``,
+    ``self.model.forward(x)``); None when it runs none of them."""
+    name = get_full_name_for_node(forward_target(call))
+    return name if name in names else None
 
 
 def wrapper_kind(facts: PythonFacts, node: cst.CSTNode) -> str | None:

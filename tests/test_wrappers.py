@@ -10,6 +10,7 @@ from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 from lintdist.wrappers import (
+    forward_of,
     forward_target,
     is_wrapped,
     module_wrapper_kinds,
@@ -88,3 +89,12 @@ def test_forward_target():
     assert code(forward_target(cst.parse_expression("model(x)"))) == "model"
     assert code(forward_target(cst.parse_expression("self.model.forward(x)"))) == "self.model"
     assert code(forward_target(cst.parse_expression("model.generate(x)"))) == "model.generate"
+
+
+def test_forward_of_names_the_counted_module():
+    models = frozenset({"model", "self.disc"})
+    assert forward_of(cst.parse_expression("model(x)"), models) == "model"
+    assert forward_of(cst.parse_expression("self.disc.forward(x)"), models) == "self.disc"
+    assert forward_of(cst.parse_expression("model.generate(x)"), models) is None
+    assert forward_of(cst.parse_expression("teacher(x)"), models) is None
+    assert forward_of(cst.parse_expression("build()(x)"), models) is None
