@@ -14,7 +14,7 @@ import libcst as cst
 
 from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of
 from lintdist.launch import written
-from lintdist.literals import is_constant, is_mapping_call, literal_truth, mapping_entry, readable_mapping
+from lintdist.literals import is_mapping_call, is_name, literal_truth, mapping_entry, readable_mapping
 from lintdist.loop import FSDP_PLUGINS
 
 TRAINING_ARGUMENTS = frozenset(
@@ -75,7 +75,7 @@ def accelerator_fsdp(facts: PythonFacts, settings, accelerator: cst.Call | None)
     """Whether an Accelerator (None: one out of sight) runs FSDP: a plugin it is always given, or the launch when
     the code picks nothing else (not the CPU, not DeepSpeed)."""
     if accelerator is not None:
-        if is_constant(argument_of(accelerator, "cpu", None), "True"):
+        if is_name(argument_of(accelerator, "cpu", None), "True"):
             return None
         if any(argument_of(accelerator, k, None) is not None for k in ("deepspeed_plugin", "deepspeed_plugins")):
             return None
@@ -122,7 +122,7 @@ def sets_sync_each_batch(config: cst.CSTNode) -> bool | None:
     readable, inner = accumulation_kwargs(config)
     if not readable:
         return None
-    if inner is None or is_constant(inner, "None"):
+    if inner is None or is_name(inner, "None"):
         return False
     if not isinstance(inner, cst.Dict) or not readable_mapping(inner):
         return None

@@ -5,10 +5,9 @@ or through a local helper given False), and detach a value on its way into a los
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from lintdist.facts import NO_GRAD_CONTEXTS, PythonFacts, argument_of
-from lintdist.literals import is_constant
+from lintdist.literals import is_name
 
 
 def context_callee(item: cst.WithItem) -> cst.BaseExpression:
@@ -25,8 +24,8 @@ def freezes(small: cst.BaseSmallStatement) -> bool:
     """Whether a statement freezes a parameter: ``p.requires_grad = False``."""
     return (
         isinstance(small, cst.Assign)
-        and is_constant(small.value, "False")
-        and any(m.matches(t.target, m.Attribute(attr=m.Name("requires_grad"))) for t in small.targets)
+        and is_name(small.value, "False")
+        and any(_is_attribute(t.target, "requires_grad") for t in small.targets)
     )
 
 
@@ -34,7 +33,7 @@ def freezes_call(facts: PythonFacts, call: cst.Call) -> bool:
     """Whether a call freezes a module: ``m.requires_grad_(False)``, or a local helper that sets
     ``requires_grad`` from a parameter given False (CycleGAN's ``set_requires_grad(disc, False)``, StyleGAN2's
     ``requires_grad(model, flag)``)."""
-    if facts.method_name(call) == "requires_grad_" and is_constant(argument_of(call, "requires_grad", 0), "False"):
+    if facts.method_name(call) == "requires_grad_" and is_name(argument_of(call, "requires_grad", 0), "False"):
         return True
     for function in facts.local_functions(call):
         params = [*function.params.posonly_params, *function.params.params]
@@ -42,7 +41,7 @@ def freezes_call(facts: PythonFacts, call: cst.Call) -> bool:
             params = params[1:]
         for index, param in enumerate(params):
             value = argument_of(call, param.name.value, index)
-            if is_constant(param.default if value is None else value, "False") and sets_requires_grad(
+            if is_name(param.default if value is None else value, "False") and sets_requires_grad(
                 facts, function, param.name.value
             ):
                 return True
@@ -52,12 +51,12 @@ def freezes_call(facts: PythonFacts, call: cst.Call) -> bool:
 def sets_requires_grad(facts: PythonFacts, function: cst.FunctionDef, name: str) -> bool:
     """Whether a function sets ``requires_grad`` from its parameter ``name``: ``p.requires_grad = name`` or
     ``m.requires_grad_(name)``."""
-    flag = m.Name(name)
     for node in facts.within(function.body, cst.Assign, cst.Call):
         if isinstance(node, cst.Assign):
-            if m.matches(node, m.Assign([m.AssignTarget(m.Attribute(attr=m.Name("requires_grad")))], flag)):
+            target = node.targets[0].target if len(node.targets) == 1 else None
+            if _is_attribute(target, "requires_grad") and is_name(node.value, name):
                 return True
-        elif m.matches(node, m.Call(func=m.Attribute(attr=m.Name("requires_grad_")), args=[m.Arg(flag)])):
+        elif _is_attribute(node.func, "requires_grad_") and len(node.args) == 1 and is_name(node.args[0].value, name):
             return True
     return False
 
@@ -70,3 +69,7 @@ def under_detach(facts: PythonFacts, node: cst.CSTNode, root: cst.CSTNode) -> bo
         if isinstance(ancestor, cst.Attribute) and ancestor.attr.value == "detach":
             return True
     return False
+
+
+def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
+    return isinstance(expr, cst.Attribute) and expr.attr.value == attr

@@ -13,8 +13,8 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import PythonFacts, argument_of
 
 
-def is_constant(expr: cst.CSTNode | None, value: str) -> bool:
-    """Whether ``expr`` is the constant ``True``, ``False`` or ``None`` named by ``value``."""
+def is_name(expr: cst.CSTNode | None, value: str) -> bool:
+    """Whether ``expr`` is the bare name ``value``: a constant (``True``, ``False``, ``None``) or a variable."""
     return isinstance(expr, cst.Name) and expr.value == value
 
 

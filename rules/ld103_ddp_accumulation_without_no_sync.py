@@ -6,12 +6,12 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.control import called_in_loop, caller_chains, common_loop, loop_iterable, runs_whenever, statement_of
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
+from lintdist.literals import is_name
 from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -698,7 +698,7 @@ for epoch in range(epochs):
             for forward in forwards:
                 target = forward_target(forward)
                 if facts.enclosing_function(forward) is function or (
-                    m.matches(target, m.Attribute(value=m.Name("self")))
+                    (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
                     and function is not None
                     and facts.enclosing_class(forward) is facts.enclosing_class(function)
                 ):

@@ -23,7 +23,7 @@ from lintdist.backends import (
 )
 from lintdist.facts import argument_of
 from lintdist.layout import appended, equal_like, inserted_after
-from lintdist.literals import at_most_one, is_constant, literal_truth, readable_mapping
+from lintdist.literals import at_most_one, is_name, literal_truth, readable_mapping
 from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -484,7 +484,7 @@ for step, batch in enumerate(loader):
             if steps is None or not is_training_arguments(facts, call) or self._trainer_syncs_each_batch(call):
                 continue
             deepspeed = argument_of(call, "deepspeed", None)
-            if at_most_one(steps, facts, call) or (deepspeed is not None and not is_constant(deepspeed, "None")):
+            if at_most_one(steps, facts, call) or (deepspeed is not None and not is_name(deepspeed, "None")):
                 continue
             evidence = training_arguments_fsdp(facts, self.context.settings, call)
             if evidence is None:

@@ -11,8 +11,8 @@ from lintdist.facts import PythonFacts
 from lintdist.literals import (
     at_most_one,
     dict_key,
-    is_constant,
     is_mapping_call,
+    is_name,
     literal_truth,
     mapping_entry,
     readable_mapping,
@@ -49,10 +49,10 @@ def test_literal_truth_reads_only_literals(text, truth):
 
 
 def test_is_constant_names_one_constant():
-    assert is_constant(cst.parse_expression("None"), "None")
-    assert not is_constant(cst.parse_expression("None"), "False")
-    assert not is_constant(cst.parse_expression('"None"'), "None")
-    assert not is_constant(None, "None")
+    assert is_name(cst.parse_expression("None"), "None")
+    assert not is_name(cst.parse_expression("None"), "False")
+    assert not is_name(cst.parse_expression('"None"'), "None")
+    assert not is_name(None, "None")
 
 
 def test_at_most_one_follows_names_bound_only_to_small_literals():
@@ -76,7 +76,7 @@ def test_mapping_entries_of_dicts_and_config_calls():
     config = cst.parse_expression('{"gradient_accumulation_kwargs": {"sync_each_batch": False}, 3: 4}')
     inner = mapping_entry(config, "gradient_accumulation_kwargs")
     assert isinstance(inner, cst.Dict)
-    assert is_constant(mapping_entry(inner, "sync_each_batch"), "False")
+    assert is_name(mapping_entry(inner, "sync_each_batch"), "False")
     assert mapping_entry(config, "other") is None
     assert dict_key(config.elements[1]) is None
     call = cst.parse_expression("AcceleratorConfig(split_batches=True, gradient_accumulation_kwargs=kwargs)")
