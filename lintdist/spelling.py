@@ -168,3 +168,22 @@ def unused_name(facts: PythonFacts, scope: cst.CSTNode, candidates: tuple[str, .
     """The first of ``candidates`` that no name in ``scope`` spells, for a variable a fix adds; None if all are."""
     used = {name.value for name in facts.within(scope, cst.Name)}
     return next((c for c in candidates if c not in used), None)
+
+
+def imported_name(facts: PythonFacts, qualified: frozenset[str], fallback: tuple[str, str]) -> tuple[str | None, tuple]:
+    """How a fix names a class: (the module-level name an import binds to one of ``qualified``, alias kept, ()),
+    else (``fallback``'s name, (``fallback``,)) to import it when that name is free, else (None, ())."""
+    names = facts.names
+    for statement in facts.index.nodes(cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar) or statement.relative:
+            continue
+        module = get_full_name_for_node(statement.module) or ""
+        for alias in statement.names:
+            imported = f"{module}.{get_full_name_for_node(alias.name)}"
+            bound = get_full_name_for_node(alias.asname.name if alias.asname else alias.name) or ""
+            bindings = names.module_bindings(bound)
+            if imported in qualified and bindings and all(b.node is statement for b in bindings):
+                return bound, ()
+    if names.module_bindings(fallback[1]):
+        return None, ()
+    return fallback[1], (fallback,)

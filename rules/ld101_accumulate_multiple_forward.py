@@ -3,75 +3,22 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import BACKWARD_METHODS, NO_GRAD_CONTEXTS, argument_of
+from lintdist.facts import BACKWARD_METHODS
+from lintdist.gradients import enters_no_grad, under_detach
 from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.passes import EXITS, BlockWalk, PassCounter
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.syntax import children
+from lintdist.wrappers import forward_of
 
 # Calls that read or change gradients: moving a backward past one of them changes what it sees.
 GRADIENT_USERS = frozenset(
     {"step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "unscale_", "requires_grad_", *BACKWARD_METHODS}
 )
-EXITS = (cst.Return, cst.Raise, cst.Break, cst.Continue)
-COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-MAX_HELPER_DEPTH = 4
-
-
-@dataclass(frozen=True)
-class Tally:
-    """Backward passes and forward calls of the accumulated models along one path."""
-
-    backward: int = 0
-    forward: int = 0
-
-    def __add__(self, other: Tally) -> Tally:
-        return Tally(self.backward + other.backward, self.forward + other.forward)
-
-    def widest(self, other: Tally | None) -> Tally:
-        if other is None:
-            return self
-        return Tally(max(self.backward, other.backward), max(self.forward, other.forward))
-
-
-def _widest(a: Tally | None, b: Tally | None) -> Tally | None:
-    return b if a is None else a.widest(b)
-
-
-@dataclass(frozen=True)
-class Paths:
-    """The largest tallies of the paths through some code: those that reach its end, and those that leave early."""
-
-    through: Tally | None = Tally()
-    left: Tally | None = None
-
-    def then(self, after: Paths) -> Paths:
-        if self.through is None:
-            return self
-        through = None if after.through is None else self.through + after.through
-        left = _widest(self.left, None if after.left is None else self.through + after.left)
-        return Paths(through, left)
-
-    def either(self, other: Paths) -> Paths:
-        return Paths(_widest(self.through, other.through), _widest(self.left, other.left))
-
-    @property
-    def most(self) -> Tally:
-        return _widest(self.through, self.left) or Tally()
-
-
-@dataclass
-class BlockWalk:
-    """What one walk over an ``accumulate`` block found."""
-
-    backward_calls: list[cst.Call] = field(default_factory=list)
-    loop: cst.CSTNode | None = None
-    frozen: list[cst.CSTNode] = field(default_factory=list)
 
 
 class AccumulateMultipleForward(Rule):
@@ -383,7 +330,7 @@ for real in loader:
     # -- the analysis ------------------------------------------------------------------------
 
     def _check(self, block: cst.With, call: cst.Call, models: frozenset[str], others: frozenset[str]) -> None:
-        walker = _Walker(self.loop, models)
+        walker = PassCounter(self.loop, models)
         paths = walker.suite(block.body)
         walk = walker.walk
         most = paths.most
@@ -468,13 +415,12 @@ for real in loader:
         loss = self.loop.backward_site(backwards[0]).loss
         sources = _sources(facts, loss, block, backwards[0]) if loss is not None else []
         for call in calls:
-            if _calls_model(call, others) and any(_flows_from(facts, call, source) for source in sources):
-                name = get_full_name_for_node(call.func.value if _is_forward_method(call) else call.func)
-                if name not in cleared:
-                    return call, name
+            name = forward_of(call, others)
+            if name is not None and name not in cleared and any(_flows_from(facts, call, s) for s in sources):
+                return call, name
         return None
 
-    def _models_kept_apart(self, block: cst.With, models: frozenset[str], walker: _Walker) -> bool:
+    def _models_kept_apart(self, block: cst.With, models: frozenset[str], walker: PassCounter) -> bool:
         """Every backward pass sees at least one accumulated model and no model runs before two of them.
 
         The calls of the block are taken in evaluation order (by where they end); a model
@@ -501,141 +447,11 @@ for real in loader:
         return all(sum(name in used for used in finished) <= 1 for name in models)
 
 
-class _Walker:
-    """Counts backward passes and forward calls along the paths of an ``accumulate`` block."""
-
-    def __init__(self, loop, models: frozenset[str]) -> None:
-        self.facts = loop.facts
-        self.loop = loop
-        self.models = models
-        self.walk = BlockWalk()
-        self._helpers: dict[int, Tally] = {}
-        self._stack: list[int] = []
-
-    # statements
-
-    def suite(self, suite: cst.BaseSuite) -> Paths:
-        if isinstance(suite, cst.SimpleStatementSuite):
-            return self._smalls(suite.body)
-        return self.statements(suite.body)
-
-    def statements(self, statements) -> Paths:
-        paths = Paths()
-        for statement in statements:
-            paths = paths.then(self.statement(statement))
-        return paths
-
-    def statement(self, node: cst.CSTNode) -> Paths:
-        if isinstance(node, cst.SimpleStatementLine):
-            return self._smalls(node.body)
-        if isinstance(node, cst.If):
-            alternative = Paths() if node.orelse is None else self.orelse(node.orelse)
-            return Paths(self.expression(node.test)).then(self.suite(node.body).either(alternative))
-        if isinstance(node, (cst.For, cst.While)):
-            head = self.expression(node.iter if isinstance(node, cst.For) else node.test)
-            body = self.suite(node.body)
-            if body.most.backward and self.walk.loop is None:
-                self.walk.loop = node
-            # break and continue end an iteration, not the block
-            paths = Paths(head).then(Paths(body.most))
-            return paths.then(self.orelse(node.orelse)) if node.orelse is not None else paths
-        if isinstance(node, (cst.Try, cst.TryStar)):
-            body = self.suite(node.body)
-            if node.orelse is not None:
-                body = body.then(self.orelse(node.orelse))
-            for handler in node.handlers:
-                body = body.either(self.suite(handler.body))
-            return body.then(self.suite(node.finalbody.body)) if node.finalbody is not None else body
-        if isinstance(node, cst.With):
-            if self._skipped(node):
-                return Paths()
-            head = sum((self.expression(item.item) for item in node.items), Tally())
-            return Paths(head).then(self.suite(node.body))
-        if isinstance(node, cst.Match):
-            paths = None
-            for case in node.cases:
-                branch = self.suite(case.body)
-                paths = branch if paths is None else paths.either(branch)
-            return Paths(self.expression(node.subject)).then(paths or Paths())
-        return Paths()  # function and class definitions do not run here
-
-    def orelse(self, node: cst.CSTNode) -> Paths:
-        return self.statement(node) if isinstance(node, cst.If) else self.suite(node.body)
-
-    def _smalls(self, smalls) -> Paths:
-        paths = Paths()
-        for small in smalls:
-            if _freezes(small):
-                self.walk.frozen.append(small)
-            tally = self.expression(small)
-            paths = paths.then(Paths(None, tally) if isinstance(small, EXITS) else Paths(tally))
-        return paths
-
-    def _skipped(self, node: cst.With) -> bool:
-        """``torch.no_grad()``/``inference_mode()`` blocks count nothing; a nested ``accumulate`` is its own block."""
-        return _no_grad(self.facts, node) or any(
-            isinstance(target := _context_callee(item), cst.Attribute) and target.attr.value == "accumulate"
-            for item in node.items
-        )
-
-    # expressions
-
-    def expression(self, node: cst.CSTNode | None) -> Tally:
-        if node is None or isinstance(node, cst.Lambda):
-            return Tally()
-        if isinstance(node, cst.IfExp):
-            return self.expression(node.test) + self.expression(node.body).widest(self.expression(node.orelse))
-        total = Tally()
-        for child in children(node):
-            total = total + self.expression(child)
-        if isinstance(node, COMPREHENSIONS) and total.backward and self.walk.loop is None:
-            self.walk.loop = node
-        if isinstance(node, cst.Call):
-            total = total + self._call(node)
-        return total
-
-    def _call(self, call: cst.Call) -> Tally:
-        facts = self.facts
-        method = facts.method_name(call)
-        if self.loop.backward_site(call) is not None:
-            self.walk.backward_calls.append(call)
-            return Tally(backward=1)
-        if (method == "requires_grad_" and _is_false(argument_of(call, "requires_grad", 0))) or _helper_freezes(
-            facts, call
-        ):
-            self.walk.frozen.append(call)
-        if _calls_model(call, self.models):
-            return Tally(forward=1)
-        helpers = facts.local_functions(call)
-        if not helpers or len(self._stack) >= MAX_HELPER_DEPTH:
-            return Tally()
-        return Tally(backward=max(self.helper_backward(function) for function in helpers))
-
-    def helper_backward(self, function: cst.FunctionDef) -> int:
-        """The most backward passes on one path through a local function (recursion counts nothing)."""
-        key = id(function)
-        if key in self._stack:
-            return 0
-        if key not in self._helpers:
-            self._stack.append(key)
-            self._helpers[key] = self.suite(function.body).most
-            self._stack.pop()
-        return self._helpers[key].backward
-
-
 # -- small pure helpers --------------------------------------------------------------------------
 
 
 def _model_names(models: tuple[cst.BaseExpression, ...]) -> frozenset[str]:
     return frozenset(name for model in models if (name := get_full_name_for_node(model)) is not None)
-
-
-def _calls_model(call: cst.Call, models: frozenset[str]) -> bool:
-    """``model(...)`` or ``model.forward(...)`` of an accumulated model."""
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
-        func = func.value
-    return get_full_name_for_node(func) in models
 
 
 def _hidden(facts, call: cst.Call, block: cst.With) -> bool:
@@ -645,24 +461,16 @@ def _hidden(facts, call: cst.Call, block: cst.With) -> bool:
             return False
         if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             return True
-        if isinstance(ancestor, cst.With) and _no_grad(facts, ancestor):
+        if isinstance(ancestor, cst.With) and enters_no_grad(facts, ancestor):
             return True
     return False
 
 
-def _no_grad(facts, node: cst.With) -> bool:
-    """``with torch.no_grad():`` or ``with torch.inference_mode():``."""
-    return any(not facts.qualified_names(_context_callee(item)).isdisjoint(NO_GRAD_CONTEXTS) for item in node.items)
-
-
-def _context_callee(item: cst.WithItem) -> cst.BaseExpression:
-    return item.item.func if isinstance(item.item, cst.Call) else item.item
-
-
 def _models_used(facts, call: cst.Call, models: frozenset[str]) -> set[str]:
     """The accumulated models this call runs: called directly, or handed to a local helper."""
-    if _calls_model(call, models):
-        return {get_full_name_for_node(call.func.value if _is_forward_method(call) else call.func)}
+    name = forward_of(call, models)
+    if name is not None:
+        return {name}
     if not facts.local_functions(call):
         return set()
     return {name for arg in call.args if (name := get_full_name_for_node(arg.value)) in models}
@@ -679,7 +487,7 @@ def _sources(facts, loss: cst.BaseExpression, block: cst.With, before: cst.CSTNo
         expr = pending.pop()
         sources.append(expr)
         for name in facts.within(expr, cst.Name):
-            if name.value in seen or _under_detach(facts, name, expr):
+            if name.value in seen or under_detach(facts, name, expr):
                 continue
             seen.add(name.value)
             for assign in assignments:
@@ -693,72 +501,7 @@ def _sources(facts, loss: cst.BaseExpression, block: cst.With, before: cst.CSTNo
 
 def _flows_from(facts, call: cst.Call, source: cst.CSTNode) -> bool:
     """``call`` is part of ``source`` and its result is not detached on the way."""
-    return (call is source or facts.is_within(call, source)) and not _under_detach(facts, call, source)
-
-
-def _under_detach(facts, node: cst.CSTNode, root: cst.CSTNode) -> bool:
-    for ancestor in facts.ancestors(node):
-        if ancestor is root:
-            return False
-        if isinstance(ancestor, cst.Attribute) and ancestor.attr.value == "detach":
-            return True
-    return False
-
-
-def _is_forward_method(call: cst.Call) -> bool:
-    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward"
-
-
-def _detached(expr: cst.BaseExpression) -> bool:
-    """``x.detach()``."""
-    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "detach"
-
-
-def _is_false(expr: cst.BaseExpression | None) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "False"
-
-
-def _freezes(small: cst.BaseSmallStatement) -> bool:
-    """``p.requires_grad = False``."""
-    return (
-        isinstance(small, cst.Assign)
-        and _is_false(small.value)
-        and any(isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad" for t in small.targets)
-    )
-
-
-def _helper_freezes(facts, call: cst.Call) -> bool:
-    """``set_requires_grad(disc, False)``: a local helper that sets ``requires_grad`` from a parameter given False
-    (CycleGAN's ``set_requires_grad``, StyleGAN2's ``requires_grad(model, flag)``)."""
-    for function in facts.local_functions(call):
-        params = [*function.params.posonly_params, *function.params.params]
-        if isinstance(call.func, cst.Attribute) and params and params[0].name.value in {"self", "cls"}:
-            params = params[1:]
-        for index, param in enumerate(params):
-            value = argument_of(call, param.name.value, index)
-            if _is_false(param.default if value is None else value) and _sets_requires_grad(
-                facts, function, param.name.value
-            ):
-                return True
-    return False
-
-
-def _sets_requires_grad(facts, function: cst.FunctionDef, name: str) -> bool:
-    """The function does ``p.requires_grad = name`` or ``m.requires_grad_(name)``."""
-
-    def is_flag(expr: cst.BaseExpression) -> bool:
-        return isinstance(expr, cst.Name) and expr.value == name
-
-    def is_attribute(expr: cst.BaseExpression, attr: str) -> bool:
-        return isinstance(expr, cst.Attribute) and expr.attr.value == attr
-
-    for node in facts.within(function.body, cst.Assign, cst.Call):
-        if isinstance(node, cst.Assign):
-            if len(node.targets) == 1 and is_attribute(node.targets[0].target, "requires_grad") and is_flag(node.value):
-                return True
-        elif is_attribute(node.func, "requires_grad_") and len(node.args) == 1 and is_flag(node.args[0].value):
-            return True
-    return False
+    return (call is source or facts.is_within(call, source)) and not under_detach(facts, call, source)
 
 
 def _before(a: cst.CSTNode, b: cst.CSTNode, rule: Rule) -> bool:
@@ -868,7 +611,7 @@ def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[s
     """Nothing here uses gradients, leaves the block or runs the accumulated model."""
     facts = rule.facts
     for call in facts.reachable_calls(statement):
-        if facts.method_name(call) in GRADIENT_USERS or _calls_model(call, models):
+        if facts.method_name(call) in GRADIENT_USERS or forward_of(call, models) is not None:
             return False
     return not facts.within(statement, *EXITS) and not any(
         node.attr.value == "grad" for node in facts.within(statement, cst.Attribute)

@@ -8,22 +8,21 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.blocks import with_block
+from lintdist.control import called_in_loop, caller_chains, common_loop, loop_iterable, runs_whenever, statement_of
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
-from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite, integer_literal, is_accumulation_name
+from lintdist.literals import is_name
+from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
+from lintdist.windows import accumulation_gates, gated_steps, last_iteration, mentions_sync_control
+from lintdist.wrappers import forward_target, is_wrapped, module_wrapper_kinds, wrapper_calls
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
 FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
-# What turns DDP's all-reduce off or on, however it is spelled: seeing one near the loop means the script manages it.
-SYNC_ATTRIBUTES = frozenset(
-    {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync", "no_backward_sync", "grad_sync"}
-)
 RAW_BACKWARDS = frozenset({"tensor", "scaler", "autograd"})
-# Calls a copied gate expression may make: they have no side effects, so evaluating it twice changes nothing.
-PURE_CALLS = frozenset({"len", "min", "max", "int", "bool", "abs"})
 # How many levels of helper functions lintdist follows between the loop and the backward (or the step).
 MAX_HELPER_DEPTH = 2
 
@@ -393,7 +392,7 @@ for epoch in range(epochs):
             self._late_toggle(toggle)
         if loop.sync_each_batch or loop.sync_toggles:
             return
-        gated = self._gated_steps()
+        gated = gated_steps(loop, MAX_HELPER_DEPTH)
         for site in loop.backward_sites:
             if site.kind not in RAW_BACKWARDS:
                 continue
@@ -416,21 +415,12 @@ for epoch in range(epochs):
         if model is None or not isinstance(block, (cst.IndentedBlock, cst.Module)):
             return
         body = list(block.body)
-        index = next((i for i, s in enumerate(body) if s is statement), None)
-        if index is None:
-            return
+        index = body.index(statement)
+        calls = [[c for c in facts.within(s, cst.Call)] for s in body]
         forward = next(
-            (
-                i
-                for i, s in enumerate(body[:index])
-                if any(get_full_name_for_node(c.func) == model for c in facts.within(s, cst.Call))
-            ),
-            None,
+            (i for i in range(index) if any(get_full_name_for_node(c.func) == model for c in calls[i])), None
         )
-        backward = any(
-            self.loop.backward_site(c) is not None for s in body[index + 1 :] for c in facts.within(s, cst.Call)
-        )
-        if forward is None or not backward:
+        if forward is None or not any(self.loop.backward_site(c) for later in calls[index + 1 :] for c in later):
             return
         first = body[forward]
         fix = None
@@ -456,25 +446,26 @@ for epoch in range(epochs):
 
     def _raw_ddp(self) -> bool:
         """The file wraps a model in DistributedDataParallel (itself, or through a helper of another project
-        module) and hands the loop to no framework."""
+        module) and hands the loop to no framework; FSDP in the same file is LD104's concern."""
         facts = self.facts
+        built = module_wrapper_kinds(facts)
         if (
-            not any(facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models())
+            "ddp" not in built
             and not self._ddp_passed_in()
             and not (self._accumulates_by_hand() and self._ddp_elsewhere())
         ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
             return False
-        if any(not facts.callee_is(call, DDP_WRAPPERS) for call in facts.wrapped_models()):
-            return False  # FSDP in the same file: its no_sync is LD104's concern
-        return not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
+        return built <= {"ddp"} and not any(facts.callee_is(call, ACCELERATOR_CLASSES) for call in facts.calls)
 
     def _accumulates_by_hand(self) -> bool:
         """A plain backward and an optimizer step under an accumulation gate: what is worth asking other modules
         about (most files of a library have neither)."""
         raw = [site for site in self.loop.backward_sites if site.kind in RAW_BACKWARDS]
-        return bool(raw) and (bool(self._gated_steps()) or any(self._inner_pairing(site) for site in raw))
+        return bool(raw) and (
+            bool(gated_steps(self.loop, MAX_HELPER_DEPTH)) or any(self._inner_pairing(s) for s in raw)
+        )
 
     def _ddp_elsewhere(self) -> bool:
         """A function of another project module called here wraps a model in DistributedDataParallel
@@ -486,65 +477,24 @@ for epoch in range(epochs):
     def _ddp_passed_in(self) -> bool:
         """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
         facts = self.facts
-        if facts.project is None:
-            return False
-        return any(
+        return facts.project is not None and any(
             isinstance(call.func, cst.Name)
             and facts.parameter(call.func.value, call) is not None
-            and self._is_ddp(call.func, call)
+            and is_wrapped(facts, call.func, call)
             for call in facts.calls
         )
-
-    def _is_ddp(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        facts = self.facts
-        return any(
-            isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in facts.origins(expr, at)
-        )
-
-    # -- the accumulation gate ----------------------------------------------------------------
-
-    def _gated_steps(self) -> list[tuple[StepSite, Gate]]:
-        """Optimizer steps under an accumulation gate (modulo or counter), also through a helper called under it."""
-        result = []
-        for step in self.loop.steps:
-            if step.kind != "optimizer":
-                continue
-            for gate in self._gates(step.call, 0):
-                if not self._single_step(gate):
-                    result.append((step, gate))
-        return result
-
-    def _gates(self, node: cst.CSTNode, depth: int) -> list[Gate]:
-        gate = self.loop.gate_of(node)
-        if gate is not None:
-            return [gate] if gate.kind in {"modulo", "counter"} else []
-        function = self.facts.enclosing_function(node)
-        if function is None or depth >= MAX_HELPER_DEPTH:
-            return []
-        return [g for call in self.facts.call_sites(function) for g in self._gates(call, depth + 1)]
-
-    def _single_step(self, gate: Gate) -> bool:
-        """The gate accumulates exactly one step: ``% 1`` or a steps name bound to the literal 1."""
-        facts = self.facts
-        for node in facts.within(gate.node.test, cst.BinaryOperation, cst.Name, cst.Attribute):
-            if isinstance(node, cst.BinaryOperation):
-                if isinstance(node.operator, cst.Modulo) and integer_literal(node.right, facts, node) == 1:
-                    return True
-            elif is_accumulation_name(node) and integer_literal(node, facts, node) == 1:
-                return True
-        return False
 
     # -- the backward and its gate --------------------------------------------------------------
 
     def _pairing(self, site: BackwardSite, gated: list[tuple[StepSite, Gate]]) -> Pairing | None:
         facts = self.facts
-        for anchor, helpers in self._anchors(site.call):
+        for anchor, helpers in caller_chains(facts, site.call, MAX_HELPER_DEPTH):
             function = facts.enclosing_function(anchor)
             for step, gate in gated:
                 if facts.enclosing_function(gate.node) is not function or facts.is_within(anchor, gate.node):
                     continue
-                loop = _common_loop(facts, anchor, gate.node)
-                if loop is None and not self._called_in_loop(function):
+                loop = common_loop(facts, anchor, gate.node)
+                if loop is None and not called_in_loop(facts, function, MAX_HELPER_DEPTH):
                     continue
                 if self._ungated_step(loop if loop is not None else function):
                     return None  # another optimizer steps every micro-batch (a GAN): which one this feeds is unclear
@@ -557,68 +507,20 @@ for epoch in range(epochs):
             return False
         reached = {id(c) for c in self.facts.reachable_calls(scope)}
         return any(
-            step.kind == "optimizer" and id(step.call) in reached and not self._gates(step.call, 0)
+            step.kind == "optimizer"
+            and id(step.call) in reached
+            and not accumulation_gates(self.loop, step.call, MAX_HELPER_DEPTH)
             for step in self.loop.steps
         )
-
-    def _anchors(self, call: cst.Call) -> list[tuple[cst.CSTNode, tuple[cst.Call, ...]]]:
-        """The backward call, then the calls of the helpers that run it (up to two levels)."""
-        result = [(call, ())]
-        pending = [(call, ())]
-        for _ in range(MAX_HELPER_DEPTH):
-            following = []
-            for node, helpers in pending:
-                function = self.facts.enclosing_function(node)
-                if function is None:
-                    continue
-                for site in self.facts.call_sites(function):
-                    following.append((site, (site, *helpers)))
-            result.extend(following)
-            pending = following
-        return result
-
-    def _called_in_loop(self, function: cst.FunctionDef | None) -> bool:
-        """A function with no loop around the backward that the file calls from a loop (a ``train_step``)."""
-        facts = self.facts
-        pending, seen = [function], set()
-        for _ in range(MAX_HELPER_DEPTH + 1):
-            following = []
-            for current in pending:
-                if current is None or id(current) in seen:
-                    continue
-                seen.add(id(current))
-                for call in facts.call_sites(current):
-                    if facts.enclosing_loop(call) is not None:
-                        return True
-                    following.append(facts.enclosing_function(call))
-            pending = following
-        return False
 
     def _inner_pairing(self, site: BackwardSite) -> Pairing | None:
         """The backward runs in ``for micro_step in range(accum_steps):`` and the optimizer steps after that loop,
         ungated, in the loop around it (nanoGPT's shape)."""
-        for anchor, helpers in self._anchors(site.call):
+        for anchor, helpers in caller_chains(self.facts, site.call, MAX_HELPER_DEPTH):
             window = self.loop.accumulation_loop(anchor)
             if window is not None:
                 return Pairing(anchor, helpers, window.step, None, window.outer, window)
         return None
-
-    def _last_iteration(self, window: AccumulationLoop) -> cst.BaseExpression | None:
-        """``micro_step == accum_steps - 1`` for ``for micro_step in range(accum_steps):``, when the loop runs every
-        iteration to the end (no break, continue or return) and rebinds neither name."""
-        facts = self.facts
-        inner, bound = window.node, window.bound
-        if not isinstance(inner.target, cst.Name) or not _pure(facts, bound):
-            return None
-        if facts.within(inner.body, cst.Break, cst.Continue, cst.Return, cst.Raise, cst.Yield):
-            return None
-        keys = _read_keys(facts, bound) | {inner.target.value}
-        if any(_binds(facts, node) & keys for node in facts.within(inner.body, *BINDERS)):
-            return None
-        text = self.context.module.code_for_node(bound)
-        if not isinstance(bound, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
-            text = f"({text})"
-        return cst.parse_expression(f"{inner.target.value} == {text} - 1")
 
     def _managed(self, site: BackwardSite, pairing: Pairing) -> bool:
         """The script already decides when DDP syncs: a no_sync-like block around the backward (or the call of its
@@ -632,7 +534,7 @@ for epoch in range(epochs):
         containers = [s if s is not None else self.context.module for s in scopes.values()]
         for container in list(containers):
             containers.extend(f for c in facts.reachable_calls(container) for f in facts.local_functions(c))
-        return any(_mentions_sync(facts, container) for container in containers)
+        return any(mentions_sync_control(self.loop, container) for container in containers)
 
     # -- the report -------------------------------------------------------------------------------
 
@@ -667,8 +569,8 @@ for epoch in range(epochs):
         elif self._partial_window(pairing):
             message += (
                 f". When the number of batches is not a multiple of the accumulation steps, the last micro-batches "
-                f"of each pass over `{_short(code(_iterated(pairing.loop)))}` are never stepped: their gradients carry "
-                "over into the next epoch's first step"
+                f"of each pass over `{_short(code(loop_iterable(pairing.loop)))}` are never stepped: their gradients "
+                "carry over into the next epoch's first step"
             )
         self.report(anchor, message, fix=fix)
 
@@ -676,14 +578,9 @@ for epoch in range(epochs):
         """A plain ``(i + 1) % k == 0`` gate over a loader loop, and no optimizer step after that loop."""
         facts = self.facts
         loop, gate = pairing.loop, pairing.gate
-        if (
-            gate is None
-            or gate.kind != "modulo"
-            or not isinstance(loop, cst.For)
-            or facts.within(gate.node.test, cst.BooleanOperation)
-        ):
+        if gate is None or gate.kind != "modulo" or facts.within(gate.node.test, cst.BooleanOperation):
             return False
-        iterated = _iterated(loop)
+        iterated = loop_iterable(loop)
         if iterated is None or (isinstance(iterated, cst.Call) and facts.method_name(iterated) == "range"):
             return False
         # the modulo counts this loop's batches (its index), not a counter that runs on across passes
@@ -703,10 +600,11 @@ for epoch in range(epochs):
             # the loop is in the callers (a `train_step` method): a step after it is theirs
             containers.extend(f for call in facts.call_sites(function) if (f := facts.enclosing_function(call)))
         reached = {id(c) for container in containers for c in facts.reachable_calls(container)}
-        if pairing.gate is not None:
-            gated = {id(c) for c in facts.reachable_calls(pairing.gate.node.body)}
-        else:
-            gated = {id(pairing.step.call)}
+        gated = (
+            {id(c) for c in facts.reachable_calls(pairing.gate.node.body)}
+            if pairing.gate is not None
+            else {id(pairing.step.call)}
+        )
         return any(
             step.kind == "optimizer" and id(step.call) in reached and id(step.call) not in gated
             for step in self.loop.steps
@@ -724,13 +622,15 @@ for epoch in range(epochs):
             return None, model
         if pairing.gate is not None:
             gate = pairing.gate.node
-            if not facts.index.end(block.body[last]) <= facts.index.order(gate):
+            order = facts.index.order
+            if not facts.index.end(block.body[last]) <= order(gate) or not repeatable(facts, gate.test):
                 return None, model
-            if not _pure(facts, gate.test) or self._rebound(gate.test, block.body[first], gate):
+            container = facts.enclosing_function(gate) or self.context.module
+            if rebound_between(facts, read_names(facts, gate.test), container, order(block.body[first]), order(gate)):
                 return None, model
             condition = gate.test.deep_clone()
         else:
-            condition = self._last_iteration(pairing.inner)
+            condition = last_iteration(self.loop, pairing.inner)
             if condition is None:
                 return None, model
         if self._other_steps(pairing) or self._reads_gradients(pairing):
@@ -753,9 +653,9 @@ for epoch in range(epochs):
         # inside each helper, the backward (or the next helper call) must run whenever the helper does
         for inner in chain[:-1]:
             function = facts.enclosing_function(inner)
-            if function is None or not _unconditional(facts, inner, function.body):
+            if function is None or not runs_whenever(facts, inner, function.body):
                 return None
-        statement = _statement(facts, pairing.anchor)
+        statement = statement_of(facts, pairing.anchor)
         while statement is not None:
             block = facts.parent(statement)
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
@@ -781,7 +681,7 @@ for epoch in range(epochs):
             if not forwards:
                 continue
             wrappers = {
-                self._wrappers(_forward_target(c), c)
+                frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c))
                 for later in statements[index:]
                 for c in facts.reachable_calls(later)
                 if self._is_forward(c)
@@ -789,13 +689,9 @@ for epoch in range(epochs):
             if len(wrappers) > 1:
                 return index, None  # forwards of two DDP models (a GAN): which one to wrap is unclear
             for forward in forwards:
-                target = _forward_target(forward)
-                if facts.enclosing_function(forward) is function:
-                    return index, code(target)
-                if (
-                    isinstance(target, cst.Attribute)
-                    and isinstance(target.value, cst.Name)
-                    and target.value.value == "self"
+                target = forward_target(forward)
+                if facts.enclosing_function(forward) is function or (
+                    (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
                     and function is not None
                     and facts.enclosing_class(forward) is facts.enclosing_class(function)
                 ):
@@ -805,46 +701,16 @@ for epoch in range(epochs):
                 for node in facts.within(later, cst.Name, cst.Attribute):
                     if (
                         facts.enclosing_function(node) is function
-                        and _is_value(facts, node)
-                        and self._is_ddp(node, node)
+                        and not isinstance(facts.parent(node), cst.Attribute)  # read as a whole
+                        and is_wrapped(facts, node, node)
                     ):
                         return index, code(node)
             return index, None
         return None, None
 
-    def _wrappers(self, expr: cst.BaseExpression, at: cst.CSTNode) -> frozenset[int]:
-        """The DistributedDataParallel(...) calls a model expression can come from."""
-        facts = self.facts
-        return frozenset(
-            id(o.node)
-            for o in facts.origins(expr, at)
-            if isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS)
-        )
-
     def _is_forward(self, call: cst.Call) -> bool:
-        target = _forward_target(call)
-        return isinstance(target, (cst.Name, cst.Attribute)) and self._is_ddp(target, call)
-
-    def _rebound(self, test: cst.BaseExpression, start: cst.CSTNode, gate: cst.If) -> bool:
-        """A name the gate reads is assigned between the window's start and the gate (also in a helper called
-        there, for ``self.`` attributes)."""
-        facts = self.facts
-        order = facts.index.order
-        keys = _read_keys(facts, test)
-        low, high = order(start), order(gate)
-        function = facts.enclosing_function(gate)
-        container = function if function is not None else self.context.module
-        for node in facts.within(container, *BINDERS):
-            if low <= order(node) < high and _binds(facts, node) & keys:
-                return True
-        attributes = {k for k in keys if k.startswith("self.")}
-        if attributes:
-            for call in facts.within(container, cst.Call):
-                if low <= order(call) < high:
-                    for helper in facts.local_functions(call):
-                        if any(_binds(facts, node) & attributes for node in facts.within(helper, *BINDERS)):
-                            return True
-        return False
+        target = forward_target(call)
+        return isinstance(target, (cst.Name, cst.Attribute)) and is_wrapped(self.facts, target, call)
 
     def _reads_gradients(self, pairing: Pairing) -> bool:
         """A clip or a ``.grad`` read in the loop outside the gate: it would see partial, unsynced gradients."""
@@ -862,118 +728,11 @@ for epoch in range(epochs):
         if any(step.kind == "clip" and id(step.call) in outside for step in self.loop.steps):
             return True
         containers = [scope, *(f for c in calls for f in facts.local_functions(c))]
-        for container in containers:
-            for node in facts.within(container, cst.Attribute):
-                if node.attr.value == "grad" and (gate is None or not facts.is_within(node, gate)):
-                    return True
-        return False
-
-
-# -- small helpers ------------------------------------------------------------------------------
-
-BINDERS = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.WithItem, cst.Del)
-
-
-def _binds(facts, node: cst.CSTNode) -> set[str]:
-    """The names (dotted for attributes) a statement or expression binds."""
-    if isinstance(node, cst.Assign):
-        targets = [t.target for t in node.targets]
-    elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr)):
-        targets = [node.target]
-    elif isinstance(node, cst.WithItem):
-        targets = [node.asname.name] if node.asname is not None else []
-    else:
-        targets = [t.target for t in node.target.elements] if isinstance(node.target, cst.Tuple) else [node.target]
-    names = set()
-    for target in targets:
-        for part in facts.within(target, cst.Name, cst.Attribute):
-            name = get_full_name_for_node(part)
-            if name:
-                names.add(name)
-    return names
-
-
-def _read_keys(facts, expr: cst.BaseExpression) -> set[str]:
-    return {key for node in facts.within(expr, cst.Name, cst.Attribute) if (key := get_full_name_for_node(node))}
-
-
-def _pure(facts, test: cst.BaseExpression) -> bool:
-    """The gate can be evaluated one more time without effect: only builtin calls such as ``len``."""
-    if facts.within(test, cst.NamedExpr, cst.Lambda, cst.Await, cst.Yield):
-        return False
-    for call in facts.within(test, cst.Call):
-        if not (isinstance(call.func, cst.Name) and call.func.value in PURE_CALLS):
-            return False
-    return True
-
-
-def _mentions_sync(facts, container: cst.CSTNode) -> bool:
-    for node in facts.within(container, cst.Attribute, cst.Name):
-        name = node.attr.value if isinstance(node, cst.Attribute) else node.value
-        if name in SYNC_ATTRIBUTES:
-            return True
-    return False
-
-
-def _common_loop(facts, anchor: cst.CSTNode, other: cst.CSTNode) -> cst.For | cst.While | None:
-    """The innermost loop of ``anchor``'s function whose body holds both nodes."""
-    for ancestor in facts.ancestors(anchor):
-        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            return None
-        if (
-            isinstance(ancestor, (cst.For, cst.While))
-            and facts.is_within(anchor, ancestor.body)
-            and facts.is_within(other, ancestor.body)
-        ):
-            return ancestor
-    return None
-
-
-def _statement(facts, node: cst.CSTNode) -> cst.BaseStatement | None:
-    """The statement line (or compound statement) holding ``node``."""
-    return next((a for a in facts.ancestors(node) if isinstance(a, cst.BaseStatement)), None)
-
-
-def _unconditional(facts, node: cst.CSTNode, body: cst.BaseSuite) -> bool:
-    """``node`` runs whenever ``body`` runs: only ``with`` blocks between, and no return or raise before it."""
-    statement = _statement(facts, node)
-    current = statement
-    while current is not None:
-        parent = facts.parent(current)
-        if parent is body:
-            break
-        if not isinstance(parent, cst.IndentedBlock) or not isinstance(facts.parent(parent), cst.With):
-            return False
-        current = facts.parent(parent)
-    else:
-        return False
-    order = facts.index.order
-    return not any(order(exit_) < order(node) for exit_ in facts.within(body, cst.Return, cst.Raise))
-
-
-def _forward_target(call: cst.Call) -> cst.BaseExpression:
-    """``model`` for ``model(x)`` and ``model.forward(x)``."""
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
-        return func.value
-    return func
-
-
-def _is_value(facts, node: cst.CSTNode) -> bool:
-    """A name or attribute read as a whole (not the ``.attr`` part of an attribute, nor the base of one)."""
-    parent = facts.parent(node)
-    return not isinstance(parent, cst.Attribute)
-
-
-def _iterated(loop: cst.For | cst.While | None) -> cst.BaseExpression | None:
-    if not isinstance(loop, cst.For):
-        return None
-    iterator = loop.iter
-    while isinstance(iterator, cst.Call) and get_full_name_for_node(iterator.func) in {"enumerate", "tqdm", "iter"}:
-        if not iterator.args:
-            return None
-        iterator = iterator.args[0].value
-    return iterator
+        return any(
+            node.attr.value == "grad" and (gate is None or not facts.is_within(node, gate))
+            for container in containers
+            for node in facts.within(container, cst.Attribute)
+        )
 
 
 def _short(text: str) -> str:

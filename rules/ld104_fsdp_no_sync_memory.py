@@ -10,52 +10,30 @@ last backward. Verified in torch 2.13 (``FullyShardedDataParallel.no_sync`` docs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS, argument_of
-from lintdist.launch import written
-from lintdist.loop import FSDP_PLUGINS, GA_PLUGIN_CLASSES
+from lintdist.backends import (
+    Evidence,
+    accelerator_fsdp,
+    accelerators_behind,
+    accumulation_kwargs,
+    is_training_arguments,
+    sets_sync_each_batch,
+    training_arguments_fsdp,
+)
+from lintdist.facts import argument_of
+from lintdist.layout import appended, equal_like, inserted_after
+from lintdist.literals import at_most_one, is_name, literal_truth, readable_mapping
+from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.spelling import imported_name
+from lintdist.wrappers import module_wrapper_kinds, never_shards, wrapper_kind
 
-RAW_FSDP1 = frozenset(
-    {
-        "torch.distributed.fsdp.FullyShardedDataParallel",
-        "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
-    }
-)
-RAW_FSDP2 = frozenset(
-    {
-        "torch.distributed.fsdp.fully_shard",
-        "torch.distributed._composable.fsdp.fully_shard",
-        "torch.distributed.fsdp._fully_shard.fully_shard",
-        "torch.distributed._composable.fsdp.fully_shard.fully_shard",
-    }
-)
-TRAINING_ARGUMENTS = frozenset(
-    {
-        "transformers.TrainingArguments",
-        "transformers.training_args.TrainingArguments",
-        "transformers.Seq2SeqTrainingArguments",
-        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-    }
-)
-# TRL's trainer configs (`SFTConfig`, `DPOConfig`, `GRPOConfig`...) subclass TrainingArguments; `ModelConfig` does not.
-TRL_NOT_TRAINING_ARGUMENTS = frozenset({"ModelConfig", "ScriptArguments"})
 PLUGIN_IMPORT = ("accelerate.utils", "GradientAccumulationPlugin")
 DOCS = "accelerate docs, gradient_synchronization.md: Mixtral-8x7B on 8xA100-80GB runs out of memory at GA=2"
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Why lintdist believes FSDP is in force, in words for the message; ``{line}`` is filled in with the line of
-    ``node`` only when a finding is reported (positions cost a printing pass over the file)."""
-
-    template: str
-    node: cst.CSTNode | None = None
+TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+SYNC_KWARGS = '{"sync_each_batch": True}'
 
 
 class FsdpNoSyncMemory(Rule):
@@ -371,23 +349,25 @@ for step, batch in enumerate(loader):
     # -- accelerate -----------------------------------------------------------------------------
 
     def _accelerate(self) -> None:
-        loop = self.loop
+        facts, loop, settings = self.facts, self.loop, self.context.settings
         calls = [] if loop.sync_each_batch else [block.call for block in loop.accumulate_blocks]
         by_accelerator: dict[int, tuple[cst.Call | None, list[cst.Call]]] = {}
         for call in calls:
-            for accelerator in self._accelerator_calls(call.func.value, call):
+            for accelerator in accelerators_behind(facts, call.func.value, call):
                 by_accelerator.setdefault(id(accelerator) if accelerator else 0, (accelerator, []))[1].append(call)
         for accelerator, found in by_accelerator.values():
-            evidence = self._accelerator_fsdp(accelerator)
+            evidence = accelerator_fsdp(facts, settings, accelerator)
             if evidence is not None:
                 self._report_accumulation(accelerator, found, evidence)
         # `accelerator.no_sync(model)` written by hand: sync_each_batch does not reach it
         for block in loop.no_sync_blocks:
             if block.kind != "accelerator":
                 continue
-            receiver = _receiver(block.call)
-            accelerators = self._accelerator_calls(receiver, block.call) if receiver is not None else [None]
-            evidence = next((e for a in accelerators if (e := self._accelerator_fsdp(a)) is not None), None)
+            func = block.call.func
+            accelerators = (
+                accelerators_behind(facts, func.value, block.call) if isinstance(func, cst.Attribute) else [None]
+            )
+            evidence = next((e for a in accelerators if (e := accelerator_fsdp(facts, settings, a)) is not None), None)
             if evidence is not None:
                 self.report(
                     block.call,
@@ -397,46 +377,6 @@ for step, batch in enumerate(loader):
                     "(`sync_each_batch=True` does not affect a hand-written `no_sync`)",
                 )
 
-    def _accelerator_calls(self, expr: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call | None]:
-        """The ``Accelerator(...)`` calls an expression can hold; [the file's only one] or [None] when unknown."""
-        facts = self.facts
-        found = [
-            o.node
-            for o in facts.origins(expr, at)
-            if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, ACCELERATOR_CLASSES)
-        ]
-        if found:
-            return list({id(c): c for c in found}.values())
-        everywhere = self.loop.accelerators
-        return [everywhere[0]] if len(everywhere) == 1 else [None]
-
-    def _accelerator_fsdp(self, accelerator: cst.Call | None) -> Evidence | None:
-        """FSDP for this Accelerator: a plugin it is always given, or the launch (when the code picks nothing else)."""
-        if accelerator is not None:
-            if _literal_true(argument_of(accelerator, "cpu", None)):
-                return None
-            if any(argument_of(accelerator, k, None) is not None for k in ("deepspeed_plugin", "deepspeed_plugins")):
-                return None
-            plugin = argument_of(accelerator, "fsdp_plugin", None)
-            if plugin is not None and self._always(plugin, accelerator, FSDP_PLUGINS):
-                return Evidence("the `Accelerator` at line {line} is given an FSDP plugin", accelerator)
-        return self._launch_fsdp()
-
-    def _always(self, value: cst.BaseExpression, at: cst.CSTNode, classes: frozenset[str]) -> bool:
-        """Every value the keyword can receive is a call of one of ``classes`` built here."""
-        facts = self.facts
-        origins = facts.origins(value, at)
-        return bool(origins) and all(
-            isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, classes) for o in origins
-        )
-
-    def _launch_fsdp(self) -> Evidence | None:
-        settings = self.context.settings
-        chosen = settings.backend if settings is not None else None
-        if chosen is None or str(chosen.value).upper() != "FSDP":
-            return None
-        return Evidence(written(chosen).replace("{", "{{").replace("}", "}}"))
-
     def _report_accumulation(self, accelerator: cst.Call | None, blocks: list[cst.Call], evidence: Evidence) -> None:
         launch = self.loop.launch_accumulation
         if accelerator is not None:
@@ -445,7 +385,7 @@ for step, batch in enumerate(loader):
             if plugin is not None and steps is None:
                 self._report_plugins(plugin, accelerator, evidence)
                 return
-            if plugin is None and steps is not None and not _literal_one(steps, self.facts, accelerator):
+            if plugin is None and steps is not None and not at_most_one(steps, self.facts, accelerator):
                 # accelerate reads ACCELERATE_GRADIENT_ACCUMULATION_STEPS over the keyword when no plugin is given
                 keyword = next(a for a in accelerator.args if a.keyword is not None and a.value is steps)
                 fix = None if launch is not None else self._keyword_fix(accelerator, keyword)
@@ -457,21 +397,13 @@ for step, batch in enumerate(loader):
             where = f"`ACCELERATE_GRADIENT_ACCUMULATION_STEPS={launch.value}` at {launch.path}:{launch.line}"
             self.report(blocks[0], self._message(evidence, where, launch_only=True))
             return
-        # `accelerator.gradient_accumulation_steps = n` after construction (the property's setter)
-        for assignment in self._accumulation_setters(accelerator):
-            self.report(assignment, self._message(evidence, "this assignment", setter=True))
-        # otherwise: no accumulation, or an Accelerator built out of sight with no launch setting (unknown)
-
-    def _accumulation_setters(self, accelerator: cst.Call | None) -> list[cst.Assign]:
-        """``x.gradient_accumulation_steps = n`` (n not 1) where ``x`` holds this Accelerator."""
-        facts = self.facts
-        found = []
+        # `accelerator.gradient_accumulation_steps = n` after construction (the property's setter); otherwise no
+        # accumulation, or an Accelerator built out of sight with no launch setting (unknown)
         for assignment, target in self.loop.accumulation_setters:
-            if len(assignment.targets) != 1 or _literal_one(assignment.value, facts, assignment):
+            if len(assignment.targets) != 1 or at_most_one(assignment.value, self.facts, assignment):
                 continue
-            if accelerator in self._accelerator_calls(target.value, assignment):
-                found.append(assignment)
-        return found
+            if accelerator in accelerators_behind(self.facts, target.value, assignment):
+                self.report(assignment, self._message(evidence, "this assignment", setter=True))
 
     def _report_plugins(self, plugin: cst.BaseExpression, accelerator: cst.Call, evidence: Evidence) -> None:
         facts = self.facts
@@ -482,38 +414,33 @@ for step, batch in enumerate(loader):
             if any(arg.star for arg in call.args) or argument_of(call, "sync_each_batch", 3) is not None:
                 continue
             steps = argument_of(call, "num_steps", 0)
-            if steps is None or _literal_one(steps, facts, call):
+            if steps is None or at_most_one(steps, facts, call):
                 continue  # no accumulation (a plugin without num_steps accumulates nothing: LD109)
             keyword = next(a for a in call.args if a.value is steps)
-            new = cst.Arg(
-                keyword=cst.Name("sync_each_batch"),
-                value=cst.Name("True"),
-                equal=_equal_like(keyword),
-            )
+            new = cst.Arg(keyword=cst.Name("sync_each_batch"), value=cst.Name("True"), equal=equal_like(keyword))
             fix = Fix(
                 Applicability.UNSAFE,
                 "Add `sync_each_batch=True` to the plugin (reduce-scatter every micro-batch: less memory, slower)",
-                replacements=((call, call.with_changes(args=_append(call.args, new, call.whitespace_before_args))),),
+                replacements=((call, call.with_changes(args=appended(call.args, new, call.whitespace_before_args))),),
             )
             self.report(keyword, self._message(evidence, "the `GradientAccumulationPlugin`"), fix=fix)
 
     def _keyword_fix(self, accelerator: cst.Call, keyword: cst.Arg) -> Fix | None:
         if any(arg.star == "**" for arg in accelerator.args):
             return None  # the unpacked keywords may hold a plugin already
-        name, imports = self._plugin_name()
+        name, imports = imported_name(self.facts, GA_PLUGIN_CLASSES, PLUGIN_IMPORT)
         if name is None:
             return None
-        tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
         plugin = cst.Call(
             func=cst.parse_expression(name),
             args=(
                 cst.Arg(
                     keyword=cst.Name("num_steps"),
                     value=keyword.value,
-                    equal=tight,
+                    equal=TIGHT,
                     comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
                 ),
-                cst.Arg(keyword=cst.Name("sync_each_batch"), value=cst.Name("True"), equal=tight),
+                cst.Arg(keyword=cst.Name("sync_each_batch"), value=cst.Name("True"), equal=TIGHT),
             ),
         )
         new = keyword.with_changes(keyword=cst.Name("gradient_accumulation_plugin"), value=plugin)
@@ -525,23 +452,8 @@ for step, batch in enumerate(loader):
             imports=imports,
         )
 
-    def _plugin_name(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-        """How the fix names ``GradientAccumulationPlugin``: a module-level import of it (alias kept), else a new
-        ``from accelerate.utils import GradientAccumulationPlugin`` when that name is free."""
-        names = self.facts.names
-        for statement in self.facts.index.nodes(cst.ImportFrom):
-            if isinstance(statement.names, cst.ImportStar) or statement.relative:
-                continue
-            module = get_full_name_for_node(statement.module) or ""
-            for alias in statement.names:
-                imported = f"{module}.{get_full_name_for_node(alias.name)}"
-                bound = get_full_name_for_node(alias.asname.name if alias.asname else alias.name) or ""
-                bindings = names.module_bindings(bound)
-                if imported in GA_PLUGIN_CLASSES and bindings and all(b.node is statement for b in bindings):
-                    return bound, ()
-        if names.module_bindings(PLUGIN_IMPORT[1]):
-            return None, ()
-        return PLUGIN_IMPORT[1], (PLUGIN_IMPORT,)
+    def _where(self, evidence: Evidence) -> str:
+        return evidence.describe(self.context.span)
 
     def _message(self, evidence: Evidence, what: str, launch_only: bool = False, setter: bool = False) -> str:
         if setter:  # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
@@ -569,14 +481,12 @@ for step, batch in enumerate(loader):
         facts = self.facts
         for call in facts.calls:
             steps = argument_of(call, "gradient_accumulation_steps", None)  # the keyword first: it costs nothing
-            if steps is None or not self._is_training_arguments(call) or self._trainer_syncs_each_batch(call):
-                continue
-            if _literal_one(steps, facts, call):
+            if steps is None or not is_training_arguments(facts, call) or self._trainer_syncs_each_batch(call):
                 continue
             deepspeed = argument_of(call, "deepspeed", None)
-            if deepspeed is not None and not _is_none(deepspeed):
+            if at_most_one(steps, facts, call) or (deepspeed is not None and not is_name(deepspeed, "None")):
                 continue
-            evidence = self._trainer_fsdp(call)
+            evidence = training_arguments_fsdp(facts, self.context.settings, call)
             if evidence is None:
                 continue
             keyword = next(a for a in call.args if a.keyword is not None and a.value is steps)
@@ -595,52 +505,23 @@ for step, batch in enumerate(loader):
         config = argument_of(call, "accelerator_config", None)
         if config is None:
             return any(arg.star == "**" for arg in call.args) and self.loop.sync_each_batch
-        origins = self.facts.origins(config, call)
-        seen = [_sync_each_batch_in(o.node) for o in origins]
+        seen = [sets_sync_each_batch(o.node) for o in self.facts.origins(config, call)]
         if seen and all(value is not None for value in seen):
             return any(seen)
         return self.loop.sync_each_batch or isinstance(config, cst.SimpleString)
 
-    def _is_training_arguments(self, call: cst.Call) -> bool:
-        facts = self.facts
-        if facts.is_instance_of(call, TRAINING_ARGUMENTS):
-            return True
-        for name in facts.qualified_names(call.func):
-            last = name.rsplit(".", 1)[-1]
-            if name.startswith("trl.") and last.endswith("Config") and last not in TRL_NOT_TRAINING_ARGUMENTS:
-                return True
-        return False
-
-    def _trainer_fsdp(self, call: cst.Call) -> Evidence | None:
-        """FSDP for a TrainingArguments: a literal ``fsdp=`` that turns it on, else a launch that says FSDP
-        (the Trainer's Accelerator reads ``ACCELERATE_USE_FSDP``). ``fsdp_config`` alone does nothing."""
-        value = argument_of(call, "fsdp", None)
-        if value is not None and _literal_truth(value):
-            code = self.context.module.code_for_node(value).replace("{", "{{").replace("}", "}}")
-            return Evidence(f"`fsdp={code}` at line {{line}}", value)
-        # no `fsdp=`, a false one or one unknown here (`fsdp=args.fsdp`): FSDP only if the launch says so
-        return self._launch_fsdp()
-
-    def _where(self, evidence: Evidence) -> str:
-        line = self.context.span(evidence.node).line if evidence.node is not None else 0
-        return evidence.template.format(line=line)
-
     def _trainer_fix(self, call: cst.Call, keyword: cst.Arg) -> Fix | None:
         if any(arg.star for arg in call.args):
             return None
-        message = (
-            'Add `accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` (less memory, slower)'
-        )
         config = argument_of(call, "accelerator_config", None)
-        equal = keyword.equal
         if config is None:
-            new = cst.Arg(
-                keyword=cst.Name("accelerator_config"),
-                value=cst.parse_expression('{"gradient_accumulation_kwargs": {"sync_each_batch": True}}'),
-                equal=equal,
+            value = cst.parse_expression(f'{{"gradient_accumulation_kwargs": {SYNC_KWARGS}}}')
+            new = cst.Arg(keyword=cst.Name("accelerator_config"), value=value, equal=keyword.equal)
+            args = inserted_after(call.args, list(call.args).index(keyword), new, call.whitespace_before_args)
+            message = (
+                'Add `accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` '
+                "(less memory, slower)"
             )
-            index = list(call.args).index(keyword)
-            args = _insert_after(call.args, index, new, call.whitespace_before_args)
             return Fix(Applicability.UNSAFE, message, replacements=((call, call.with_changes(args=args)),))
         replacement = self._config_with_sync(config)
         if replacement is None:
@@ -652,67 +533,40 @@ for step, batch in enumerate(loader):
 
     def _config_with_sync(self, config: cst.BaseExpression) -> cst.BaseExpression | None:
         """``accelerator_config`` given as a dict literal or ``AcceleratorConfig(...)``, with sync_each_batch added."""
-        sync = cst.DictElement(key=cst.SimpleString('"sync_each_batch"'), value=cst.Name("True"))
-        if isinstance(config, cst.Dict):
-            if any(not isinstance(e, cst.DictElement) for e in config.elements):
-                return None
-            inner = next(
-                (e for e in config.elements if _string_key(e) == "gradient_accumulation_kwargs"),
-                None,
-            )
-            if inner is None:
-                element = cst.DictElement(
-                    key=cst.SimpleString('"gradient_accumulation_kwargs"'),
-                    value=cst.parse_expression('{"sync_each_batch": True}'),
-                )
-                return config.with_changes(elements=_append(config.elements, element, config.lbrace.whitespace_after))
-            if isinstance(inner.value, cst.Dict) and all(isinstance(e, cst.DictElement) for e in inner.value.elements):
-                value = inner.value
-                elements = _append(value.elements, sync, value.lbrace.whitespace_after)
-                new_inner = inner.with_changes(value=value.with_changes(elements=elements))
-                return config.with_changes(elements=[new_inner if e is inner else e for e in config.elements])
+        readable, kwargs = accumulation_kwargs(config)
+        if not readable:
             return None
-        if isinstance(config, cst.Call) and (get_full_name_for_node(config.func) or "").endswith("AcceleratorConfig"):
-            if any(arg.star for arg in config.args):
-                return None
-            kwargs = argument_of(config, "gradient_accumulation_kwargs", None)
-            if kwargs is None:
-                new = cst.Arg(
-                    keyword=cst.Name("gradient_accumulation_kwargs"),
-                    value=cst.parse_expression('{"sync_each_batch": True}'),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-                    ),
-                )
-                return config.with_changes(args=_append(config.args, new, config.whitespace_before_args))
-            if isinstance(kwargs, cst.Dict) and all(isinstance(e, cst.DictElement) for e in kwargs.elements):
-                elements = _append(kwargs.elements, sync, kwargs.lbrace.whitespace_after)
-                new_kwargs = kwargs.with_changes(elements=elements)
-                return config.with_changes(
-                    args=[a.with_changes(value=new_kwargs) if a.value is kwargs else a for a in config.args]
-                )
-        return None
+        if kwargs is None and isinstance(config, cst.Dict):
+            element = cst.DictElement(
+                key=cst.SimpleString('"gradient_accumulation_kwargs"'), value=cst.parse_expression(SYNC_KWARGS)
+            )
+            return config.with_changes(elements=appended(config.elements, element, config.lbrace.whitespace_after))
+        if kwargs is None:
+            new = cst.Arg(
+                keyword=cst.Name("gradient_accumulation_kwargs"), value=cst.parse_expression(SYNC_KWARGS), equal=TIGHT
+            )
+            return config.with_changes(args=appended(config.args, new, config.whitespace_before_args))
+        if not isinstance(kwargs, cst.Dict) or not readable_mapping(kwargs):
+            return None
+        sync = cst.DictElement(key=cst.SimpleString('"sync_each_batch"'), value=cst.Name("True"))
+        elements = appended(kwargs.elements, sync, kwargs.lbrace.whitespace_after)
+        return config.deep_replace(kwargs, kwargs.with_changes(elements=elements))
 
     # -- raw FSDP1 and FSDP2 ------------------------------------------------------------------
 
     def _raw_fsdp1(self) -> None:
         facts = self.facts
-        wrappers = facts.wrapped_models()
-        fsdp_in_file = any(facts.callee_is(c, RAW_FSDP1) for c in wrappers)
-        ddp_in_file = any(facts.callee_is(c, DDP_WRAPPERS) for c in wrappers)
+        built = module_wrapper_kinds(facts)
         for block in self.loop.no_sync_blocks:
             if block.kind != "model" or block.model is None:
                 continue
             kinds = set()
             for origin in facts.origins(block.model, block.call):
-                node = origin.node
-                if isinstance(node, cst.Call) and facts.callee_is(node, RAW_FSDP1):
-                    kinds.add("none" if _no_shard(node, self.context.module) else "fsdp")
-                elif isinstance(node, cst.Call) and facts.callee_is(node, DDP_WRAPPERS):
-                    kinds.add("ddp")
-                else:
-                    kinds.add("unknown")
-            if kinds == {"fsdp"} or (kinds == {"unknown"} and fsdp_in_file and not ddp_in_file):
+                kind = wrapper_kind(facts, origin.node)
+                if kind == "fsdp1" and never_shards(origin.node, self.context.module):
+                    kind = "ddp"  # NO_SHARD keeps whole gradients anyway
+                kinds.add(kind if kind in {"ddp", "fsdp1"} else "unknown")
+            if kinds == {"fsdp1"} or (kinds == {"unknown"} and "fsdp1" in built and "ddp" not in built):
                 self.report(
                     block.call,
                     "FSDP's `no_sync()` skips the gradient reduce-scatter, so every rank accumulates the full, "
@@ -724,13 +578,13 @@ for step, batch in enumerate(loader):
     def _raw_fsdp2(self) -> None:
         # The file shards with `fully_shard` itself: a toggle elsewhere is a library's own `no_sync` (accelerate's
         # `Accelerator.no_sync`, the Trainer's deferred reduction), whose callers decide.
-        if not any(self.facts.callee_is(call, RAW_FSDP2) for call in self.facts.wrapped_models()):
+        if "fsdp2" not in module_wrapper_kinds(self.facts):
             return
         for node in self.loop.sync_toggles:
             if not isinstance(node, cst.Call) or self.facts.method_name(node) != "set_requires_gradient_sync":
                 continue
             flag = argument_of(node, "requires_gradient_sync", 0)
-            if flag is None or _literal_truth(flag) is True:
+            if flag is None or literal_truth(flag) is True:
                 continue
             self.report(
                 node,
@@ -738,138 +592,3 @@ for step, batch in enumerate(loader):
                 f"unsharded gradients of the module until it is turned back on ({DOCS}); when memory is tight, keep "
                 "gradient sync on for every micro-batch (one reduce-scatter each: less memory, slower)",
             )
-
-
-# -- small helpers ----------------------------------------------------------------------------------
-
-
-def _receiver(call: cst.Call) -> cst.BaseExpression | None:
-    return call.func.value if isinstance(call.func, cst.Attribute) else None
-
-
-def _literal_true(expr: cst.BaseExpression | None) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "True"
-
-
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
-def _literal_truth(expr: cst.BaseExpression) -> bool | None:
-    """Python truth of a literal (``True``, ``"full_shard"``, ``[...]``); None for anything else."""
-    if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
-        return expr.value == "True"
-    if isinstance(expr, cst.SimpleString):
-        return bool(expr.evaluated_value)
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value) != 0
-    if isinstance(expr, (cst.List, cst.Tuple)):
-        return bool(expr.elements)
-    return None
-
-
-def _literal_one(expr: cst.BaseExpression, facts, at: cst.CSTNode) -> bool:
-    """The accumulation is the literal 1 (or 0), directly or through a name bound only to it."""
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value) <= 1
-    if isinstance(expr, cst.Name):
-        origins = facts.origins(expr, at)
-        return bool(origins) and all(
-            isinstance(o.node, cst.Integer) and int(o.node.evaluated_value) <= 1 for o in origins
-        )
-    return False
-
-
-def _no_shard(call: cst.Call, module: cst.Module) -> bool:
-    """``FullyShardedDataParallel(..., sharding_strategy=ShardingStrategy.NO_SHARD)``: gradients are never sharded."""
-    strategy = argument_of(call, "sharding_strategy", 2)
-    return strategy is not None and module.code_for_node(strategy).endswith("NO_SHARD")
-
-
-def _sync_each_batch_in(config: cst.CSTNode) -> bool | None:
-    """Whether an ``accelerator_config`` value (a dict literal or ``AcceleratorConfig(...)``) sets
-    ``sync_each_batch``; None when it cannot be told from the literal."""
-    if isinstance(config, cst.Dict):
-        if any(not isinstance(e, cst.DictElement) for e in config.elements):
-            return None
-        inner = next((e.value for e in config.elements if _string_key(e) == "gradient_accumulation_kwargs"), None)
-    elif isinstance(config, cst.Call) and (get_full_name_for_node(config.func) or "").endswith("AcceleratorConfig"):
-        if any(arg.star for arg in config.args):
-            return None
-        inner = argument_of(config, "gradient_accumulation_kwargs", None)
-    else:
-        return None
-    if inner is None or _is_none(inner):
-        return False
-    if not isinstance(inner, cst.Dict) or any(not isinstance(e, cst.DictElement) for e in inner.elements):
-        return None
-    # any value counts: `"sync_each_batch": False` written out is the author's decision
-    return any(_string_key(e) == "sync_each_batch" for e in inner.elements)
-
-
-def _string_key(element: cst.DictElement) -> str | None:
-    return element.key.evaluated_value if isinstance(element.key, cst.SimpleString) else None
-
-
-def _equal_like(arg: cst.Arg) -> cst.AssignEqual | cst.MaybeSentinel:
-    return arg.equal if isinstance(arg.equal, cst.AssignEqual) else cst.MaybeSentinel.DEFAULT
-
-
-def _indent(opening: cst.BaseParenthesizableWhitespace, items) -> cst.SimpleWhitespace | None:
-    """The indentation of the items of a bracket written one per line; None when they sit on one line."""
-    if isinstance(opening, cst.ParenthesizedWhitespace):
-        return opening.last_line
-    for item in items[:-1]:
-        comma = item.comma
-        if isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace):
-            return comma.whitespace_after.last_line
-    return None
-
-
-def _append(items, new, opening: cst.BaseParenthesizableWhitespace) -> list:
-    """``items`` (call arguments or dict elements) with ``new`` after the last one, in the bracket's layout."""
-    items = list(items)
-    if not items:
-        return [new]
-    last = items[-1]
-    indent = _indent(opening, items)
-    closing = getattr(last, "whitespace_after_arg", None)
-    if isinstance(last.comma, cst.Comma):  # a trailing comma stays trailing
-        after = last.comma.whitespace_after
-        if indent is not None and isinstance(after, cst.ParenthesizedWhitespace):
-            between = cst.Comma(
-                whitespace_before=last.comma.whitespace_before,
-                whitespace_after=after.with_changes(last_line=indent),
-            )
-            trailing = cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(last_line=after.last_line))
-            return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=trailing)]
-        between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
-    if indent is not None and isinstance(closing, cst.ParenthesizedWhitespace):
-        between = cst.Comma(whitespace_after=closing.with_changes(last_line=indent))
-        moved = last.with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
-        return [*items[:-1], moved, new.with_changes(whitespace_after_arg=closing)]
-    if indent is not None and closing is None:  # a dict one per line: the break before `}` belongs to the brace
-        between = cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(last_line=indent))
-        return [*items[:-1], last.with_changes(comma=between), new]
-    between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    if closing is not None:
-        moved = last.with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
-        return [*items[:-1], moved, new.with_changes(whitespace_after_arg=closing)]
-    return [*items[:-1], last.with_changes(comma=between), new]
-
-
-def _insert_after(args, index: int, new: cst.Arg, opening: cst.BaseParenthesizableWhitespace) -> list:
-    """Call arguments with ``new`` right after ``args[index]``, in the call's layout."""
-    args = list(args)
-    if index == len(args) - 1:
-        return _append(args, new, opening)
-    before = args[index]
-    comma = before.comma
-    if isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace):
-        # the comment after `before` stays on its line; the new argument gets a plain line break
-        comma_new = comma.with_changes(
-            whitespace_after=comma.whitespace_after.with_changes(first_line=cst.TrailingWhitespace())
-        )
-        return [*args[: index + 1], new.with_changes(comma=comma_new), *args[index + 1 :]]
-    return [*args[: index + 1], new.with_changes(comma=comma), *args[index + 1 :]]

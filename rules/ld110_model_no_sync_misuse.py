@@ -6,10 +6,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DDP_WRAPPERS, argument_of
+from lintdist.facts import argument_of
 from lintdist.loop import DEEPSPEED_PLUGINS, NoSync, integer_literal
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.wrappers import forward_target, is_wrapped
 
 # Methods of a model that are not its forward pass.
 NOT_FORWARD = frozenset(
@@ -369,7 +370,7 @@ for step, (x, y) in enumerate(loader):
         (a snippet's bare ``model``): it may be DDP."""
         facts = self.facts
         origins = facts.origins(block.model, block.node)
-        if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+        if is_wrapped(facts, block.model, block.node):
             return True
         if any(isinstance(o.node, cst.Call) and facts.named_ddp_helper(o.node) for o in origins):
             return True
@@ -385,9 +386,9 @@ for step, (x, y) in enumerate(loader):
     def _named_helper(self, block: NoSync) -> str | None:
         """The evidence when the model is DDP by the name of the helper that made it alone."""
         facts = self.facts
-        origins = facts.origins(block.model, block.node)
-        if any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins):
+        if is_wrapped(facts, block.model, block.node):
             return None
+        origins = facts.origins(block.model, block.node)
         for origin in origins:
             name = facts.named_ddp_helper(origin.node) if isinstance(origin.node, cst.Call) else None
             if name:
@@ -412,8 +413,7 @@ for step, (x, y) in enumerate(loader):
             func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value in NOT_FORWARD:
                 continue
-            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
-            if same(target, call) or any(same(arg.value, call) for arg in call.args):
+            if same(forward_target(call), call) or any(same(arg.value, call) for arg in call.args):
                 return True
         return False
 

@@ -11,6 +11,7 @@ from lintdist.facts import argument_of
 from lintdist.labels import TRAINERS, Head, LabelFacts, Received, Shift, model_head
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
+from lintdist.wrappers import forward_target
 
 # Methods a Trainer subclass overrides when it computes the loss itself (then the labels may be used as they are).
 OWN_LOSS_METHODS = frozenset({"compute_loss", "training_step"})
@@ -288,10 +289,7 @@ trainer.train()
                 received = labels.trainer_received(call)
                 trainer = True
             elif _model_call_shape(call):
-                callee = call.func
-                if isinstance(callee, cst.Attribute) and callee.attr.value == "forward":
-                    callee = callee.value
-                head = model_head(facts, callee, call)
+                head = model_head(facts, forward_target(call), call)
                 if head is None or head.kind != "causal" or not head.shifts:
                     continue
                 received = labels.received(call)

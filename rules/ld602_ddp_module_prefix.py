@@ -5,10 +5,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DDP_WRAPPERS, argument_of
+from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.rules.ld601_save_on_every_rank import TORCH_SAVES, code_of
+from lintdist.wrappers import is_wrapped, wrapper_kind
 
 COMPILES = frozenset({"torch.compile"})
 # What strips a wrapper: the saved model is already the plain module.
@@ -272,12 +273,6 @@ if torch.distributed.get_rank() == 0:
             keys.add(code_of(current))
         return keys
 
-    def _ddp(self, model: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        facts = self.facts
-        return any(
-            isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in facts.origins(model, at)
-        )
-
     def _prefix_stripped_when_alone(self) -> bool:
         """The file strips the `module.` prefix from loaded keys only in a one-process run (open_clip's
         `if not args.distributed and ...: sd = {k[len('module.'):]: v ...}`)."""
@@ -294,7 +289,7 @@ if torch.distributed.get_rank() == 0:
             return
         compiled = any(facts.callee_is(call, COMPILES) for call in facts.calls)
         target = code_of(model)
-        if self._ddp(model, state_dict):
+        if is_wrapped(self.facts, model, state_dict):
             loaded = self._loaded_back(model, state_dict)
             if loaded is not None and self._prefix_stripped_when_alone():
                 return  # saved wrapped on purpose: resumed into the wrapper, stripped for a one-process run
@@ -303,7 +298,7 @@ if torch.distributed.get_rank() == 0:
                 return
             fix = None
             origins = facts.origins(model, state_dict)
-            always = all(isinstance(o.node, cst.Call) and facts.callee_is(o.node, DDP_WRAPPERS) for o in origins)
+            always = all(wrapper_kind(facts, o.node) == "ddp" for o in origins)
             if not compiled and always:
                 new = state_dict.with_changes(
                     func=state_dict.func.with_changes(value=cst.parse_expression(f"{target}.module"))

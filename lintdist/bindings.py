@@ -1,0 +1,62 @@
+"""Which names a piece of code binds and reads, whether a name is bound again between two points, and whether
+an expression can be evaluated once more without effect.
+
+Names are dotted for attributes (``self.micro``), so that a fix which copies an expression elsewhere can tell
+whether what it reads still means the same there.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import PythonFacts
+
+BINDERS = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.WithItem, cst.Del)
+# Builtins without side effects: an expression calling only these gives the same value when evaluated again.
+PURE_CALLS = frozenset({"len", "min", "max", "int", "bool", "abs"})
+
+
+def bound_names(facts: PythonFacts, node: cst.CSTNode) -> set[str]:
+    """The names (dotted for attributes) a binding statement or expression (one of ``BINDERS``) binds."""
+    if isinstance(node, cst.Assign):
+        targets = [t.target for t in node.targets]
+    elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr)):
+        targets = [node.target]
+    elif isinstance(node, cst.WithItem):
+        targets = [node.asname.name] if node.asname is not None else []
+    else:
+        targets = [t.value for t in node.target.elements] if isinstance(node.target, cst.Tuple) else [node.target]
+    return {name for target in targets for name in read_names(facts, target)}
+
+
+def read_names(facts: PythonFacts, expr: cst.CSTNode) -> set[str]:
+    """The names and dotted attribute chains in ``expr`` (``self.micro`` gives ``self`` and ``self.micro``)."""
+    return {key for node in facts.within(expr, cst.Name, cst.Attribute) if (key := get_full_name_for_node(node))}
+
+
+def rebound_between(facts: PythonFacts, names: set[str], container: cst.CSTNode, start: int, stop: int) -> bool:
+    """Whether code of ``container`` between the pre-order positions ``start`` (included) and ``stop`` binds one
+    of ``names``; for ``self.`` attributes also inside the local functions called there."""
+    order = facts.index.order
+    for node in facts.within(container, *BINDERS):
+        if start <= order(node) < stop and bound_names(facts, node) & names:
+            return True
+    attributes = {name for name in names if name.startswith("self.")}
+    if attributes:
+        for call in facts.within(container, cst.Call):
+            if start <= order(call) < stop:
+                for helper in facts.local_functions(call):
+                    if any(bound_names(facts, node) & attributes for node in facts.within(helper, *BINDERS)):
+                        return True
+    return False
+
+
+def repeatable(facts: PythonFacts, expr: cst.BaseExpression) -> bool:
+    """Whether evaluating ``expr`` once more has no effect: no walrus, lambda, await or yield, and no call but
+    the builtins of ``PURE_CALLS``."""
+    if facts.within(expr, cst.NamedExpr, cst.Lambda, cst.Await, cst.Yield):
+        return False
+    return all(
+        isinstance(call.func, cst.Name) and call.func.value in PURE_CALLS for call in facts.within(expr, cst.Call)
+    )

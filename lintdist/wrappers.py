@@ -1,0 +1,81 @@
+"""How a model is wrapped for data parallelism (DDP, FSDP1, FSDP2), and which module a forward call runs.
+
+A model expression is followed to the constructions it can hold (``facts.origins``): each is a wrapper call
+of a known kind or something else ("unknown"). Rules ask for the kinds an expression can be, the wrapper
+calls behind it, and the kinds of wrapper the module builds at all.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import DDP_WRAPPERS, PythonFacts, argument_of
+
+FSDP1_CLASSES = frozenset(
+    {
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+        "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    }
+)
+FSDP2_FUNCTIONS = frozenset(
+    {
+        "torch.distributed.fsdp.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard",
+        "torch.distributed.fsdp._fully_shard.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+    }
+)
+WRAPPERS_BY_KIND = {"ddp": DDP_WRAPPERS, "fsdp1": FSDP1_CLASSES, "fsdp2": FSDP2_FUNCTIONS}
+
+
+def forward_target(call: cst.Call) -> cst.BaseExpression:
+    """The module a call runs the forward of: ``model`` for ``model(x)`` and ``model.forward(x)``."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        return func.value
+    return func
+
+
+def forward_of(call: cst.Call, names: frozenset[str]) -> str | None:
+    """The dotted name, among ``names``, of the module a call runs the forward of (``model(x)``,
+    ``self.model.forward(x)``); None when it runs none of them."""
+    name = get_full_name_for_node(forward_target(call))
+    return name if name in names else None
+
+
+def wrapper_kind(facts: PythonFacts, node: cst.CSTNode) -> str | None:
+    """ "ddp", "fsdp1" or "fsdp2" for a wrapper call (``DistributedDataParallel(...)``,
+    ``FullyShardedDataParallel(...)``, ``fully_shard(...)``); None for any other node."""
+    if isinstance(node, cst.Call):
+        for kind, names in WRAPPERS_BY_KIND.items():
+            if facts.callee_is(node, names):
+                return kind
+    return None
+
+
+def wrapper_calls(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, kind: str = "ddp") -> list[cst.Call]:
+    """The wrapper calls of ``kind`` an expression can hold (empty: none known)."""
+    return [o.node for o in facts.origins(expr, at) if wrapper_kind(facts, o.node) == kind]
+
+
+def is_wrapped(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, kind: str = "ddp") -> bool:
+    """Whether an expression can hold a model wrapped by a wrapper of ``kind``."""
+    return bool(wrapper_calls(facts, expr, at, kind))
+
+
+def wrapper_kinds(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+    """The kinds of wrapper an expression can hold, one per origin: "ddp", "fsdp1", "fsdp2", or "unknown"."""
+    return {wrapper_kind(facts, o.node) or "unknown" for o in facts.origins(expr, at)}
+
+
+def module_wrapper_kinds(facts: PythonFacts) -> set[str]:
+    """The kinds of wrapper this module's own code builds ("ddp", "fsdp1", "fsdp2")."""
+    return {kind for call in facts.wrapped_models() if (kind := wrapper_kind(facts, call)) is not None}
+
+
+def never_shards(call: cst.Call, module: cst.Module) -> bool:
+    """Whether an FSDP1 wrapper keeps whole gradients on every rank:
+    ``FullyShardedDataParallel(..., sharding_strategy=ShardingStrategy.NO_SHARD)``."""
+    strategy = argument_of(call, "sharding_strategy", 2)
+    return strategy is not None and module.code_for_node(strategy).endswith("NO_SHARD")

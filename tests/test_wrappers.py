@@ -1,0 +1,100 @@
+"""How a model is wrapped (lintdist/wrappers.py): DDP, FSDP1, FSDP2, and the module a forward runs."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+from lintdist.wrappers import (
+    forward_of,
+    forward_target,
+    is_wrapped,
+    module_wrapper_kinds,
+    never_shards,
+    wrapper_calls,
+    wrapper_kind,
+    wrapper_kinds,
+)
+
+
+def _facts(source: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(source)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _use(facts: PythonFacts) -> cst.Call:
+    return next(c for c in facts.index.nodes(cst.Call) if isinstance(c.func, cst.Name) and c.func.value == "use")
+
+
+SOURCE = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy, fully_shard
+
+ddp = DDP(net)
+sharded = FSDP(net)
+replicated = FSDP(net, sharding_strategy=ShardingStrategy.NO_SHARD)
+fully_shard(block)
+either = DDP(net) if flag else net
+use(ddp, sharded, replicated, either, block, net)
+"""
+
+
+def test_wrapper_kinds_per_origin():
+    facts = _facts(SOURCE)
+    use = _use(facts)
+    kinds = [wrapper_kinds(facts, arg.value, use) for arg in use.args]
+    assert kinds[:4] == [{"ddp"}, {"fsdp1"}, {"fsdp1"}, {"ddp", "unknown"}]
+    assert kinds[5] in ({"unknown"}, set())  # an unbound name: nothing known
+
+
+def test_wrapper_calls_and_is_wrapped_by_kind():
+    facts = _facts(SOURCE)
+    use = _use(facts)
+    ddp, sharded, _, either, _, net = (arg.value for arg in use.args)
+    assert len(wrapper_calls(facts, ddp, use)) == 1
+    assert wrapper_calls(facts, sharded, use) == []
+    assert len(wrapper_calls(facts, sharded, use, "fsdp1")) == 1
+    assert is_wrapped(facts, either, use)
+    assert not is_wrapped(facts, net, use)
+
+
+def test_module_wrapper_kinds_and_the_kind_of_one_call():
+    facts = _facts(SOURCE)
+    assert module_wrapper_kinds(facts) == {"ddp", "fsdp1", "fsdp2"}
+    calls = {facts.index.module.code_for_node(c.func): c for c in facts.wrapped_models()}
+    assert wrapper_kind(facts, calls["fully_shard"]) == "fsdp2"
+    assert wrapper_kind(facts, _use(facts)) is None
+    assert module_wrapper_kinds(_facts("model = DistributedDataParallel(net)\n")) == {"ddp"}  # a snippet's name
+    assert (
+        module_wrapper_kinds(_facts("from mylib import DistributedDataParallel\nDistributedDataParallel(net)\n"))
+        == set()
+    )
+
+
+def test_never_shards_reads_the_sharding_strategy():
+    facts = _facts(SOURCE)
+    module = facts.index.module
+    fsdp = [c for c in facts.wrapped_models() if wrapper_kind(facts, c) == "fsdp1"]
+    assert [never_shards(c, module) for c in fsdp] == [False, True]
+    positional = cst.parse_expression("FSDP(net, None, ShardingStrategy.NO_SHARD)")
+    assert never_shards(positional, module)
+
+
+def test_forward_target():
+    code = cst.Module([]).code_for_node
+    assert code(forward_target(cst.parse_expression("model(x)"))) == "model"
+    assert code(forward_target(cst.parse_expression("self.model.forward(x)"))) == "self.model"
+    assert code(forward_target(cst.parse_expression("model.generate(x)"))) == "model.generate"
+
+
+def test_forward_of_names_the_counted_module():
+    models = frozenset({"model", "self.disc"})
+    assert forward_of(cst.parse_expression("model(x)"), models) == "model"
+    assert forward_of(cst.parse_expression("self.disc.forward(x)"), models) == "self.disc"
+    assert forward_of(cst.parse_expression("model.generate(x)"), models) is None
+    assert forward_of(cst.parse_expression("teacher(x)"), models) is None
+    assert forward_of(cst.parse_expression("build()(x)"), models) is None
