@@ -534,7 +534,23 @@ for epoch in range(epochs):
         containers = [s if s is not None else self.context.module for s in scopes.values()]
         for container in list(containers):
             containers.extend(f for c in facts.reachable_calls(container) for f in facts.local_functions(c))
-        return any(mentions_sync_control(self.loop, container) for container in containers)
+        return any(
+            mentions_sync_control(self.loop, container) or self._bypasses_wrapper(container) for container in containers
+        )
+
+    def _bypasses_wrapper(self, container: cst.CSTNode) -> bool:
+        """The loop runs some forwards through the DDP model's inner ``.module`` (``model.module(batch)`` on the
+        accumulating micro-batches): DDP's forward then never arms the reducer, and those backwards do not sync."""
+        facts = self.facts
+        for call in facts.reachable_calls(container):
+            target = forward_target(call)
+            if (
+                isinstance(target, cst.Attribute)
+                and target.attr.value == "module"
+                and is_wrapped(facts, target.value, call)
+            ):
+                return True
+        return False
 
     # -- the report -------------------------------------------------------------------------------
 
