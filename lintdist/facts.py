@@ -1094,6 +1094,9 @@ class PythonFacts:
         if found is None or found[0] != kind:
             return None
         name = get_full_name_for_node(expr)
+        root = (name or "").split(".", 1)[0]
+        if found[1][0] == "its name" and (root in self.imported_names or self.bindings(name or "", at)):
+            return None  # the name alone speaks only where nothing in the file binds it
         attributes = ", ".join(a if a == "its name" else f"`{a}`" for a in found[1])
         return f"`{name}` is used as {API_NAMES[kind]}: {attributes}"
 
