@@ -246,3 +246,22 @@ def replace_nodes(tree: cst.CSTNode, replacements) -> cst.CSTNode:
     How the engine applies a fix's replacements; a rule uses it to make several edits inside one node it
     replaces (``deep_replace`` copies the tree, so a second original node would no longer be found)."""
     return tree.visit(_ReplaceNodes({id(old): new for old, new in replacements}))
+
+
+def guarded_call(
+    facts: PythonFacts, call: cst.Call, test: str, new_call: cst.Call | None = None
+) -> tuple[cst.CSTNode, cst.CSTNode] | None:
+    """The replacement that puts ``call`` (as ``new_call`` when given) under ``if <test>:``, when the call is its
+    line's only statement and its result is not kept; None otherwise."""
+    expression = facts.parent(call)
+    line = facts.parent(expression)
+    if not (isinstance(expression, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+        return None
+    value = new_call if new_call is not None else call
+    inner = line.with_changes(
+        leading_lines=(), body=(expression.with_changes(value=value, semicolon=cst.MaybeSentinel.DEFAULT),)
+    )
+    guard = cst.If(
+        test=cst.parse_expression(test), body=cst.IndentedBlock(body=(inner,)), leading_lines=line.leading_lines
+    )
+    return line, guard

@@ -6,8 +6,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DDP_WRAPPERS, argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, NoSync, integer_literal
+from lintdist.deepspeed_settings import zero_stage
+from lintdist.facts import DDP_WRAPPERS
+from lintdist.loop import NoSync
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -306,22 +307,10 @@ for step, (x, y) in enumerate(loader):
         if backend == "FSDP" and self.loop.fsdp_version == 2:
             return "FSDP2"
         if backend == "DEEPSPEED":
-            stage = self._zero_stage()
+            stage = zero_stage(self.facts, self.context.settings)
             if stage is not None and stage >= 2:
                 return f"DeepSpeed ZeRO stage {stage}"
         return None
-
-    def _zero_stage(self) -> int | None:
-        facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, DEEPSPEED_PLUGINS):
-                value = argument_of(call, "zero_stage", None)
-                if value is not None:
-                    return integer_literal(value, facts, call)
-                if argument_of(call, "hf_ds_config", None) is None and argument_of(call, "config_file", None) is None:
-                    return 2  # DeepSpeedPlugin's default (ACCELERATE_DEEPSPEED_ZERO_STAGE, else 2)
-                return None
-        return _setting_int(self.context.settings, "zero_stage")
 
     # -- (b) a no_sync block with a backward but no forward -------------------------------------------
 
@@ -416,11 +405,3 @@ for step, (x, y) in enumerate(loader):
             if same(target, call) or any(same(arg.value, call) for arg in call.args):
                 return True
         return False
-
-
-def _setting_int(settings, name: str) -> int | None:
-    setting = settings.get(name) if settings is not None else None
-    if setting is None:
-        return None
-    value = str(setting.value).strip()
-    return int(value) if value.isdigit() else None

@@ -1,0 +1,36 @@
+"""``lintdist.edits``: replacements that fixes are made of."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.edits import guarded_call, replace_nodes
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+
+
+def test_guarded_call_puts_a_lone_call_statement_under_an_if():
+
+    module = cst.parse_module(
+        textwrap.dedent("""\
+        for b in loader:
+            # clip
+            clip(model)
+            norm = clip(model)
+            clip(a); clip(b)
+        """)
+    )
+    index = SyntaxIndex(module)
+    facts = PythonFacts(index, NameResolver(index))
+    first, kept, semi, _ = [c for c in facts.calls if facts.method_name(c) == "clip"]
+    line, guard = guarded_call(facts, first, "acc.sync_gradients")
+    assert module.code_for_node(replace_nodes(module, ((line, guard),))).splitlines()[1:4] == [
+        "    # clip",
+        "    if acc.sync_gradients:",
+        "        clip(model)",
+    ]
+    assert guarded_call(facts, kept, "ok") is None
+    assert guarded_call(facts, semi, "ok") is None
