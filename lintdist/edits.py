@@ -265,3 +265,19 @@ def guarded_call(
         test=cst.parse_expression(test), body=cst.IndentedBlock(body=(inner,)), leading_lines=line.leading_lines
     )
     return line, guard
+
+
+def unparenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without its own parentheses, as an argument needs none."""
+    return expr.with_changes(lpar=(), rpar=()) if getattr(expr, "lpar", None) else expr
+
+
+def receiver_as_argument(call: cst.Call, receiver: cst.BaseExpression, callee: str) -> cst.Call | None:
+    """``<callee>(x, **kw)`` in place of ``x.method(**kw)``, where ``receiver`` is ``x``; None when the call passes
+    a positional argument (it would no longer go to the same parameter)."""
+    if any(arg.keyword is None for arg in call.args):
+        return None
+    first = cst.Arg(value=unparenthesized(receiver))
+    if call.args:
+        first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(func=cst.parse_expression(callee), args=(first, *call.args))

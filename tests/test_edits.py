@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.edits import guarded_call, replace_nodes
+from lintdist.edits import guarded_call, receiver_as_argument, replace_nodes
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -34,3 +34,11 @@ def test_guarded_call_puts_a_lone_call_statement_under_an_if():
     ]
     assert guarded_call(facts, kept, "ok") is None
     assert guarded_call(facts, semi, "ok") is None
+
+
+def test_receiver_as_argument_keeps_keywords_and_drops_parentheses():
+    call = cst.parse_expression("(a + b).backward(retain_graph=True)")
+    new = receiver_as_argument(call, call.func.value, "accelerator.backward")
+    assert cst.Module([]).code_for_node(new) == "accelerator.backward(a + b, retain_graph=True)"
+    positional = cst.parse_expression("loss.backward(gradient)")
+    assert receiver_as_argument(positional, positional.func.value, "accelerator.backward") is None
