@@ -281,3 +281,18 @@ def receiver_as_argument(call: cst.Call, receiver: cst.BaseExpression, callee: s
     if call.args:
         first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return call.with_changes(func=cst.parse_expression(callee), args=(first, *call.args))
+
+
+def module_import(module_bindings: list, module: str) -> tuple[tuple[str, None], ...] | None:
+    """The import a fix that spells ``module.x`` needs, given the module-level bindings of that name: none when a
+    plain ``import module`` binds it, ``((module, None),)`` when nothing does, None when the name is something else."""
+    if not module_bindings:
+        return ((module, None),)
+    plain = all(
+        isinstance(b.node, cst.Import)
+        and b.alias is not None
+        and b.alias.asname is None
+        and get_full_name_for_node(b.alias.name) == module
+        for b in module_bindings
+    )
+    return () if plain else None

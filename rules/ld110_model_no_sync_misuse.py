@@ -4,18 +4,14 @@ backward but not its forward."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from lintdist.deepspeed_settings import zero_stage
+from lintdist.edits import module_import
 from lintdist.facts import DDP_WRAPPERS
 from lintdist.loop import NoSync
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.model_use import runs_or_passes
 from lintdist.rule import Invalid, Rule, Valid
-
-# Methods of a model that are not its forward pass.
-NOT_FORWARD = frozenset(
-    {"no_sync", "parameters", "named_parameters", "zero_grad", "train", "eval", "state_dict", "buffers", "modules"}
-)
 
 
 class ModelNoSyncMisuse(Rule):
@@ -267,28 +263,13 @@ for step, (x, y) in enumerate(loader):
         self.report(node, message, fix=fix, severity=Severity.ERROR if fatal else None)
 
     def _fix(self, node: cst.CSTNode, replacement: str, called: bool) -> Fix | None:
-        imports: tuple = ()
-        if not called:
-            functools_bound = self.context.names.module_bindings("functools")
-            if not functools_bound:
-                imports = (("functools", None),)
-            elif not all(
-                isinstance(b.node, cst.Import)
-                and b.alias is not None
-                and b.alias.asname is None
-                and get_full_name_for_node(b.alias.name) == "functools"
-                for b in functools_bound
-            ):
-                return None  # `functools` is some other name here
+        imports = () if called else module_import(self.context.names.module_bindings("functools"), "functools")
+        if imports is None:
+            return None  # `functools` is some other name here
         new = cst.parse_expression(replacement)
         if isinstance(node, (cst.Call, cst.Attribute)):
             new = new.with_changes(lpar=node.lpar, rpar=node.rpar)
-        return Fix(
-            Applicability.SAFE,
-            f"Use `{replacement}`",
-            replacements=((node, new),),
-            imports=imports,
-        )
+        return Fix(Applicability.SAFE, f"Use `{replacement}`", replacements=((node, new),), imports=imports)
 
     def _accelerator_at(self, at: cst.CSTNode, prepare: cst.Call) -> str | None:
         """An expression for the Accelerator that is valid where ``at`` is: the one that prepared the model when its
@@ -328,7 +309,7 @@ for step, (x, y) in enumerate(loader):
                 continue
             calls = facts.reachable_calls(block.node.body)
             backwards = [c for c in calls if (s := loop.backward_site(c)) is not None and s.kind != "engine"]
-            if not backwards or self._forward_in(calls, block.model, block.node):
+            if not backwards or runs_or_passes(facts, calls, block.model, block.node):
                 continue
             reported.add(id(block.node))
             model = self.context.module.code_for_node(block.model)
@@ -382,26 +363,3 @@ for step, (x, y) in enumerate(loader):
             if name:
                 return f"made by `{name}`, a helper named for DDP whose body is not in sight"
         return None
-
-    def _forward_in(self, calls: list[cst.Call], model: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """A call among ``calls`` runs the model (``model(...)``, ``model.forward(...)``) or hands it to a function
-        (which may run it)."""
-        facts = self.facts
-        key = get_full_name_for_node(model)
-        origins = {(id(o.node), o.index) for o in facts.origins(model, at)}
-
-        def same(expr: cst.BaseExpression, where: cst.CSTNode) -> bool:
-            if not isinstance(expr, (cst.Name, cst.Attribute)):
-                return False
-            if key is not None and get_full_name_for_node(expr) == key:
-                return True
-            return bool(origins & {(id(o.node), o.index) for o in facts.origins(expr, where)})
-
-        for call in calls:
-            func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value in NOT_FORWARD:
-                continue
-            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
-            if same(target, call) or any(same(arg.value, call) for arg in call.args):
-                return True
-        return False

@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.edits import guarded_call, receiver_as_argument, replace_nodes
+from lintdist.edits import guarded_call, module_import, receiver_as_argument, replace_nodes
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -42,3 +42,13 @@ def test_receiver_as_argument_keeps_keywords_and_drops_parentheses():
     assert cst.Module([]).code_for_node(new) == "accelerator.backward(a + b, retain_graph=True)"
     positional = cst.parse_expression("loss.backward(gradient)")
     assert receiver_as_argument(positional, positional.func.value, "accelerator.backward") is None
+
+
+def test_module_import_for_a_plain_import_nothing_or_another_name():
+    def bindings(code: str) -> list:
+        return NameResolver(SyntaxIndex(cst.parse_module(code))).module_bindings("functools")
+
+    assert module_import(bindings("import functools\n"), "functools") == ()
+    assert module_import(bindings("x = 1\n"), "functools") == (("functools", None),)
+    assert module_import(bindings("from compat import functools\n"), "functools") is None
+    assert module_import(bindings("functools = object()\n"), "functools") is None
