@@ -35,3 +35,40 @@ def _destinations(call: cst.Call) -> set[str]:
     long = [flag for flag in flags if flag.startswith("--")]
     chosen = long[:1] or flags[:1]
     return {flag.lstrip("-").replace("-", "_") for flag in chosen}
+
+
+# method -> index of the namespace in its result (``parse_known_args`` returns the namespace and the rest)
+PARSE_METHODS = {"parse_args": None, "parse_known_args": 0}
+
+
+def declared_options(facts: PythonFacts) -> set[str]:
+    """The destination (``args.<dest>``) of every ``parser.add_argument(...)`` of this file."""
+    return {dest for call in facts.calls if facts.method_name(call) == "add_argument" for dest in _destinations(call)}
+
+
+def parsed_namespace_names(facts: PythonFacts) -> set[str]:
+    """The plain names a ``parse_args()`` result (or ``parse_known_args()``'s namespace) is assigned to."""
+    names = set()
+    for call in facts.calls:
+        method = facts.method_name(call)
+        statement = facts.parent(call)
+        if method not in PARSE_METHODS or not isinstance(statement, cst.Assign):
+            continue
+        target = statement.targets[0].target
+        index = PARSE_METHODS[method]
+        if index is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
+            target = target.elements[index].value
+        if isinstance(target, cst.Name):
+            names.add(target.value)
+    return names
+
+
+def holds_parsed_arguments(facts: PythonFacts, name: str, at: cst.CSTNode) -> bool:
+    """Every value ``name`` can hold at ``at`` is a namespace from ``parse_args()``/``parse_known_args()[0]``."""
+    origins = facts.origins(cst.Name(name), at)
+    return bool(origins) and all(
+        isinstance(o.node, cst.Call)
+        and facts.method_name(o.node) in PARSE_METHODS
+        and PARSE_METHODS[facts.method_name(o.node)] == o.index
+        for o in origins
+    )

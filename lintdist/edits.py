@@ -246,3 +246,53 @@ def replace_nodes(tree: cst.CSTNode, replacements) -> cst.CSTNode:
     How the engine applies a fix's replacements; a rule uses it to make several edits inside one node it
     replaces (``deep_replace`` copies the tree, so a second original node would no longer be found)."""
     return tree.visit(_ReplaceNodes({id(old): new for old, new in replacements}))
+
+
+def guarded_call(
+    facts: PythonFacts, call: cst.Call, test: str, new_call: cst.Call | None = None
+) -> tuple[cst.CSTNode, cst.CSTNode] | None:
+    """The replacement that puts ``call`` (as ``new_call`` when given) under ``if <test>:``, when the call is its
+    line's only statement and its result is not kept; None otherwise."""
+    expression = facts.parent(call)
+    line = facts.parent(expression)
+    if not (isinstance(expression, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+        return None
+    value = new_call if new_call is not None else call
+    inner = line.with_changes(
+        leading_lines=(), body=(expression.with_changes(value=value, semicolon=cst.MaybeSentinel.DEFAULT),)
+    )
+    guard = cst.If(
+        test=cst.parse_expression(test), body=cst.IndentedBlock(body=(inner,)), leading_lines=line.leading_lines
+    )
+    return line, guard
+
+
+def unparenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without its own parentheses, as an argument needs none."""
+    return expr.with_changes(lpar=(), rpar=()) if getattr(expr, "lpar", None) else expr
+
+
+def receiver_as_argument(call: cst.Call, receiver: cst.BaseExpression, callee: str) -> cst.Call | None:
+    """``<callee>(x, **kw)`` in place of ``x.method(**kw)``, where ``receiver`` is ``x``; None when the call passes
+    a positional argument (it would no longer go to the same parameter)."""
+    if any(arg.keyword is None for arg in call.args):
+        return None
+    first = cst.Arg(value=unparenthesized(receiver))
+    if call.args:
+        first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(func=cst.parse_expression(callee), args=(first, *call.args))
+
+
+def module_import(module_bindings: list, module: str) -> tuple[tuple[str, None], ...] | None:
+    """The import a fix that spells ``module.x`` needs, given the module-level bindings of that name: none when a
+    plain ``import module`` binds it, ``((module, None),)`` when nothing does, None when the name is something else."""
+    if not module_bindings:
+        return ((module, None),)
+    plain = all(
+        isinstance(b.node, cst.Import)
+        and b.alias is not None
+        and b.alias.asname is None
+        and get_full_name_for_node(b.alias.name) == module
+        for b in module_bindings
+    )
+    return () if plain else None

@@ -129,3 +129,41 @@ def returned_loss(returned: cst.BaseExpression) -> cst.BaseExpression | None:
         ),
         None,
     )
+
+
+# Lightning's DeepSpeed strategy, under its import homes.
+DEEPSPEED_STRATEGIES = frozenset(
+    {
+        "lightning.pytorch.strategies.DeepSpeedStrategy",
+        "pytorch_lightning.strategies.DeepSpeedStrategy",
+        "lightning.fabric.strategies.DeepSpeedStrategy",
+    }
+)
+FP16_PRECISIONS = frozenset({"16", "16-mixed", "fp16"})
+
+
+def optimizes_manually(facts: PythonFacts, cls: cst.ClassDef) -> bool:
+    """The LightningModule turns automatic optimization off: ``self.automatic_optimization = False`` in a method, or
+    the class attribute."""
+    for assign in facts.within(cls, cst.Assign):
+        if not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
+            continue
+        for target in assign.targets:
+            if get_full_name_for_node(target.target) in {"self.automatic_optimization", "automatic_optimization"}:
+                return True
+    return False
+
+
+def scales_loss(facts: PythonFacts) -> bool:
+    """A Lightning Trainer of this file runs with fp16 mixed precision or a DeepSpeed strategy, whose backward
+    (``manual_backward``) scales the loss or hands it to the engine."""
+    if any(facts.callee_is(call, DEEPSPEED_STRATEGIES) for call in facts.calls):
+        return True
+    for trainer in facts.lightning_trainers:
+        precision = _literal(_keyword(trainer, "precision"))
+        if precision is not None and str(precision) in FP16_PRECISIONS:
+            return True
+        strategy = _literal(_keyword(trainer, "strategy"))
+        if isinstance(strategy, str) and strategy.startswith("deepspeed"):
+            return True
+    return False

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
+from lintdist.context_objects import entered_construction, entered_names, method_called_or_escapes
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -15,10 +13,6 @@ LOCAL_SGD = frozenset({"accelerate.local_sgd.LocalSGD"})
 STEP = "step"
 # The name the fix gives an anonymous `with LocalSGD(...)`.
 DEFAULT_NAME = "local_sgd"
-# `optimizer`, `self.optim`, `opt_g`, `d_optimizer`: names of optimizers. (`scheduler.step()` is not one.)
-OPTIMIZER_NAME = re.compile(r"(?:^|_)(?:optim|optimizer|opt)s?(?:$|_|\d)", re.IGNORECASE)
-TORCH_OPTIM = "torch.optim."
-LR_SCHEDULERS = "torch.optim.lr_scheduler."
 
 
 class LocalSgdStepMissing(Rule):
@@ -227,34 +221,15 @@ with LSGD(accelerator, model, 4) as local_sgd:
         facts = self.facts
         for with_node in facts.index.nodes(cst.With):
             for position, item in enumerate(with_node.items):
-                call = self._local_sgd_call(item.item, with_node)
+                call = entered_construction(facts, item, with_node, LOCAL_SGD)
                 if call is None or _disabled(call) or not self._trains(with_node):
                     continue
-                target = item.asname.name if item.asname is not None else None
-                if target is not None and not isinstance(target, cst.Name):
-                    continue  # `as (a, b)`: not a LocalSGD handle lintdist can follow
-                handles = {target.value} if target is not None else set()
-                if isinstance(item.item, (cst.Name, cst.Attribute)):
-                    handles.add(get_full_name_for_node(item.item) or "")
-                handles.discard("")
-                if self._steps_or_escapes(with_node, call, handles):
+                handles = entered_names(item)
+                if handles is None or method_called_or_escapes(facts, with_node, call, handles, STEP):
                     continue
                 self._report(with_node, position, item.item, handles)
 
     # -- what the block is, and what it does with the object ------------------------------------
-
-    def _local_sgd_call(self, expr: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
-        """The ``LocalSGD(...)`` call a ``with`` item enters: written there, or bound to the name it names."""
-        facts = self.facts
-        if isinstance(expr, cst.Call):
-            return expr if facts.is_instance_of(expr, LOCAL_SGD) else None
-        if isinstance(expr, (cst.Name, cst.Attribute)):
-            origins = facts.origins(expr, at)
-            calls = [o.node for o in origins if isinstance(o.node, cst.Call) and o.index is None]
-            found = [c for c in calls if facts.is_instance_of(c, LOCAL_SGD)]
-            if found and len(found) == len(origins):
-                return found[0]
-        return None
 
     def _trains(self, with_node: cst.With) -> bool:
         """The block runs a backward pass or an optimizer step (directly or in a helper); a block that trains
@@ -263,41 +238,6 @@ with LSGD(accelerator, model, 4) as local_sgd:
         return facts.trains(with_node.body) or any(
             self._is_optimizer_step(call) for call in facts.reachable_calls(with_node.body)
         )
-
-    def _refers(self, expr: cst.BaseExpression, at: cst.CSTNode, call: cst.Call, handles: set[str]) -> bool:
-        """``expr`` can be the LocalSGD object: the call itself, or a name the ``with`` binds it to."""
-        if not isinstance(expr, (cst.Name, cst.Attribute)):
-            return False
-        if (get_full_name_for_node(expr) or "") in handles:
-            return True
-        for origin in self.facts.origins(expr, at):
-            if origin.node is call:
-                return True
-            if isinstance(origin.node, (cst.Name, cst.Attribute)) and get_full_name_for_node(origin.node) in handles:
-                return True
-        return False
-
-    def _steps_or_escapes(self, with_node: cst.With, call: cst.Call, handles: set[str]) -> bool:
-        """The block calls the object's ``step()`` (also in a helper), or hands the object to code out of sight."""
-        facts = self.facts
-        for inner in facts.reachable_calls(with_node.body):
-            func = inner.func
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value == STEP
-                and self._refers(func.value, inner, call, handles)
-            ):
-                return True
-            if facts.local_functions(inner):
-                continue  # a helper of this file: its own calls are among the reachable ones
-            if any(self._refers(arg.value, inner, call, handles) for arg in inner.args):
-                return True  # `run_epoch(..., local_sgd)` of another module, `hooks.append(local_sgd)`...
-        for assign in facts.within(with_node.body, cst.Assign):
-            if self._refers(assign.value, assign, call, handles) and not all(
-                isinstance(t.target, cst.Name) for t in assign.targets
-            ):
-                return True  # `self.sync = local_sgd`: read elsewhere
-        return False
 
     # -- the report and its fix ---------------------------------------------------------------------
 
@@ -377,25 +317,7 @@ with LSGD(accelerator, model, 4) as local_sgd:
 
     def _is_optimizer_step(self, call: cst.Call) -> bool:
         """``optimizer.step()``, or ``scaler.step(optimizer)`` (a GradScaler steps the optimizer it is given)."""
-        func = call.func
-        if not isinstance(func, cst.Attribute) or func.attr.value != STEP:
-            return False
-        if self._is_optimizer(func.value, call):
-            return True
-        first = argument_of(call, "optimizer", 0)
-        return first is not None and self._is_optimizer(first, call)
-
-    def _is_optimizer(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        facts = self.facts
-        if not isinstance(expr, (cst.Name, cst.Attribute)):
-            return False
-        for origin in facts.origins(expr, at):
-            if isinstance(origin.node, cst.Call) and origin.index is None:
-                names = facts.qualified_names(origin.node.func)
-                if any(n.startswith(TORCH_OPTIM) and not n.startswith(LR_SCHEDULERS) for n in names):
-                    return True
-        last = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1]
-        return bool(OPTIMIZER_NAME.search(last)) and "sched" not in last.lower()
+        return any(step.call is call and step.kind == "optimizer" for step in self.loop.steps)
 
 
 def _disabled(call: cst.Call) -> bool:

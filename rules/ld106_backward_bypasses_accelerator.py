@@ -7,8 +7,8 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.edits import remove_division
-from lintdist.facts import argument_of
+from lintdist.edits import receiver_as_argument, remove_division, unparenthesized
+from lintdist.lightning import optimizes_manually, scales_loss
 from lintdist.loop import Accumulation, BackwardSite, in_method
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -16,14 +16,6 @@ from lintdist.rule import Invalid, Rule, Valid
 GRAD_SCALERS = frozenset(
     {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
 )
-LIGHTNING_DEEPSPEED = frozenset(
-    {
-        "lightning.pytorch.strategies.DeepSpeedStrategy",
-        "pytorch_lightning.strategies.DeepSpeedStrategy",
-        "lightning.fabric.strategies.DeepSpeedStrategy",
-    }
-)
-FP16_PRECISIONS = frozenset({"16", "16-mixed", "fp16"})
 
 
 class BackwardBypassesAccelerator(Rule):
@@ -402,7 +394,7 @@ class Module(pl.LightningModule):
             )
         accelerator = loop.accelerator_at(prepare, site.call)
         shown = accelerator or get_full_name_for_node(receiver) or "accelerator"
-        loss_text = cst.Module([]).code_for_node(_bare(site.loss))
+        loss_text = cst.Module([]).code_for_node(unparenthesized(site.loss))
         if site.kind == "scaler":
             message = (
                 f"`scaler.scale({loss_text}).backward()` with a `GradScaler` of the script's own bypasses "
@@ -444,7 +436,7 @@ class Module(pl.LightningModule):
     def _fix(self, site: BackwardSite, accelerator: str | None, acc: Accumulation, division) -> tuple[Fix | None, str]:
         if accelerator is None:
             return None, "not fixed automatically: no name for the Accelerator is in scope here"
-        new_call = _backward_call(site, accelerator)
+        new_call = receiver_as_argument(site.call, site.loss, f"{accelerator}.backward")
         if new_call is None:
             return None, ""
         if division is None:
@@ -473,65 +465,18 @@ class Module(pl.LightningModule):
         cls = facts.lightning_module_of(site.call)
         if cls is None:
             return False
-        if site.kind == "tensor" and self._manual_optimization(cls) and in_method(self.facts, site.call):
-            loss_text = cst.Module([]).code_for_node(_bare(site.loss))
+        if site.kind == "tensor" and optimizes_manually(self.facts, cls) and in_method(self.facts, site.call):
+            loss_text = cst.Module([]).code_for_node(unparenthesized(site.loss))
             message = (
                 f"`{loss_text}.backward()` in a LightningModule that optimizes manually bypasses the precision "
                 "plugin's scaling and the strategy's backward (DeepSpeed); call "
                 f"`self.manual_backward({loss_text})`"
             )
-            new_call = _backward_call(site, "self", method="manual_backward")
+            new_call = receiver_as_argument(site.call, site.loss, "self.manual_backward")
             fix = (
                 Fix(Applicability.SAFE, "Call `self.manual_backward(...)`", replacements=((site.call, new_call),))
                 if new_call is not None
                 else None
             )
-            self.report(site.call, message, fix=fix, severity=None if self._lightning_scaled() else Severity.WARNING)
+            self.report(site.call, message, fix=fix, severity=None if scales_loss(self.facts) else Severity.WARNING)
         return True
-
-    def _manual_optimization(self, cls: cst.ClassDef) -> bool:
-        """``self.automatic_optimization = False`` in a method, or the class attribute."""
-        for assign in self.facts.within(cls, cst.Assign):
-            if not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
-                continue
-            for target in assign.targets:
-                name = get_full_name_for_node(target.target)
-                if name in {"self.automatic_optimization", "automatic_optimization"}:
-                    return True
-        return False
-
-    def _lightning_scaled(self) -> bool:
-        """A Lightning Trainer with fp16 mixed precision or a DeepSpeed strategy in this file."""
-        facts = self.facts
-        if any(facts.callee_is(call, LIGHTNING_DEEPSPEED) for call in facts.calls):
-            return True
-        for call in facts.lightning_trainers:
-            precision = argument_of(call, "precision", None)
-            if isinstance(precision, (cst.SimpleString, cst.Integer)):
-                value = precision.evaluated_value if isinstance(precision, cst.SimpleString) else precision.value
-                if str(value) in FP16_PRECISIONS:
-                    return True
-            strategy = argument_of(call, "strategy", None)
-            if isinstance(strategy, cst.SimpleString) and strategy.evaluated_value.startswith("deepspeed"):
-                return True
-        return False
-
-
-def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """The expression without its own parentheses, as an argument needs none."""
-    if getattr(expr, "lpar", None):
-        return expr.with_changes(lpar=(), rpar=())
-    return expr
-
-
-def _backward_call(site: BackwardSite, receiver: str, method: str = "backward") -> cst.Call | None:
-    """``<receiver>.backward(loss, **kw)`` in place of ``loss.backward(**kw)``; None for a positional gradient."""
-    call = site.call
-    if any(arg.keyword is None for arg in call.args):
-        return None
-    func = cst.Attribute(value=cst.parse_expression(receiver), attr=cst.Name(method))
-    loss = cst.Arg(value=_bare(site.loss))
-    rest = list(call.args)
-    if rest:
-        loss = loss.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(func=func, args=(loss, *rest))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.deepspeed_settings import DEFAULT_CLIPPING, UNKNOWN, gradient_clipping
+from lintdist.edits import guarded_call
 from lintdist.facts import argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, TORCH_CLIPS, StepSite
+from lintdist.loop import TORCH_CLIPS, StepSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -16,7 +18,6 @@ ACCEPTED = {
     "clip_grad_norm_": ("parameters", "max_norm", "norm_type"),
     "clip_grad_value_": ("parameters", "clip_value"),
 }
-DEFAULT_DS_CLIPPING = 1.0  # accelerate fills DeepSpeed's "auto" `gradient_clipping` with 1.0 (`_prepare_deepspeed`)
 
 
 def _method(rule: Rule, call: cst.Call) -> str:
@@ -321,7 +322,7 @@ for batch in loader:
         new_call = call.with_changes(func=cst.Attribute(value=cst.parse_expression(accelerator), attr=cst.Name(method)))
         if not ungated:
             return Fix(Applicability.SAFE, f"Call `{accelerator}.{method}(...)`", replacements=((call, new_call),))
-        wrapped = self._wrap(call, accelerator, new_call)
+        wrapped = guarded_call(self.facts, call, f"{accelerator}.sync_gradients", new_call)
         if wrapped is None:
             return None
         return Fix(
@@ -353,7 +354,7 @@ for batch in loader:
             )
             + f"; guard it with `if {shown}.sync_gradients:`"
         )
-        wrapped = self._wrap(call, shown, call)
+        wrapped = guarded_call(self.facts, call, f"{shown}.sync_gradients")
         fix = (
             Fix(Applicability.SAFE, f"Guard the clip with `if {shown}.sync_gradients:`", replacements=(wrapped,))
             if wrapped is not None and get_full_name_for_node(receiver) is not None
@@ -369,24 +370,6 @@ for batch in loader:
             return False
         return self.loop.accumulation(block.accelerator, step.call).state != "none"
 
-    def _wrap(self, call: cst.Call, accelerator: str, new_call: cst.Call) -> tuple[cst.CSTNode, cst.CSTNode] | None:
-        """``if <accelerator>.sync_gradients:`` around the clip's line, when the clip is that line's only statement
-        and its result is not kept."""
-        facts = self.facts
-        expression = facts.parent(call)
-        line = facts.parent(expression)
-        if not (isinstance(expression, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
-            return None
-        inner = line.with_changes(
-            leading_lines=(), body=(expression.with_changes(value=new_call, semicolon=cst.MaybeSentinel.DEFAULT),)
-        )
-        guard = cst.If(
-            test=cst.parse_expression(f"{accelerator}.sync_gradients"),
-            body=cst.IndentedBlock(body=(inner,)),
-            leading_lines=line.leading_lines,
-        )
-        return line, guard
-
     # -- DeepSpeed -----------------------------------------------------------------------------------
 
     def _deepspeed_threshold(self, call: cst.Call, shown: str) -> None:
@@ -394,16 +377,17 @@ for batch in loader:
         max_norm = argument_of(call, "max_norm", 1)
         if max_norm is None:
             return
-        configured = self._deepspeed_clipping()
-        if configured is _UNKNOWN:
+        configured = gradient_clipping(self.facts, self.context.settings, bool(self.loop.accelerators))
+        if configured is UNKNOWN:
             return
-        if isinstance(configured, float) and _number(max_norm) == configured:
+        literal = isinstance(max_norm, (cst.Integer, cst.Float))
+        if isinstance(configured, float) and literal and float(max_norm.evaluated_value) == configured:
             return
         if isinstance(configured, cst.BaseExpression) and _same_expression(configured, max_norm):
             return
         if isinstance(configured, cst.BaseExpression):
             said = f"`{cst.Module([]).code_for_node(configured)}`"
-        elif configured is DEFAULT_DS_CLIPPING:
+        elif configured is DEFAULT_CLIPPING:
             said = f'{configured}, accelerate\'s value for "auto"'
         else:
             said = str(configured)
@@ -414,41 +398,6 @@ for batch in loader:
             f"`DeepSpeedPlugin(gradient_clipping={norm})` or `gradient_clipping` in the DeepSpeed config"
         )
         self.report(call, message, severity=Severity.WARNING)
-
-    def _deepspeed_clipping(self):
-        """The ``gradient_clipping`` DeepSpeed runs with: a float, the plugin's expression, or ``_UNKNOWN`` (a
-        config file lintdist cannot read, an expression)."""
-        facts = self.facts
-        plugins = [c for c in facts.calls if facts.callee_is(c, DEEPSPEED_PLUGINS)]
-        for plugin in plugins:
-            if any(a.star for a in plugin.args) or argument_of(plugin, "hf_ds_config", 0) is not None:
-                return _UNKNOWN
-            value = argument_of(plugin, "gradient_clipping", None)
-            if value is not None:
-                number = _number(value)
-                return number if number is not None else value
-        settings = self.context.settings
-        if settings is not None:
-            if settings.get("deepspeed_config_file") is not None:
-                return _UNKNOWN
-            setting = settings.get("gradient_clipping")
-            if setting is not None:
-                try:
-                    return float(setting.value)
-                except (TypeError, ValueError):
-                    return _UNKNOWN
-        if not plugins and not self.loop.accelerators:
-            return _UNKNOWN
-        return DEFAULT_DS_CLIPPING
-
-
-_UNKNOWN = object()
-
-
-def _number(expr: cst.BaseExpression) -> float | None:
-    if isinstance(expr, (cst.Integer, cst.Float)):
-        return float(expr.evaluated_value)
-    return None
 
 
 def _same_expression(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:

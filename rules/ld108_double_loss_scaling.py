@@ -7,6 +7,7 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.deepspeed_settings import reads_accumulation_steps
 from lintdist.edits import remove_division
 from lintdist.loop import Accumulation, Division
 from lintdist.model import Applicability, Fix, Severity
@@ -305,7 +306,7 @@ for batch in loader:
         division = self.loop.accumulation_division(site.loss, statement, Accumulation("unknown"))
         if division is None or id(division.term.expr) in seen:
             return
-        if not any(_deepspeed_steps_read(o.node) for o in self.facts.origins(division.term.expr, statement)):
+        if not any(reads_accumulation_steps(o.node) for o in self.facts.origins(division.term.expr, statement)):
             return
         seen.add(id(division.term.expr))
         divisor = _operand_text(division.term.expr)
@@ -318,21 +319,6 @@ for batch in loader:
             "gradient is that many times too small; delete the division for DeepSpeed runs",
             severity=Severity.WARNING,
         )
-
-
-def _deepspeed_steps_read(node: cst.CSTNode) -> bool:
-    """``<...>.deepspeed_config["gradient_accumulation_steps"]`` or ``<...>.deepspeed_plugin.gradient_accumulation_steps``."""
-    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
-        index = node.slice[0].slice
-        key = (
-            index.value.evaluated_value
-            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
-            else None
-        )
-        return key == "gradient_accumulation_steps" and "deepspeed" in (get_full_name_for_node(node.value) or "")
-    if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
-        return "deepspeed" in (get_full_name_for_node(node.value) or "")
-    return False
 
 
 def _operand_text(expr: cst.CSTNode) -> str:

@@ -7,9 +7,11 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.edits import without_argument
+from lintdist.deepspeed_settings import runs_deepspeed
+from lintdist.edits import with_keyword, without_argument
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, GA_PLUGIN_CLASSES
+from lintdist.in_sight import holds_value, named_value_in_sight
+from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -20,10 +22,6 @@ GA_NAME = re.compile(
     r"|grad_accum|accumulate_grad_batches",
     re.IGNORECASE,
 )
-PARSE_METHODS = {"parse_args": None, "parse_known_args": 0}  # method -> index of the namespace in its result
-# Compound statements that always run their body once reached; any other one may skip it.
-ALWAYS_RUN = (cst.With, cst.FunctionDef, cst.ClassDef)
-SEQUENTIAL = (cst.IndentedBlock, cst.Module, cst.SimpleStatementLine, cst.SimpleStatementSuite)
 
 
 class GaPluginWithoutNumSteps(Rule):
@@ -257,8 +255,6 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
                 return True
         return False
 
-    # -- the count in sight -------------------------------------------------------------------
-
     def _accelerators(self, plugin: cst.Call) -> list[cst.Call]:
         """The ``Accelerator(...)`` calls this plugin reaches through ``gradient_accumulation_plugin=``."""
         facts = self.facts
@@ -270,136 +266,6 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
             if given is not None and any(o.node is plugin for o in facts.origins(given, call)):
                 found.append(call)
         return found
-
-    def _count_in_sight(self, plugin: cst.Call) -> str | None:
-        """Source text of the one gradient-accumulation count visible at the plugin, or None."""
-        names = sorted({name for name in self._ga_names() if self._visible(name, plugin)})
-        if len(names) == 1:
-            return names[0]
-        if names:
-            return None  # two candidates: which one was meant is not ours to guess
-        attributes = sorted(self._namespace_counts(plugin))
-        return attributes[0] if len(attributes) == 1 else None
-
-    def _ga_names(self) -> set[str]:
-        """Variables and parameters of the file named like a gradient-accumulation count."""
-        facts = self.facts
-        names = {
-            name.value
-            for name in facts.index.nodes(cst.Name)
-            if GA_NAME.fullmatch(name.value) and not isinstance(facts.parent(name), cst.Attribute)
-        }
-        return {n for n in names if not self._flag(n)}
-
-    def _flag(self, name: str) -> bool:
-        """Some assignment gives the name a boolean: it says whether to accumulate, not how much."""
-        return any(
-            isinstance(assign.value, cst.Name)
-            and assign.value.value in {"True", "False"}
-            and any(isinstance(t.target, cst.Name) and t.target.value == name for t in assign.targets)
-            for assign in self.facts.index.nodes(cst.Assign)
-        )
-
-    def _visible(self, name: str, at: cst.CSTNode) -> bool:
-        """``name`` holds a value wherever ``at`` runs: a parameter of an enclosing function, a variable the
-        function assigns before ``at`` on every path to it, or (when the function does not assign it) one of
-        an enclosing function or of the module; at module level, a variable assigned before ``at``."""
-        facts = self.facts
-        point: cst.CSTNode = at
-        function = facts.enclosing_function(at)
-        while True:
-            if function is not None and facts.parameter(name, point) is not None:
-                return True
-            local = [
-                b
-                for b in facts.bindings(name, point)
-                if b.function is function and facts.enclosing_class(b.statement) is None
-            ]
-            if local:
-                if function is None and point is not at:
-                    return True  # a module variable read from a function: set by the time it runs
-                return any(self._before_on_every_path(b.statement, point) for b in local)
-            if function is None:
-                return False
-            point, function = function, facts.enclosing_function(function)
-
-    def _before_on_every_path(self, statement: cst.CSTNode, at: cst.CSTNode) -> bool:
-        facts = self.facts
-        if facts.index.order(statement) >= facts.index.order(at):
-            return False
-        for ancestor in facts.ancestors(statement):
-            if facts.is_within(at, ancestor):
-                return isinstance(ancestor, SEQUENTIAL)
-            if isinstance(ancestor, cst.BaseCompoundStatement) and not isinstance(ancestor, ALWAYS_RUN):
-                return False
-        return False
-
-    def _namespace_counts(self, plugin: cst.Call) -> set[str]:
-        """``args.<dest>`` for an argparse option with a gradient-accumulation name, where ``args`` is visible
-        at the plugin and holds what the file's parser parsed."""
-        facts = self.facts
-        dests = self._ga_options()
-        if not dests:
-            return set()
-        namespaces = {
-            node.value.value
-            for node in facts.index.nodes(cst.Attribute)
-            if isinstance(node.value, cst.Name) and node.attr.value in dests
-        }
-        function = facts.enclosing_function(plugin)
-        while function is not None:  # the parameters of the enclosing functions (`def main(args)`)
-            namespaces |= {p.name.value for p in (*function.params.posonly_params, *function.params.params)}
-            function = facts.enclosing_function(function)
-        for call in facts.calls:
-            if facts.method_name(call) in PARSE_METHODS:
-                statement = facts.parent(call)
-                if not isinstance(statement, cst.Assign):
-                    continue
-                target = statement.targets[0].target
-                index = PARSE_METHODS[facts.method_name(call)]
-                if index is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
-                    target = target.elements[index].value
-                if isinstance(target, cst.Name):
-                    namespaces.add(target.value)
-        found = set()
-        for namespace in namespaces:
-            if not self._visible(namespace, plugin) or not self._parsed(namespace, plugin):
-                continue
-            found |= {f"{namespace}.{dest}" for dest in dests}
-        return found
-
-    def _parsed(self, namespace: str, at: cst.CSTNode) -> bool:
-        """Every value the name can hold there is a namespace from ``parse_args()``/``parse_known_args()[0]``."""
-        origins = self.facts.origins(cst.Name(namespace), at)
-        return bool(origins) and all(
-            isinstance(o.node, cst.Call)
-            and self.facts.method_name(o.node) in PARSE_METHODS
-            and PARSE_METHODS[self.facts.method_name(o.node)] == o.index
-            for o in origins
-        )
-
-    def _ga_options(self) -> set[str]:
-        """The ``dest`` of each ``add_argument`` whose name says gradient accumulation."""
-        facts = self.facts
-        dests = set()
-        for call in facts.calls:
-            if facts.method_name(call) != "add_argument":
-                continue
-            flags = [
-                a.value.evaluated_value
-                for a in call.args
-                if a.keyword is None and isinstance(a.value, cst.SimpleString) and not a.star
-            ]
-            dest_arg = argument_of(call, "dest", None)
-            if isinstance(dest_arg, cst.SimpleString):
-                dest = dest_arg.evaluated_value
-            else:
-                long = [f for f in flags if isinstance(f, str) and f.startswith("--")]
-                chosen = long[0][2:] if long else (flags[0].lstrip("-") if flags and isinstance(flags[0], str) else "")
-                dest = chosen.replace("-", "_")
-            if GA_NAME.fullmatch(dest or ""):
-                dests.add(dest)
-        return dests
 
     # -- the report and its fix -------------------------------------------------------------
 
@@ -414,7 +280,7 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
             and not (isinstance(arg.value, cst.Integer) and arg.value.evaluated_value == 1)
         ]
         spelled = "`num_steps=None`" if given is not None else "no `num_steps`"
-        deepspeed = self._deepspeed()
+        deepspeed = runs_deepspeed(self.facts, self.settings)
         message = (
             f"`GradientAccumulationPlugin` with {spelled} accumulates over 1 step: `GradientState` keeps only the "
             "fields that differ from their defaults and reads `num_steps` as 1, so every batch syncs and steps "
@@ -437,15 +303,6 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
         fix = self._fix(plugin, given, both)
         self.report(plugin, message, fix=fix, severity=Severity.WARNING if deepspeed else None)
 
-    def _deepspeed(self) -> bool:
-        """DeepSpeed runs the script: its config's accumulation count overrides the plugin's at ``prepare``."""
-        facts = self.facts
-        backend = self.settings.backend
-        if backend is not None and str(backend.value).upper() == "DEEPSPEED":
-            return True
-        # a DeepSpeed plugin built anywhere here (an `Accelerator(deepspeed_plugin=...)` is the backend above)
-        return any(facts.callee_is(call, DEEPSPEED_PLUGINS) for call in facts.calls)
-
     def _fix(
         self, plugin: cst.Call, given: cst.BaseExpression | None, both: list[tuple[cst.Call, cst.Arg]]
     ) -> Fix | None:
@@ -456,7 +313,8 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
             accelerator, arg = both[0]
             count = arg.value
             literal = isinstance(count, (cst.Integer, cst.Name, cst.Attribute)) and (
-                isinstance(count, cst.Integer) or self._visible(get_full_name_for_node(count).split(".")[0], plugin)
+                isinstance(count, cst.Integer)
+                or holds_value(self.facts, get_full_name_for_node(count).split(".")[0], plugin)
             )
             if not literal or not any(a.value is plugin for a in accelerator.args):
                 return None
@@ -470,7 +328,7 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
                 f"Move `gradient_accumulation_steps={module.code_for_node(count)}` into the plugin as `num_steps`",
                 replacements=((accelerator, new_accelerator),),
             )
-        count_text = self._count_in_sight(plugin)
+        count_text = named_value_in_sight(self.facts, plugin, GA_NAME)
         if count_text is None:
             return None
         return Fix(
@@ -482,23 +340,11 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
 
 def _with_num_steps(plugin: cst.Call, given: cst.BaseExpression | None, count: cst.BaseExpression) -> cst.Call:
     """The plugin call with ``num_steps=count`` (replacing ``None``, else as the first argument)."""
-    if given is not None:
-        return plugin.with_changes(
-            args=[arg.with_changes(value=count) if arg.value is given else arg for arg in plugin.args]
-        )
-    layout = plugin.whitespace_before_args
-    if not plugin.args:
-        return plugin.with_changes(args=[cst.Arg(keyword=cst.Name("num_steps"), value=count, equal=_EQUAL)])
-    separator = layout if isinstance(layout, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-    first = cst.Arg(
-        keyword=cst.Name("num_steps"), value=count, equal=_EQUAL, comma=cst.Comma(whitespace_after=separator)
-    )
-    return plugin.with_changes(args=[first, *plugin.args])
+    if given is None:
+        return with_keyword(plugin, "num_steps", count)
+    return _swap(plugin, given, count)
 
 
-_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-
-
-def _swap(call: cst.Call, old: cst.Call, new: cst.Call) -> cst.Call:
+def _swap(call: cst.Call, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.Call:
     """``call`` with its argument ``old`` (a direct argument value) replaced by ``new``."""
     return call.with_changes(args=[arg.with_changes(value=new) if arg.value is old else arg for arg in call.args])

@@ -4,18 +4,14 @@ backward but not its forward."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import argument_of
-from lintdist.loop import DEEPSPEED_PLUGINS, NoSync, integer_literal
+from lintdist.deepspeed_settings import zero_stage
+from lintdist.edits import module_import
+from lintdist.loop import NoSync
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.model_use import runs_or_passes
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.wrappers import forward_target, is_wrapped
-
-# Methods of a model that are not its forward pass.
-NOT_FORWARD = frozenset(
-    {"no_sync", "parameters", "named_parameters", "zero_grad", "train", "eval", "state_dict", "buffers", "modules"}
-)
+from lintdist.wrappers import is_wrapped
 
 
 class ModelNoSyncMisuse(Rule):
@@ -267,28 +263,13 @@ for step, (x, y) in enumerate(loader):
         self.report(node, message, fix=fix, severity=Severity.ERROR if fatal else None)
 
     def _fix(self, node: cst.CSTNode, replacement: str, called: bool) -> Fix | None:
-        imports: tuple = ()
-        if not called:
-            functools_bound = self.context.names.module_bindings("functools")
-            if not functools_bound:
-                imports = (("functools", None),)
-            elif not all(
-                isinstance(b.node, cst.Import)
-                and b.alias is not None
-                and b.alias.asname is None
-                and get_full_name_for_node(b.alias.name) == "functools"
-                for b in functools_bound
-            ):
-                return None  # `functools` is some other name here
+        imports = () if called else module_import(self.context.names.module_bindings("functools"), "functools")
+        if imports is None:
+            return None  # `functools` is some other name here
         new = cst.parse_expression(replacement)
         if isinstance(node, (cst.Call, cst.Attribute)):
             new = new.with_changes(lpar=node.lpar, rpar=node.rpar)
-        return Fix(
-            Applicability.SAFE,
-            f"Use `{replacement}`",
-            replacements=((node, new),),
-            imports=imports,
-        )
+        return Fix(Applicability.SAFE, f"Use `{replacement}`", replacements=((node, new),), imports=imports)
 
     def _accelerator_at(self, at: cst.CSTNode, prepare: cst.Call) -> str | None:
         """An expression for the Accelerator that is valid where ``at`` is: the one that prepared the model when its
@@ -307,22 +288,10 @@ for step, (x, y) in enumerate(loader):
         if backend == "FSDP" and self.loop.fsdp_version == 2:
             return "FSDP2"
         if backend == "DEEPSPEED":
-            stage = self._zero_stage()
+            stage = zero_stage(self.facts, self.context.settings)
             if stage is not None and stage >= 2:
                 return f"DeepSpeed ZeRO stage {stage}"
         return None
-
-    def _zero_stage(self) -> int | None:
-        facts = self.facts
-        for call in facts.calls:
-            if facts.callee_is(call, DEEPSPEED_PLUGINS):
-                value = argument_of(call, "zero_stage", None)
-                if value is not None:
-                    return integer_literal(value, facts, call)
-                if argument_of(call, "hf_ds_config", None) is None and argument_of(call, "config_file", None) is None:
-                    return 2  # DeepSpeedPlugin's default (ACCELERATE_DEEPSPEED_ZERO_STAGE, else 2)
-                return None
-        return _setting_int(self.context.settings, "zero_stage")
 
     # -- (b) a no_sync block with a backward but no forward -------------------------------------------
 
@@ -340,7 +309,7 @@ for step, (x, y) in enumerate(loader):
                 continue
             calls = facts.reachable_calls(block.node.body)
             backwards = [c for c in calls if (s := loop.backward_site(c)) is not None and s.kind != "engine"]
-            if not backwards or self._forward_in(calls, block.model, block.node):
+            if not backwards or runs_or_passes(facts, calls, block.model, block.node):
                 continue
             reported.add(id(block.node))
             model = self.context.module.code_for_node(block.model)
@@ -394,33 +363,3 @@ for step, (x, y) in enumerate(loader):
             if name:
                 return f"made by `{name}`, a helper named for DDP whose body is not in sight"
         return None
-
-    def _forward_in(self, calls: list[cst.Call], model: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """A call among ``calls`` runs the model (``model(...)``, ``model.forward(...)``) or hands it to a function
-        (which may run it)."""
-        facts = self.facts
-        key = get_full_name_for_node(model)
-        origins = {(id(o.node), o.index) for o in facts.origins(model, at)}
-
-        def same(expr: cst.BaseExpression, where: cst.CSTNode) -> bool:
-            if not isinstance(expr, (cst.Name, cst.Attribute)):
-                return False
-            if key is not None and get_full_name_for_node(expr) == key:
-                return True
-            return bool(origins & {(id(o.node), o.index) for o in facts.origins(expr, where)})
-
-        for call in calls:
-            func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value in NOT_FORWARD:
-                continue
-            if same(forward_target(call), call) or any(same(arg.value, call) for arg in call.args):
-                return True
-        return False
-
-
-def _setting_int(settings, name: str) -> int | None:
-    setting = settings.get(name) if settings is not None else None
-    if setting is None:
-        return None
-    value = str(setting.value).strip()
-    return int(value) if value.isdigit() else None

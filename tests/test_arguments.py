@@ -41,3 +41,21 @@ def test_no_default_or_no_declaration_is_unknown():
     assert _default(PARSER, "args.name") is None
     assert _default(PARSER, "args.other") is None
     assert _default(PARSER, "lr_scheduler") is None
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def test_declared_options_and_parsed_namespaces():
+    from lintdist.arguments import declared_options, holds_parsed_arguments, parsed_namespace_names
+
+    facts = _facts(PARSER + "    opts, rest = parser.parse_known_args()\n    other = load()\n")
+    assert declared_options(facts) == {"lr_scheduler", "run_mode", "name"}
+    assert parsed_namespace_names(facts) == {"args", "opts"}
+    end = facts.calls[-1]
+    assert holds_parsed_arguments(facts, "args", end)
+    assert holds_parsed_arguments(facts, "opts", end)
+    assert not holds_parsed_arguments(facts, "rest", end)
+    assert not holds_parsed_arguments(facts, "other", end)

@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.lightning import fitting_trainers, returned_loss
+from lintdist.lightning import fitting_trainers, optimizes_manually, returned_loss, scales_loss
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -54,3 +54,39 @@ def test_returned_loss():
     code = cst.Module([]).code_for_node
     assert code(returned_loss(cst.parse_expression('{"log": x, "loss": total / n}'))) == "total / n"
     assert returned_loss(cst.parse_expression('{"log": x, key: y}')) is None
+
+
+def test_manual_optimization_by_the_attribute_or_in_a_method():
+    facts = _facts(
+        """
+        import lightning as L
+
+        class Manual(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+        class ByClass(L.LightningModule):
+            automatic_optimization = False
+
+        class Automatic(L.LightningModule):
+            def __init__(self):
+                self.automatic_optimization = True
+        """
+    )
+    assert optimizes_manually(facts, _class(facts, "Manual"))
+    assert optimizes_manually(facts, _class(facts, "ByClass"))
+    assert not optimizes_manually(facts, _class(facts, "Automatic"))
+
+
+def test_a_trainer_scales_the_loss_under_fp16_or_deepspeed():
+    def scaled(trainer: str) -> bool:
+        return scales_loss(
+            _facts(f"import lightning as L\nfrom lightning.pytorch.strategies import DeepSpeedStrategy\n{trainer}\n")
+        )
+
+    assert scaled('L.Trainer(precision="16-mixed")')
+    assert scaled("L.Trainer(precision=16)")
+    assert scaled('L.Trainer(strategy="deepspeed_stage_2")')
+    assert scaled("L.Trainer(strategy=DeepSpeedStrategy(stage=3))")
+    assert not scaled('L.Trainer(precision="bf16-mixed", strategy="ddp")')

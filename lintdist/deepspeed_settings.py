@@ -1,0 +1,83 @@
+"""What DeepSpeed runs with, as the code's ``DeepSpeedPlugin(...)`` and the launch say: its ZeRO stage, its gradient
+clipping, and where the script reads its accumulation steps."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from lintdist.facts import PythonFacts, argument_of
+from lintdist.loop import DEEPSPEED_PLUGINS, integer_literal
+
+# accelerate fills DeepSpeed's "auto" `gradient_clipping` with 1.0 (`_prepare_deepspeed`)
+DEFAULT_CLIPPING = 1.0
+# `gradient_clipping` lintdist cannot read: a config file, an expression of the launch
+UNKNOWN = object()
+
+
+def deepspeed_plugins(facts: PythonFacts) -> list[cst.Call]:
+    """The ``DeepSpeedPlugin(...)`` calls of this file, in source order."""
+    return [call for call in facts.calls if facts.callee_is(call, DEEPSPEED_PLUGINS)]
+
+
+def runs_deepspeed(facts: PythonFacts, settings) -> bool:
+    """DeepSpeed runs the script: the launch's backend says so, or the file builds a ``DeepSpeedPlugin``."""
+    backend = settings.backend
+    if backend is not None and str(backend.value).upper() == "DEEPSPEED":
+        return True
+    return bool(deepspeed_plugins(facts))
+
+
+def zero_stage(facts: PythonFacts, settings) -> int | None:
+    """The ZeRO stage: the first plugin's ``zero_stage=`` (2, its default, when it reads no config), else the launch's
+    ``zero_stage``; None when unknown."""
+    for call in deepspeed_plugins(facts):
+        value = argument_of(call, "zero_stage", None)
+        if value is not None:
+            return integer_literal(value, facts, call)
+        if argument_of(call, "hf_ds_config", None) is None and argument_of(call, "config_file", None) is None:
+            return 2  # DeepSpeedPlugin's default (ACCELERATE_DEEPSPEED_ZERO_STAGE, else 2)
+        return None
+    setting = settings.get("zero_stage") if settings is not None else None
+    value = str(setting.value).strip() if setting is not None else ""
+    return int(value) if value.isdigit() else None
+
+
+def gradient_clipping(facts: PythonFacts, settings, accelerated: bool):
+    """The ``gradient_clipping`` DeepSpeed runs with: a float, the plugin's expression, or ``UNKNOWN`` (a config file
+    lintdist cannot read, an expression, or no plugin and no Accelerator (``accelerated``) in sight)."""
+    plugins = deepspeed_plugins(facts)
+    for plugin in plugins:
+        if any(a.star for a in plugin.args) or argument_of(plugin, "hf_ds_config", 0) is not None:
+            return UNKNOWN
+        value = argument_of(plugin, "gradient_clipping", None)
+        if value is not None:
+            return float(value.evaluated_value) if isinstance(value, (cst.Integer, cst.Float)) else value
+    if settings is not None:
+        if settings.get("deepspeed_config_file") is not None:
+            return UNKNOWN
+        setting = settings.get("gradient_clipping")
+        if setting is not None:
+            try:
+                return float(setting.value)
+            except (TypeError, ValueError):
+                return UNKNOWN
+    if not plugins and not accelerated:
+        return UNKNOWN
+    return DEFAULT_CLIPPING
+
+
+def reads_accumulation_steps(node: cst.CSTNode) -> bool:
+    """``<...>.deepspeed_config["gradient_accumulation_steps"]`` or ``<...>.deepspeed_plugin.gradient_accumulation_steps``:
+    the accumulation steps of the DeepSpeed config."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        key = (
+            index.value.evaluated_value
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
+            else None
+        )
+        return key == "gradient_accumulation_steps" and "deepspeed" in (get_full_name_for_node(node.value) or "")
+    if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
+        return "deepspeed" in (get_full_name_for_node(node.value) or "")
+    return False

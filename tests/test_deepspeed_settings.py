@@ -1,0 +1,71 @@
+"""``lintdist.deepspeed_settings``: the ZeRO stage, gradient clipping and accumulation reads of DeepSpeed."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.deepspeed_settings import (
+    DEFAULT_CLIPPING,
+    UNKNOWN,
+    gradient_clipping,
+    reads_accumulation_steps,
+    runs_deepspeed,
+    zero_stage,
+)
+from lintdist.facts import PythonFacts
+from lintdist.launch import LaunchSettings, Setting
+from lintdist.names import NameResolver
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _settings(**values) -> LaunchSettings:
+    settings = LaunchSettings()
+    for name, value in values.items():
+        settings.set(Setting(name, value, "config.yaml", 1, 0, "yaml"))
+    return settings
+
+
+PLUGIN = """
+    from accelerate import Accelerator, DeepSpeedPlugin
+    stage = 3
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_clipping=0.5))
+"""
+
+
+def test_zero_stage_from_the_plugin_its_default_or_the_launch():
+    assert zero_stage(_facts(PLUGIN), None) == 3
+    assert zero_stage(_facts("from accelerate import DeepSpeedPlugin\nDeepSpeedPlugin()\n"), None) == 2
+    assert zero_stage(_facts("from accelerate import DeepSpeedPlugin\nDeepSpeedPlugin(hf_ds_config=p)\n"), None) is None
+    assert zero_stage(_facts("x = 1\n"), _settings(zero_stage="1")) == 1
+    assert zero_stage(_facts("x = 1\n"), _settings()) is None
+
+
+def test_gradient_clipping_from_the_plugin_the_launch_or_accelerate_default():
+    assert gradient_clipping(_facts(PLUGIN), None, True) == 0.5
+    assert gradient_clipping(_facts("x = 1\n"), _settings(gradient_clipping="2"), True) == 2.0
+    assert gradient_clipping(_facts("x = 1\n"), _settings(deepspeed_config_file="ds.json"), True) is UNKNOWN
+    assert gradient_clipping(_facts("x = 1\n"), None, True) == DEFAULT_CLIPPING
+    assert gradient_clipping(_facts("x = 1\n"), None, False) is UNKNOWN
+
+
+def test_runs_deepspeed_by_the_code_or_the_launch():
+    assert runs_deepspeed(_facts(PLUGIN), _settings())
+    assert runs_deepspeed(_facts("x = 1\n"), _settings(distributed_type="DEEPSPEED"))
+    assert not runs_deepspeed(_facts("x = 1\n"), _settings(distributed_type="MULTI_GPU"))
+
+
+def test_reads_of_the_deepspeed_accumulation_steps():
+    read = cst.parse_expression
+    assert reads_accumulation_steps(
+        read('accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]')
+    )
+    assert reads_accumulation_steps(read("state.deepspeed_plugin.gradient_accumulation_steps"))
+    assert not reads_accumulation_steps(read("args.gradient_accumulation_steps"))
+    assert not reads_accumulation_steps(read('deepspeed_config["train_batch_size"]'))
