@@ -35,3 +35,21 @@ def _destinations(call: cst.Call) -> set[str]:
     long = [flag for flag in flags if flag.startswith("--")]
     chosen = long[:1] or flags[:1]
     return {flag.lstrip("-").replace("-", "_") for flag in chosen}
+
+
+def passed_arg(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
+    """The ``Arg`` a call passes for a parameter, by keyword (also after ``**kwargs``) or by position (none after a
+    ``*args``)."""
+    positional = 0
+    starred = False
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg
+        elif arg.star:
+            starred = starred or arg.star == "*"
+        elif not starred:
+            if positional == position:
+                return arg
+            positional += 1
+    return None
