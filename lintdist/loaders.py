@@ -160,3 +160,14 @@ def _own_init(facts: PythonFacts, cls: cst.ClassDef, depth: int = 0) -> bool:
         if local is not None and depth < 4 and _own_init(facts, local, depth + 1):
             return True
     return False
+
+
+def loader_passes(facts: PythonFacts) -> list[tuple[cst.For | cst.While, cst.BaseExpression]]:
+    """(loop, loader) for each loop that walks a loader: ``for b in loader`` (through ``enumerate``/``tqdm``/``iter``),
+    also the first argument of a call the loop walks (a backend's ``distribute(loader)``), and a loop that calls
+    ``next(it)`` on ``it = iter(loader)``."""
+    found = list(facts.data_loops())
+    for loop, expr in list(found):
+        if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
+            found.append((loop, expr.args[0].value))
+    return found + facts.iterator_passes()

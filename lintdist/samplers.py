@@ -110,3 +110,63 @@ def tells_epoch(facts: PythonFacts, definition: cst.CSTNode) -> bool:
 
 def _class_name(call: cst.Call) -> str:
     return (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
+
+
+def epoch_told_around(facts: PythonFacts, loop: cst.For | cst.While) -> bool:
+    """``set_epoch`` runs (reachably through the file's helpers) in ``loop`` or in a loop around it within its
+    function (then ``loop`` only repeats passes within one epoch)."""
+    loops = [loop]
+    for ancestor in facts.ancestors(loop):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+            break
+        if isinstance(ancestor, (cst.For, cst.While)):
+            loops.append(ancestor)
+    return any(is_set_epoch(facts, call) for each in loops for call in facts.reachable_calls(each.body))
+
+
+def epoch_told_out_of_sight(facts: PythonFacts, loop: cst.For | cst.While) -> bool:
+    """A function of this file outside ``loop``'s own calls ``set_epoch`` but nothing here calls it by name: a
+    callback or hook (``cb.on_epoch_start(epoch)``) lintdist cannot follow may run it."""
+    for call in facts.calls:
+        if is_set_epoch(facts, call):
+            function = facts.enclosing_function(call)
+            if function is not None and not facts.is_within(loop, function) and not facts.call_sites(function):
+                return True
+    return False
+
+
+def wrapper_tells_epoch(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """``loader`` is a wrapper built by a class or function of the project (this module or another) that tells the
+    sampler the epoch itself (an endless loader bumping ``loader.sampler.epoch`` at each restart)."""
+    for origin in facts.origins(loader, at):
+        node = origin.node
+        if not isinstance(node, cst.Call) or origin.index is not None:
+            continue
+        name = get_full_name_for_node(node.func) or ""
+        local = [*(c for c in facts.classes if c.name.value == name), *facts.functions.get(name, ())]
+        if any(tells_epoch(facts, definition) for definition in local):
+            return True
+        if facts.project is None or local or not facts.imported_root(node.func):
+            continue
+        for qualified in facts.qualified_names(node.func):
+            found = facts.project.definition(qualified, ("epoch",))
+            if found is not None and tells_epoch(*found):
+                return True
+    return False
+
+
+def reseeded_each_pass(facts: PythonFacts, sampler: cst.Call, loop: cst.For | cst.While, counter: str | None) -> bool:
+    """The sampler is built inside ``loop`` with a ``seed`` that changes with it: it reads the loop's target, its
+    ``counter``, or a name bound inside the loop (``seed=base + epoch``)."""
+    if not facts.is_within(sampler, loop):
+        return False
+    seed = argument_of(sampler, "seed", 4)
+    if seed is None:
+        return False
+    counters = {name.value for name in facts.within(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
+    counters.add(counter or "")
+    return any(
+        name.value in counters
+        or any(facts.is_within(binding.statement, loop) for binding in facts.bindings(name.value, seed))
+        for name in facts.within(seed, cst.Name)
+    )
