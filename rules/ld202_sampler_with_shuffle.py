@@ -340,17 +340,8 @@ loader = make_loader(dataset, sampler)
                 replacements=((shuffle.value, cst.parse_expression(test)),),
             )
         elif not conditional and shuffle.keyword is not None and keyword == "sampler":
-            new_call = without_argument(call, shuffle)
             advice = "the sampler decides the order (a `DistributedSampler` shuffles by default), so drop `shuffle`"
-            fix = (
-                Fix(
-                    Applicability.SAFE,
-                    "Drop `shuffle`: the sampler decides the order",
-                    replacements=((call, new_call),),
-                )
-                if new_call is not None
-                else None
-            )
+            fix = _drop_shuffle(call, shuffle)
         else:
             advice = "pass `shuffle` only when there is no sampler"
             fix = None
@@ -412,12 +403,14 @@ loader = make_loader(dataset, sampler)
                 "Pass `False` for `shuffle`: the sampler decides the order",
                 replacements=((shuffle.value, cst.Name("False")),),
             )
-        new_call = without_argument(call, shuffle)
-        if new_call is None:
-            return None
-        return Fix(
-            Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),)
-        )
+        return _drop_shuffle(call, shuffle)
+
+
+def _drop_shuffle(call: cst.Call, shuffle: cst.Arg) -> Fix | None:
+    new_call = without_argument(call, shuffle)
+    if new_call is None:
+        return None
+    return Fix(Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),))
 
 
 def _error(keyword: str) -> str:

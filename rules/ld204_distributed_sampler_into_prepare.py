@@ -346,14 +346,10 @@ model, loader = accelerator.prepare(model, loader)
 
 
 def _only_droppable_arguments(sampler: cst.Call) -> bool:
-    positional = 0
-    for arg in sampler.args:
-        if arg.star:
-            return False
-        if arg.keyword is None:
-            positional += 1
-            if positional > len(DROPPABLE):
-                return False
-        elif arg.keyword.value not in DROPPABLE:
-            return False
-    return True
+    """The sampler is given nothing but what accelerate decides itself (no ``*args``/``**kwargs``)."""
+    positional = [arg for arg in sampler.args if arg.keyword is None]
+    return (
+        not any(arg.star for arg in positional)
+        and len(positional) <= len(DROPPABLE)
+        and all(arg.keyword.value in DROPPABLE for arg in sampler.args if arg.keyword is not None)
+    )

@@ -20,6 +20,7 @@ from lintdist.invariance import (
 from lintdist.joint_edits import block_statement, joint_replacement
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.spelling import unused_name
 
 SKIP_FUNCTIONS = frozenset({"accelerate.skip_first_batches", "accelerate.data_loader.skip_first_batches"})
 ACTIVE = "active_dataloader"
@@ -419,7 +420,10 @@ while epoch < 3:
             return None
         statement = facts.parent(skip)
         rebinding = reuse.target == loader_key
-        if rebinding and (not self._name_free(ACTIVE, loop) or get_full_name_for_node(there) != loader_key):
+        if rebinding and (
+            unused_name(facts, facts.enclosing_function(loop) or self.context.module, (ACTIVE,)) is None
+            or get_full_name_for_node(there) != loader_key
+        ):
             return None
         if reuse.kind in {"every", "rebind"}:
             first = range_start(loop, rebound)
@@ -474,12 +478,6 @@ while epoch < 3:
             message,
             replacements=(joint_replacement(self.facts, touched, replace, before, after),),
         )
-
-    def _name_free(self, name: str, loop: Loop) -> bool:
-        """No ``name`` in the function that runs the loop (in the whole file for a module-level loop)."""
-        facts = self.facts
-        scope = facts.enclosing_function(loop) or self.context.module
-        return not any(node.value == name for node in facts.within(scope, cst.Name))
 
 
 def _falsy(expr: cst.BaseExpression) -> bool:
