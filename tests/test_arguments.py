@@ -41,3 +41,13 @@ def test_no_default_or_no_declaration_is_unknown():
     assert _default(PARSER, "args.name") is None
     assert _default(PARSER, "args.other") is None
     assert _default(PARSER, "lr_scheduler") is None
+
+
+def test_passed_arg_by_keyword_or_position():
+    from lintdist.arguments import passed_arg
+
+    call = cst.parse_expression("DataLoader(ds, 8, True, **kw, sampler=s)")
+    assert passed_arg(call, "shuffle", 2).value.value == "True"
+    assert passed_arg(call, "sampler", 3).keyword.value == "sampler"
+    assert passed_arg(cst.parse_expression("DataLoader(ds, *rest, True)"), "shuffle", 1) is None
+    assert passed_arg(cst.parse_expression("DataLoader(ds)"), "shuffle", 2) is None
