@@ -9,6 +9,7 @@ their logging keywords.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -144,3 +145,34 @@ def _subscript_target(binding) -> bool:
     statement = binding.statement
     targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
     return any(isinstance(t, cst.Subscript) for t in targets)
+
+
+IMPORTS_ACCELERATE = re.compile(r"^\s*(?:from|import)\s+accelerate\b", re.MULTILINE)
+PREPARE_LOADER_FUNCTIONS = frozenset({"accelerate.data_loader.prepare_data_loader"})
+
+
+def accelerator_receiver(facts: PythonFacts, receiver: cst.BaseExpression, at: cst.CSTNode, text: str) -> bool:
+    """``receiver`` holds an Accelerator, or (its origin out of sight) is named ``...accelerator`` in a script whose
+    source ``text`` imports accelerate."""
+    if facts.is_accelerator(receiver, at):
+        return True
+    name = (get_full_name_for_node(receiver) or "").rsplit(".", 1)[-1]
+    return name.endswith("accelerator") and IMPORTS_ACCELERATE.search(text) is not None
+
+
+def prepared_loaders(facts: PythonFacts, call: cst.Call, text: str) -> list[cst.BaseExpression]:
+    """The arguments a call hands to accelerate to shard as loaders: every positional one of
+    ``accelerator.prepare(...)``, the loader of ``prepare_data_loader(...)`` (function or method); none for another
+    call."""
+    if facts.callee_is(call, PREPARE_LOADER_FUNCTIONS):
+        loader = argument_of(call, "dataloader", 0)
+        return [loader] if loader is not None else []
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value not in ("prepare", "prepare_data_loader"):
+        return []
+    if not accelerator_receiver(facts, func.value, call, text):
+        return []
+    if func.attr.value == "prepare":
+        return [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+    loader = argument_of(call, "data_loader", 0)
+    return [loader] if loader is not None else []

@@ -72,3 +72,21 @@ def holds_parsed_arguments(facts: PythonFacts, name: str, at: cst.CSTNode) -> bo
         and PARSE_METHODS[facts.method_name(o.node)] == o.index
         for o in origins
     )
+
+
+def passed_arg(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
+    """The ``Arg`` a call passes for a parameter, by keyword (also after ``**kwargs``) or by position (none after a
+    ``*args``)."""
+    positional = 0
+    starred = False
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg
+        elif arg.star:
+            starred = starred or arg.star == "*"
+        elif not starred:
+            if positional == position:
+                return arg
+            positional += 1
+    return None

@@ -133,3 +133,41 @@ def passes_batch_labels(call: cst.Call, batch: str) -> bool:
 
 def _is_name(expr: cst.CSTNode | None, value: str) -> bool:
     return isinstance(expr, cst.Name) and expr.value == value
+
+
+def builds_dataloader(facts: PythonFacts, call: cst.Call) -> bool:
+    """``DataLoader(...)`` under any alias, or a module-level subclass of this file that keeps ``DataLoader.__init__``
+    (neither it nor a local class between it and ``DataLoader`` defines ``__init__``)."""
+    if facts.callee_is(call, DATALOADER_CLASSES):
+        return True
+    if not isinstance(call.func, cst.Name):
+        return False
+    classes = [c for c in facts.classes if c.name.value == call.func.value and facts.enclosing_function(c) is None]
+    return (
+        len(classes) == 1
+        and facts.derives_from(classes[0], lambda name: name in DATALOADER_CLASSES)
+        and not _own_init(facts, classes[0])
+    )
+
+
+def _own_init(facts: PythonFacts, cls: cst.ClassDef, depth: int = 0) -> bool:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    if any(isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in body):
+        return True
+    for base in cls.bases:
+        name = get_full_name_for_node(base.value)
+        local = next((c for c in facts.classes if c.name.value == name and c is not cls), None)
+        if local is not None and depth < 4 and _own_init(facts, local, depth + 1):
+            return True
+    return False
+
+
+def loader_passes(facts: PythonFacts) -> list[tuple[cst.For | cst.While, cst.BaseExpression]]:
+    """(loop, loader) for each loop that walks a loader: ``for b in loader`` (through ``enumerate``/``tqdm``/``iter``),
+    also the first argument of a call the loop walks (a backend's ``distribute(loader)``), and a loop that calls
+    ``next(it)`` on ``it = iter(loader)``."""
+    found = list(facts.data_loops())
+    for loop, expr in list(found):
+        if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
+            found.append((loop, expr.args[0].value))
+    return found + facts.iterator_passes()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import PythonFacts
 
 # What accelerate's str_to_bool accepts.
 BOOL_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
 CONSTANTS = {"True": True, "False": False, "None": None}
+MAX_DEPTH = 4
 LITERALS = (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float, cst.Dict)
 
 
@@ -58,3 +60,62 @@ def parses_as_bool(value: object) -> bool:
 def shell_expansion(value: object) -> bool:
     """A flag or variable value the shell fills in (``$RESHARD``, ``${R:-true}``, a backquote): unknown here."""
     return isinstance(value, str) and ("$" in value or "`" in value)
+
+
+def constant_truth(expr: cst.BaseExpression | None) -> bool | None:
+    """The truth of a ``True``/``False``/``None`` or number literal; None for any other expression."""
+    if isinstance(expr, cst.Name) and expr.value in CONSTANTS:
+        return expr.value == "True"
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return bool(expr.evaluated_value)
+    return None
+
+
+def possible_values(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, parameters: bool = True
+) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
+    """The expressions a name can hold at ``at``, each with where it is read; empty when one is unknown. For a
+    parameter (when ``parameters``): what every call site of the file passes, or its default where one passes
+    nothing; nothing at all when the function has no call site here (its callers are out of sight)."""
+    key = get_full_name_for_node(expr)
+    found = facts.bindings(key, at) if key else []
+    if found:
+        if any(binding.index is not None for binding in found):
+            return []
+        return [(binding.value, binding.statement) for binding in found]
+    parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) and parameters else None
+    if parameter is None:
+        return []
+    function, index, param = parameter
+    values = []
+    for call in facts.call_sites(function):
+        if any(arg.star for arg in call.args):
+            return []
+        passed = facts.argument_for(call, function, param.name.value, index)
+        if passed is not None:
+            values.append((passed, call))
+        elif param.default is not None:
+            values.append((param.default, function))
+        else:
+            return []
+    return values
+
+
+def truth(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, *, parameters: bool = True, depth: int = 0
+) -> bool | None:
+    """True or False when every value ``expr`` can take at ``at`` is a constant of that truth (through names,
+    conditional expressions and, when ``parameters``, helper parameters); else None."""
+    constant = constant_truth(expr)
+    if constant is not None or depth > MAX_DEPTH:
+        return constant
+    if isinstance(expr, cst.IfExp):
+        sides = [truth(facts, side, at, parameters=parameters, depth=depth + 1) for side in (expr.body, expr.orelse)]
+        return sides[0] if sides[0] == sides[1] else None
+    if not isinstance(expr, (cst.Name, cst.Attribute)):
+        return None
+    values = possible_values(facts, expr, at, parameters)
+    if not values:
+        return None
+    truths = {truth(facts, value, where, parameters=parameters, depth=depth + 1) for value, where in values}
+    return truths.pop() if len(truths) == 1 else None

@@ -8,16 +8,18 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of, epoch_counter, single_pass
+from lintdist.evaluation import evaluates
+from lintdist.facts import Loop, SamplerUse, epoch_counter, single_pass
+from lintdist.loaders import loader_passes
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-
-SET_EPOCH = frozenset({"set_epoch"})
-# A function whose name says it evaluates (`evaluate`, `validate`, `run_test`, `predict`...).
-EVALUATION_WORDS = ("eval", "valid", "test", "predict", "infer")
-# Samplers of other libraries named like `OrderedDistributedSampler` (timm) keep the file order and may have no
-# `set_epoch` at all: the name says they do not shuffle.
-UNSHUFFLED_NAME_PARTS = ("Ordered", "Sequential")
+from lintdist.samplers import (
+    epoch_told_around,
+    epoch_told_out_of_sight,
+    reseeded_each_pass,
+    unshuffled_by_name,
+    wrapper_tells_epoch,
+)
 
 
 class MissingSetEpoch(Rule):
@@ -339,11 +341,11 @@ for _ in range(3):
         facts = self.facts
         # epoch loop -> the training loaders with a DistributedSampler it walks, one per sampler
         epoch_loops: dict[int, tuple[Loop, dict[int, Walk]]] = {}
-        for loop, loader in self._passes():
+        for loop, loader in loader_passes(facts):
             use = facts.distributed_sampler(loader, loop)
-            if use is None or self._unshuffled_by_name(use) or self._evaluation(loop):
+            if use is None or unshuffled_by_name(facts, use.sampler) or evaluates(facts, loop):
                 continue
-            if self._wrapper_tells_epoch(loader, loop):
+            if wrapper_tells_epoch(facts, loader, loop):  # an endless loader that restarts its sampler itself
                 continue
             starts = facts.iterator_starts(loader)
             # an iterator made again inside the loop that pulls from it, when it runs out
@@ -359,118 +361,16 @@ for _ in range(3):
                 elif restarted and not known.restarted:
                     walks[id(use.sampler)] = Walk(use, known.loader, True)
         for epoch_loop, walks in epoch_loops.values():
-            if single_pass(epoch_loop) or self._sets_epoch(epoch_loop) or self._set_epoch_out_of_sight(epoch_loop):
+            if (
+                single_pass(epoch_loop)
+                or epoch_told_around(facts, epoch_loop)
+                or epoch_told_out_of_sight(facts, epoch_loop)
+            ):
                 continue
-            kept = [walk for walk in walks.values() if not self._reseeded(walk.use, epoch_loop)]
+            counter = epoch_counter(epoch_loop)
+            kept = [w for w in walks.values() if not reseeded_each_pass(facts, w.use.sampler, epoch_loop, counter)]
             if kept:
                 self._report(epoch_loop, kept)
-
-    # -- what iterates a loader, and whether it is evaluation --------------------------------
-
-    def _passes(self) -> list[tuple[Loop, cst.BaseExpression]]:
-        """Loops that walk a loader: ``for b in loader`` (through ``enumerate``/``tqdm``/``iter``), ``for b in
-        wrap(loader)`` (a backend's ``distribute(...)``, any call given the loader first), and a loop that calls
-        ``next(it)`` on ``it = iter(loader)`` (``facts.iterator_passes``, shared with LD203)."""
-        facts = self.facts
-        found: list[tuple[Loop, cst.BaseExpression]] = list(facts.data_loops())
-        for loop, expr in list(found):
-            if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
-                found.append((loop, expr.args[0].value))
-        return found + facts.iterator_passes()
-
-    def _evaluation(self, loop: Loop) -> bool:
-        """The pass evaluates: it runs under ``no_grad``/``inference_mode``, after ``model.eval()`` with no
-        backward, or in a function named for evaluation. A pass with no backward that is none of these (mining,
-        statistics, a custom update) still walks the sampler's one fixed order every epoch."""
-        facts = self.facts
-        if facts.under_no_grad(loop):
-            return True
-        if facts.trains(loop.body):
-            return False
-        function = facts.enclosing_function(loop)
-        name = function.name.value.lower() if function is not None else ""
-        if any(word in name for word in EVALUATION_WORDS):
-            return True
-        scope = function if function is not None else self.context.module
-        return any(facts.method_name(call) == "eval" and not call.args for call in facts.calls_within(scope))
-
-    # -- what already tells the sampler the epoch ---------------------------------------------
-
-    def _sets_epoch(self, epoch_loop: Loop) -> bool:
-        """``set_epoch`` runs in this loop or in a loop around it (then this inner loop only repeats
-        passes within one epoch, and its counter is not the epoch), also as ``getattr(s, "set_epoch")(e)``."""
-        facts = self.facts
-        loops = [epoch_loop]
-        for ancestor in facts.ancestors(epoch_loop):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
-                break
-            if isinstance(ancestor, (cst.For, cst.While)):
-                loops.append(ancestor)
-        return any(
-            facts.method_name(call) in SET_EPOCH or _getattr_set_epoch(call.func)
-            for loop in loops
-            for call in facts.reachable_calls(loop.body)
-        )
-
-    def _set_epoch_out_of_sight(self, epoch_loop: Loop) -> bool:
-        """Another function of this file calls ``set_epoch`` but nothing here calls it by name: a callback or
-        hook (``for cb in callbacks: cb.on_epoch_start(epoch)``) that lintdist cannot follow may run it."""
-        facts = self.facts
-        for call in facts.calls:
-            if facts.method_name(call) in SET_EPOCH or _getattr_set_epoch(call.func):
-                function = facts.enclosing_function(call)
-                if (
-                    function is not None
-                    and not facts.is_within(epoch_loop, function)
-                    and not facts.call_sites(function)
-                ):
-                    return True
-        return False
-
-    def _wrapper_tells_epoch(self, loader: cst.BaseExpression, loop: Loop) -> bool:
-        """The loop walks a wrapper built from the loader by a class or function of the project that tells the
-        sampler the epoch itself: calls ``set_epoch`` or assigns ``.epoch`` (bsq-vit's ``InfiniteDataLoader``
-        bumps ``loader.sampler.epoch`` each time it restarts the loader)."""
-        facts = self.facts
-        for origin in facts.origins(loader, loop):
-            node = origin.node
-            if not isinstance(node, cst.Call) or origin.index is not None:
-                continue
-            name = get_full_name_for_node(node.func) or ""
-            local = [*(c for c in facts.classes if c.name.value == name), *facts.functions.get(name, ())]
-            if any(_tells_epoch(facts, definition) for definition in local):
-                return True
-            if facts.project is None or local or not facts.imported_root(node.func):
-                continue
-            for qualified in facts.qualified_names(node.func):
-                found = facts.project.definition(qualified, ("epoch",))
-                if found is not None and _tells_epoch(*found):
-                    return True
-        return False
-
-    def _reseeded(self, use: SamplerUse, epoch_loop: Loop) -> bool:
-        """The sampler is rebuilt every epoch with a seed that changes with it (``seed=base + epoch``)."""
-        facts = self.facts
-        sampler = use.sampler
-        if not facts.is_within(sampler, epoch_loop):
-            return False
-        seed = argument_of(sampler, "seed", 4)
-        if seed is None:
-            return False
-        counters = _target_names(facts, epoch_loop.target) if isinstance(epoch_loop, cst.For) else set()
-        counters.add(epoch_counter(epoch_loop) or "")
-        for name in facts.within(seed, cst.Name):
-            if name.value in counters or any(
-                facts.is_within(binding.statement, epoch_loop) for binding in facts.bindings(name.value, seed)
-            ):
-                return True
-        return False
-
-    def _unshuffled_by_name(self, use: SamplerUse) -> bool:
-        if self.facts.is_instance_of(use.sampler, SAMPLER_CLASSES):
-            return False
-        name = (get_full_name_for_node(use.sampler.func) or "").rsplit(".", 1)[-1]
-        return any(part in name for part in UNSHUFFLED_NAME_PARTS)
 
     # -- the report and its fix -------------------------------------------------------------
 
@@ -490,7 +390,7 @@ for _ in range(3):
         spelled = [f"`{call or f'sampler.set_epoch({counter})'}`" for call in calls]
         prefix = "the `DistributedSampler` of "
         if len(subjects) > 1 and all(subject.startswith(f"{prefix}`") for subject in subjects):
-            subjects = [f"the `DistributedSampler`s of {subjects[0][len(prefix):]}"] + [
+            subjects = [f"the `DistributedSampler`s of {subjects[0][len(prefix) :]}"] + [
                 subject[len(prefix) :] for subject in subjects[1:]
             ]
         verb = "is" if len(walks) == 1 else "are"
@@ -568,29 +468,3 @@ class Walk:
 
 def _and(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
-
-
-def _tells_epoch(facts, definition: cst.CSTNode) -> bool:
-    """``set_epoch(...)`` is called, or an ``.epoch`` attribute assigned, inside ``definition``."""
-    if any(facts.method_name(call) in SET_EPOCH for call in facts.calls_within(definition)):
-        return True
-    for statement in facts.within(definition, cst.Assign, cst.AugAssign):
-        targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
-        if any(isinstance(t, cst.Attribute) and t.attr.value == "epoch" for t in targets):
-            return True
-    return False
-
-
-def _getattr_set_epoch(func: cst.BaseExpression) -> bool:
-    """``getattr(sampler, "set_epoch", ...)``, called."""
-    return (
-        isinstance(func, cst.Call)
-        and get_full_name_for_node(func.func) == "getattr"
-        and len(func.args) >= 2
-        and isinstance(func.args[1].value, cst.SimpleString)
-        and func.args[1].value.evaluated_value in SET_EPOCH
-    )
-
-
-def _target_names(facts, target: cst.BaseExpression) -> set[str]:
-    return {name.value for name in facts.within(target, cst.Name)}

@@ -5,16 +5,17 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.arguments import passed_arg
 from lintdist.edits import has_comment, without_argument
-from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
+from lintdist.invariance import read_keys
+from lintdist.loaders import builds_dataloader
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.samplers import keeps_order, sampler_kinds
+from lintdist.values import constant_truth, truth
 
-SEQUENTIAL_SAMPLERS = frozenset({"torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler"})
-BATCH_SAMPLERS = frozenset({"torch.utils.data.BatchSampler", "torch.utils.data.sampler.BatchSampler"})
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...): positions of the arguments read here.
 SHUFFLE, SAMPLER, BATCH_SAMPLER = 2, 3, 4
-MAX_DEPTH = 4
 
 
 class SamplerWithShuffle(Rule):
@@ -239,20 +240,20 @@ loader = make_loader(dataset, sampler)
     def finish(self) -> None:
         facts = self.facts
         for call in facts.calls:
-            if not self._is_dataloader(call):
+            if not builds_dataloader(facts, call):
                 continue
-            shuffle = _argument(call, "shuffle", SHUFFLE)
-            truth = self._truth(shuffle.value, call) if shuffle is not None else False
-            if truth is False:
+            shuffle = passed_arg(call, "shuffle", SHUFFLE)
+            flag = truth(facts, shuffle.value, call) if shuffle is not None else False
+            if flag is False:
                 continue
             for keyword, position in (("sampler", SAMPLER), ("batch_sampler", BATCH_SAMPLER)):
-                given = _argument(call, keyword, position)
+                given = passed_arg(call, keyword, position)
                 if given is None:
                     continue
-                kinds = self._sampler_kinds(given.value, call)
+                kinds = sampler_kinds(facts, given.value, call)
                 if not kinds - {"none"}:
                     continue
-                if truth is True:
+                if flag is True:
                     self._report(call, shuffle, given, keyword, kinds)
                 elif not self._coordinated(shuffle.value, given.value, call) and self._together(
                     shuffle.value, given.value, call
@@ -260,133 +261,7 @@ loader = make_loader(dataset, sampler)
                     self._report_maybe(call, shuffle, given, keyword, kinds)
                 break
 
-    # -- what the loader is given -----------------------------------------------------------------
-
-    def _is_dataloader(self, call: cst.Call) -> bool:
-        """``DataLoader(...)`` under any alias, or a subclass of this file that keeps ``DataLoader.__init__``."""
-        facts = self.facts
-        if facts.callee_is(call, DATALOADER_CLASSES):
-            return True
-        if not isinstance(call.func, cst.Name):
-            return False
-        classes = [c for c in facts.classes if c.name.value == call.func.value and facts.enclosing_function(c) is None]
-        return (
-            len(classes) == 1
-            and facts.derives_from(classes[0], lambda name: name in DATALOADER_CLASSES)
-            and not self._own_init(classes[0])
-        )
-
-    def _own_init(self, cls: cst.ClassDef, depth: int = 0) -> bool:
-        """The class, or a local class between it and ``DataLoader``, defines ``__init__`` (it may take
-        ``shuffle`` and ``sampler`` apart itself)."""
-        facts = self.facts
-        if any(
-            isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
-            for s in (cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ())
-        ):
-            return True
-        for base in cls.bases:
-            name = get_full_name_for_node(base.value)
-            local = next((c for c in facts.classes if c.name.value == name and c is not cls), None)
-            if local is not None and depth < MAX_DEPTH and self._own_init(local, depth + 1):
-                return True
-        return False
-
-    def _truth(
-        self, expr: cst.BaseExpression, at: cst.CSTNode, *, parameters: bool = True, depth: int = 0
-    ) -> bool | None:
-        """True or False when every value ``expr`` can take there is a constant of that truth; else None.
-        ``parameters=False``: None as soon as a value comes in through a function parameter."""
-        constant = _constant_truth(expr)
-        if constant is not None or depth > MAX_DEPTH:
-            return constant
-        if isinstance(expr, cst.IfExp):
-            sides = [self._truth(side, at, parameters=parameters, depth=depth + 1) for side in (expr.body, expr.orelse)]
-            return sides[0] if sides[0] == sides[1] else None
-        if not isinstance(expr, (cst.Name, cst.Attribute)):
-            return None
-        values = self._values(expr, at, parameters)
-        if not values:
-            return None
-        truths = {self._truth(value, where, parameters=parameters, depth=depth + 1) for value, where in values}
-        return truths.pop() if len(truths) == 1 else None
-
-    def _values(
-        self, expr: cst.BaseExpression, at: cst.CSTNode, parameters: bool
-    ) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
-        """The expressions a name can hold at ``at``, each with where it is read. For a parameter: what
-        every call site of the file passes, or its default where one passes nothing; nothing at all when the
-        function has no call site here (its callers are out of sight)."""
-        facts = self.facts
-        key = get_full_name_for_node(expr)
-        found = facts.bindings(key, at) if key else []
-        if found:
-            values = []
-            for binding in found:
-                if binding.index is not None:
-                    return []
-                values.append((binding.value, binding.statement))
-            return values
-        parameter = facts.parameter(expr.value, at) if isinstance(expr, cst.Name) and parameters else None
-        if parameter is None:
-            return []
-        function, index, param = parameter
-        values = []
-        for call in facts.call_sites(function):
-            if any(arg.star for arg in call.args):
-                return []
-            passed = facts.argument_for(call, function, param.name.value, index)
-            if passed is not None:
-                values.append((passed, call))
-            elif param.default is not None:
-                values.append((param.default, function))
-            else:
-                return []
-        return values
-
-    def _sampler_kinds(self, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
-        """What a ``sampler=`` argument can be: "none"; "sampler" (a class built there, never None);
-        "unknown" (another call, a name from elsewhere, a parameter that takes a value); "maybe" (a
-        parameter that defaults to ``None`` and whose callers are out of sight)."""
-        facts = self.facts
-        kinds = set()
-        for origin in facts.origins(expr, at):
-            node = origin.node
-            if _constant_truth(node) is not None:
-                kinds.add("none" if isinstance(node, cst.Name) and node.value == "None" else "unknown")
-            elif isinstance(node, cst.Param):
-                function = facts.enclosing_function(node)
-                is_none = _constant_truth(node.default) is not None and node.default.value == "None"
-                if function is not None and facts.call_sites(function):
-                    # every call in sight passes nothing here, so the default is what arrives
-                    kinds.add("none" if node.default is None or is_none else "unknown")
-                else:
-                    kinds.add("maybe" if is_none else "unknown")
-            elif isinstance(node, cst.Call) and origin.index is None and _constructs(node):
-                kinds.add("sampler")
-            else:
-                kinds.add("unknown")
-        return kinds
-
-    def _keeps_order(self, expr: cst.BaseExpression, at: cst.CSTNode, batched: bool) -> bool:
-        """The sampler (or the sampler inside the batch sampler) says it does not shuffle."""
-        facts = self.facts
-        for origin in facts.origins(expr, at):
-            node = origin.node
-            if not isinstance(node, cst.Call):
-                continue
-            if batched and facts.callee_is(node, BATCH_SAMPLERS):
-                inner = argument_of(node, "sampler", 0)
-                if inner is not None and self._keeps_order(inner, node, batched=False):
-                    return True
-                continue
-            if facts.callee_is(node, SEQUENTIAL_SAMPLERS):
-                return True
-            if facts.is_instance_of(node, SAMPLER_CLASSES):
-                shuffle = argument_of(node, "shuffle", 3)
-                if shuffle is not None and _constant_truth(shuffle) is False:
-                    return True
-        return False
+    # -- whether the two can arrive together ---------------------------------------------------
 
     def _coordinated(self, shuffle: cst.BaseExpression, sampler: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """``shuffle=`` is computed from the sampler or from the test that sets it (``shuffle=sampler is None``,
@@ -400,8 +275,8 @@ loader = make_loader(dataset, sampler)
         sampler_name = get_full_name_for_node(sampler) if isinstance(sampler, (cst.Name, cst.Attribute)) else None
         if sampler_name and (sampler_name in names or any(sampler_name in _full_names(facts, v) for v in values)):
             return True
-        dotted = set().union(*(_dotted(facts, v) for v in values))
-        off = [b for name in names for b in facts.bindings(name, at) if _constant_truth(b.value) is False]
+        dotted = set().union(*(read_keys(facts, v) for v in values))
+        off = [b for name in names for b in facts.bindings(name, at) if constant_truth(b.value) is False]
         for origin in facts.origins(sampler, at):
             parent = facts.parent(origin.node)
             if isinstance(parent, cst.IfExp) and _names_in(facts, parent.test) & names:
@@ -412,7 +287,7 @@ loader = make_loader(dataset, sampler)
             for ancestor in facts.ancestors(origin.node):
                 if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
                     break
-                if isinstance(ancestor, cst.If) and _dotted(facts, ancestor.test) & dotted:
+                if isinstance(ancestor, cst.If) and read_keys(facts, ancestor.test) & dotted:
                     return True
                 branch = isinstance(ancestor, cst.IndentedBlock) and isinstance(
                     facts.parent(ancestor), (cst.If, cst.Else)
@@ -442,7 +317,7 @@ loader = make_loader(dataset, sampler)
             given = facts.argument_for(site, function, p_param.name.value, p_index)
             flag = flag if flag is not None else s_param.default
             given = given if given is not None else p_param.default
-            if _constant_truth(flag) is not False and not (isinstance(given, cst.Name) and given.value == "None"):
+            if constant_truth(flag) is not False and not (isinstance(given, cst.Name) and given.value == "None"):
                 return True
         return False
 
@@ -465,17 +340,8 @@ loader = make_loader(dataset, sampler)
                 replacements=((shuffle.value, cst.parse_expression(test)),),
             )
         elif not conditional and shuffle.keyword is not None and keyword == "sampler":
-            new_call = without_argument(call, shuffle)
             advice = "the sampler decides the order (a `DistributedSampler` shuffles by default), so drop `shuffle`"
-            fix = (
-                Fix(
-                    Applicability.SAFE,
-                    "Drop `shuffle`: the sampler decides the order",
-                    replacements=((call, new_call),),
-                )
-                if new_call is not None
-                else None
-            )
+            fix = _drop_shuffle(call, shuffle)
         else:
             advice = "pass `shuffle` only when there is no sampler"
             fix = None
@@ -493,8 +359,8 @@ loader = make_loader(dataset, sampler)
         error = _error(keyword)
         may_be_none = bool(kinds & {"none", "maybe"})
         when = " whenever the sampler is not None (the distributed run)" if may_be_none else ""
-        keeps_order = self._keeps_order(given.value, call, batched)
-        if keeps_order:
+        ordered = keeps_order(self.facts, given.value, call, batched)
+        if ordered:
             advice = (
                 "the sampler keeps a fixed order while `shuffle` asks for a random one: drop `shuffle` to keep "
                 "the order, or make the sampler shuffle"
@@ -510,14 +376,14 @@ loader = make_loader(dataset, sampler)
             f"`shuffle={shuffle_text}` with a `{keyword}` makes `DataLoader` raise ValueError ('{error}'){when}; "
             f"{advice}"
         )
-        fix = None if keeps_order else self._fix(call, shuffle, given, kinds)
+        fix = None if ordered else self._fix(call, shuffle, given, kinds)
         severity = None if kinds & {"sampler", "unknown"} else Severity.WARNING
         self.report(shuffle, message, fix=fix, severity=severity)
 
     def _fix(self, call: cst.Call, shuffle: cst.Arg, given: cst.Arg, kinds: set[str]) -> Fix | None:
         if has_comment(self.context.module.code_for_node(shuffle)):
             return None
-        if self._truth(shuffle.value, call, parameters=False) is not True:
+        if truth(self.facts, shuffle.value, call, parameters=False) is not True:
             return None  # `shuffle` comes in through a parameter: callers out of sight may pass False
         if kinds != {"sampler"}:
             if not isinstance(given.value, (cst.Name, cst.Attribute)):
@@ -537,29 +403,14 @@ loader = make_loader(dataset, sampler)
                 "Pass `False` for `shuffle`: the sampler decides the order",
                 replacements=((shuffle.value, cst.Name("False")),),
             )
-        new_call = without_argument(call, shuffle)
-        if new_call is None:
-            return None
-        return Fix(
-            Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),)
-        )
+        return _drop_shuffle(call, shuffle)
 
 
-def _argument(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
-    """The ``Arg`` a call passes for a parameter, by keyword (also after ``**kwargs``) or by position."""
-    positional = 0
-    starred = False
-    for arg in call.args:
-        if arg.keyword is not None:
-            if arg.keyword.value == keyword:
-                return arg
-        elif arg.star:
-            starred = starred or arg.star == "*"
-        elif not starred:
-            if positional == position:
-                return arg
-            positional += 1
-    return None
+def _drop_shuffle(call: cst.Call, shuffle: cst.Arg) -> Fix | None:
+    new_call = without_argument(call, shuffle)
+    if new_call is None:
+        return None
+    return Fix(Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),))
 
 
 def _error(keyword: str) -> str:
@@ -573,27 +424,7 @@ def _names_in(facts, expr: cst.BaseExpression) -> set[str]:
     return {n.value for n in [*facts.within(expr, cst.Name), expr] if isinstance(n, cst.Name)}
 
 
-def _dotted(facts, expr: cst.BaseExpression) -> set[str]:
-    """The whole dotted names read in ``expr`` (``config.multi_gpu``, not ``config``)."""
-    nodes = facts.within(expr, cst.Name, cst.Attribute)
-    return {get_full_name_for_node(n) or "" for n in nodes if not isinstance(facts.parent(n), cst.Attribute)} - {""}
-
-
 def _full_names(facts, expr: cst.BaseExpression) -> set[str]:
     return {get_full_name_for_node(a) or "" for a in facts.within(expr, cst.Attribute)} | (
         {get_full_name_for_node(expr) or ""} if isinstance(expr, cst.Attribute) else set()
     )
-
-
-def _constructs(call: cst.Call) -> bool:
-    """A class is instantiated (``DistributedSampler(...)``, ``samplers.Bucketed(...)``): never None."""
-    name = get_full_name_for_node(call.func) or ""
-    return name.rsplit(".", 1)[-1][:1].isupper()
-
-
-def _constant_truth(expr: cst.BaseExpression) -> bool | None:
-    if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
-        return expr.value == "True"
-    if isinstance(expr, (cst.Integer, cst.Float)):
-        return bool(expr.evaluated_value)
-    return None

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.accelerators import prepared_loaders
 from lintdist.edits import has_comment
 from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.receivers import never_received, only_consumer
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
+from lintdist.samplers import rank_aware
 
-IMPORTS_ACCELERATE = re.compile(r"^\s*(?:from|import)\s+accelerate\b", re.MULTILINE)
-PREPARE_FUNCTIONS = frozenset({"accelerate.data_loader.prepare_data_loader"})
 # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the arguments the fix may drop.
 # accelerate picks the replicas and the rank itself; the seed only fixes the order, which accelerate reseeds.
 DROPPABLE = {"dataset": 0, "num_replicas": 1, "rank": 2, "shuffle": 3, "seed": 4}
@@ -224,41 +224,13 @@ model, loader = accelerator.prepare(model, loader)
         self._names: list[cst.Name] = []  # every name of the file, to see who else reads a loader's name
 
     def finish(self) -> None:
-        self._names = self.facts.index.nodes(cst.Name)
         reported: set[int] = set()
         for call in self.facts.calls:
-            for loader in self._prepared(call):
+            for loader in prepared_loaders(self.facts, call, self.context.text):
                 for found in self._sharded(loader, call):
                     if id(found.sampler) not in reported:
                         reported.add(id(found.sampler))
                         self._report(found)
-
-    # -- what reaches prepare ------------------------------------------------------------------
-
-    def _prepared(self, call: cst.Call) -> list[cst.BaseExpression]:
-        """The loader arguments of an accelerate prepare call; empty for any other call."""
-        facts = self.facts
-        if facts.callee_is(call, PREPARE_FUNCTIONS):
-            loader = argument_of(call, "dataloader", 0)
-            return [loader] if loader is not None else []
-        if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in ("prepare", "prepare_data_loader"):
-            return []
-        if not self._is_accelerator(call.func.value, call):
-            return []
-        method = call.func.attr.value
-        if method == "prepare":
-            return [arg.value for arg in call.args if arg.keyword is None and not arg.star]
-        if method == "prepare_data_loader":
-            loader = argument_of(call, "data_loader", 0)
-            return [loader] if loader is not None else []
-        return []
-
-    def _is_accelerator(self, receiver: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """An ``Accelerator``, or (when its origin is out of sight) a name like ``accelerator`` in an accelerate script."""
-        if self.facts.is_accelerator(receiver, at):
-            return True
-        name = (get_full_name_for_node(receiver) or "").rsplit(".", 1)[-1]
-        return name.endswith("accelerator") and IMPORTS_ACCELERATE.search(self.context.text) is not None
 
     # -- rank-aware samplers behind a loader ---------------------------------------------------
 
@@ -294,12 +266,12 @@ model, loader = accelerator.prepare(model, loader)
             node = value.node
             if not isinstance(node, cst.Call):
                 continue
-            if self._rank_aware(node):
+            if rank_aware(facts, node):
                 hits.append(node)
             elif batched:  # BatchSampler(DistributedSampler(...), ...) shards inside the batch sampler
                 wrapped = argument_of(node, "sampler", 0)
                 if wrapped is not None:
-                    hits.extend(o.node for o in facts.origins(wrapped, node) if self._rank_aware(o.node))
+                    hits.extend(o.node for o in facts.origins(wrapped, node) if rank_aware(facts, o.node))
         certain = len(hits) == len(values)
         inline = next(
             (a for a in loader.args if a.value is argument and a.keyword is not None and a.keyword.value == "sampler"),
@@ -311,52 +283,8 @@ model, loader = accelerator.prepare(model, loader)
         ]
 
     def _unreachable(self, value: cst.CSTNode, user: cst.CSTNode) -> bool:
-        """``value``, built in the function that runs ``user``, cannot be what ``user`` receives: it sits in the
-        other branch of an ``if`` (a raw-DDP branch beside an accelerate one), or after ``user`` outside any loop."""
-        facts = self.facts
-        if facts.enclosing_function(value) is not facts.enclosing_function(user) or facts.is_within(value, user):
-            return False
-        user_path: dict[int, cst.CSTNode] = {}  # ancestor of user -> its child on the way to user
-        child: cst.CSTNode = user
-        for ancestor in facts.ancestors(user):
-            user_path[id(ancestor)] = child
-            child = ancestor
-        child = value
-        for common in facts.ancestors(value):
-            if id(common) in user_path:
-                break
-            child = common
-        else:
-            return False
-        if isinstance(common, cst.If) and {id(child), id(user_path[id(common)])} == {
-            id(common.body),
-            id(common.orelse),
-        }:
-            return True
-        value_at, user_at = self.context.span(value), self.context.span(user)
-        if (value_at.line, value_at.column) <= (user_at.line, user_at.column):
-            return False
-        for node in (common, *facts.ancestors(common)):  # a loop around both runs the later line first next time
-            if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-                break
-            if isinstance(node, (cst.For, cst.While)):
-                return False
-        return True
-
-    def _rank_aware(self, node: cst.CSTNode) -> bool:
-        """``DistributedSampler`` or a subclass, a class named ``Distributed...Sampler``, or a sampler given
-        ``num_replicas=`` and ``rank=``; not one told that there is a single replica."""
-        if not isinstance(node, cst.Call):
-            return False
-        replicas = argument_of(node, "num_replicas", None)
-        if isinstance(replicas, cst.Integer) and replicas.evaluated_value == 1:
-            return False
-        if self.facts.is_instance_of(node, SAMPLER_CLASSES, "DistributedSampler"):
-            return True
-        name = (get_full_name_for_node(node.func) or "").rsplit(".", 1)[-1]
-        if name.startswith("Distributed") and name.endswith("Sampler"):
-            return True
-        return replicas is not None and argument_of(node, "rank", None) is not None
+        span = self.context.span
+        return never_received(self.facts, value, user, lambda node: (span(node).line, span(node).column))
 
     # -- the report and its fix ------------------------------------------------------------------
 
@@ -401,7 +329,12 @@ model, loader = accelerator.prepare(model, loader)
             return None
         code = self.context.module.code_for_node
         dataset, own = argument_of(sampler, "dataset", 0), argument_of(loader, "dataset", 0)
-        if dataset is None or own is None or code(dataset) != code(own) or not self._only_prepared(loader, found):
+        if (
+            dataset is None
+            or own is None
+            or code(dataset) != code(own)
+            or not only_consumer(facts, loader, found.prepare, lambda node: self.context.span(node).line)
+        ):
             return None
         shuffle_value = cst.parse_expression(shuffle)
         new_arg = found.inline.with_changes(keyword=cst.Name("shuffle"), value=shuffle_value)
@@ -411,74 +344,12 @@ model, loader = accelerator.prepare(model, loader)
             replacements=((found.inline, new_arg),),
         )
 
-    def _only_prepared(self, loader: cst.Call, found: Sharded) -> bool:
-        """The loader built here reaches nothing but ``prepare``: it is a prepare argument itself, or it is
-        bound to a name that is read only by that prepare call, and later only after prepare rebinds it."""
-        facts = self.facts
-        prepare = found.prepare
-        if any(arg.value is loader for arg in prepare.args):
-            return True
-        statement = facts.parent(loader)
-        if not (
-            isinstance(statement, cst.Assign)
-            and len(statement.targets) == 1
-            and isinstance(statement.targets[0].target, cst.Name)
-        ):
-            return False
-        name = statement.targets[0].target.value
-        function = facts.enclosing_function(statement)
-        if facts.enclosing_function(prepare) is not function:
-            return False
-        prepare_statement = facts.parent(prepare)
-        rebinds = isinstance(prepare_statement, cst.Assign) and any(
-            name in _target_names(target.target) for target in prepare_statement.targets
-        )
-        prepare_line = self.context.span(prepare).line
-        for use in self._names:
-            if use.value != name or use is statement.targets[0].target or not facts.is_variable(use):
-                continue
-            if facts.is_within(use, prepare_statement if rebinds else prepare):
-                continue
-            user = facts.enclosing_function(use)
-            if user is function:
-                # the same variable: fine only once prepare has replaced it with the prepared loader
-                safe = rebinds and self.context.span(use).line > prepare_line
-            elif function is None or (user is not None and facts.is_within(user, function)):
-                # a function reading the module-level loader, or a closure reading the local one
-                safe = _local_to(use, user, facts)
-            else:
-                safe = True  # another function's own variable of the same name
-            if not safe:
-                return False
-        return True
-
 
 def _only_droppable_arguments(sampler: cst.Call) -> bool:
-    positional = 0
-    for arg in sampler.args:
-        if arg.star:
-            return False
-        if arg.keyword is None:
-            positional += 1
-            if positional > len(DROPPABLE):
-                return False
-        elif arg.keyword.value not in DROPPABLE:
-            return False
-    return True
-
-
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {n for element in target.elements for n in _target_names(element.value)}
-    return set()
-
-
-def _local_to(use: cst.Name, function: cst.FunctionDef | None, facts) -> bool:
-    """``use`` reads a parameter or a local variable of its own function."""
-    if function is None:
-        return False
-    if facts.parameter(use.value, use) is not None:
-        return True
-    return any(binding.function is function for binding in facts.bindings(use.value, use))
+    """The sampler is given nothing but what accelerate decides itself (no ``*args``/``**kwargs``)."""
+    positional = [arg for arg in sampler.args if arg.keyword is None]
+    return (
+        not any(arg.star for arg in positional)
+        and len(positional) <= len(DROPPABLE)
+        and all(arg.keyword.value in DROPPABLE for arg in sampler.args if arg.keyword is not None)
+    )

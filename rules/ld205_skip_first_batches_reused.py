@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.accelerators import accelerator_receiver
 from lintdist.facts import Loop, argument_of
+from lintdist.invariance import (
+    ancestors_inside,
+    assigned_keys,
+    range_start,
+    rebound_between,
+    rebound_in,
+    same_each_pass,
+)
+from lintdist.joint_edits import block_statement, joint_replacement
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.syntax import child_fields
+from lintdist.spelling import unused_name
 
-IMPORTS_ACCELERATE = re.compile(r"^\s*(?:from|import)\s+accelerate\b", re.MULTILINE)
 SKIP_FUNCTIONS = frozenset({"accelerate.skip_first_batches", "accelerate.data_loader.skip_first_batches"})
 ACTIVE = "active_dataloader"
 
@@ -291,10 +299,7 @@ while epoch < 3:
     )
 
     def finish(self) -> None:
-        skips = [call for call in self.facts.calls if self._is_skip(call)]
-        if not skips:
-            return
-        for skip in skips:
+        for skip in filter(self._is_skip, self.facts.calls):
             reuse = self._reuse(skip)
             if reuse is not None:
                 self._report(reuse)
@@ -302,16 +307,12 @@ while epoch < 3:
     # -- finding the skip and the loops that run it again ------------------------------------------
 
     def _is_skip(self, call: cst.Call) -> bool:
-        facts = self.facts
-        if facts.callee_is(call, SKIP_FUNCTIONS):
-            return True
         func = call.func
-        if not (isinstance(func, cst.Attribute) and func.attr.value == "skip_first_batches"):
-            return False
-        if facts.is_accelerator(func.value, call):
-            return True
-        name = (get_full_name_for_node(func.value) or "").rsplit(".", 1)[-1]
-        return name.endswith("accelerator") and IMPORTS_ACCELERATE.search(self.context.text) is not None
+        return self.facts.callee_is(call, SKIP_FUNCTIONS) or (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "skip_first_batches"
+            and accelerator_receiver(self.facts, func.value, call, self.context.text)
+        )
 
     def _reuse(self, skip: cst.Call) -> Reuse | None:
         facts = self.facts
@@ -348,94 +349,33 @@ while epoch < 3:
                 return None  # a helper's own variable: rebound for that call only
             if same_scope and facts.index.order(skip) > facts.index.order(epoch_loop):
                 return None
-            if self._rebound_in(target, epoch_loop, statement) or (
-                same_scope and self._rebound_between(target, statement, epoch_loop)
+            if rebound_in(facts, target, epoch_loop, statement) or (
+                same_scope and rebound_between(facts, target, statement, epoch_loop)
             ):
                 return None
             return "before"
-        gates = [a for a in self._up_to(statement, epoch_loop) if isinstance(a, cst.If)]
-        in_place = any(isinstance(a, (cst.IfExp, cst.BooleanOperation)) for a in self._up_to(skip, statement))
+        gates = [a for a in ancestors_inside(facts, statement, epoch_loop) if isinstance(a, cst.If)]
+        in_place = any(
+            isinstance(a, (cst.IfExp, cst.BooleanOperation)) for a in ancestors_inside(facts, skip, statement)
+        )
         if (
             gates
             and not in_place
-            and all(self._stays(gate.test, epoch_loop) for gate in gates)
-            and self._same_each_epoch(argument_of(skip, "num_batches", 1), epoch_loop)
+            and all(facts.within(g.test, cst.Name) and same_each_pass(facts, g.test, epoch_loop) for g in gates)
+            and same_each_pass(facts, argument_of(skip, "num_batches", 1), epoch_loop)
         ):
             return "guarded"  # the `else:` that sets the loader back never runs once the guard holds
         if target is not None:
-            if self._rebound_in(target, epoch_loop, statement):
+            if rebound_in(facts, target, epoch_loop, statement):
                 return None
             if any(not facts.is_within(loader_there, gate) for gate in gates):
                 return "stale"
             loader = argument_of(skip, "dataloader", 0)
             if get_full_name_for_node(loader) == target and not gates:
                 return "rebind"
-        if gates or in_place or not self._same_each_epoch(argument_of(skip, "num_batches", 1), epoch_loop):
+        if gates or in_place or not same_each_pass(facts, argument_of(skip, "num_batches", 1), epoch_loop):
             return None
         return "every"
-
-    def _stays(self, test: cst.BaseExpression, loop: Loop) -> bool:
-        """A guard's test has the same value in every epoch: no call, and no name the loop rebinds (the epoch
-        counter included). `if resume_step is not None:` with `resume_step` never cleared lets the skip through in
-        every epoch after the resumed one too."""
-        facts = self.facts
-        if facts.within(test, cst.Call) or isinstance(test, cst.Call):
-            return False
-        parts = [*facts.within(test, cst.Name, cst.Attribute)]
-        if isinstance(test, (cst.Name, cst.Attribute)):
-            parts.append(test)
-        keys = {get_full_name_for_node(n) for n in parts if not isinstance(facts.parent(n), cst.Attribute)}
-        return bool(keys) and not (keys & self._rebound_keys(loop))
-
-    def _up_to(self, node: cst.CSTNode, container: cst.CSTNode) -> list[cst.CSTNode]:
-        """The ancestors of ``node`` strictly inside ``container``."""
-        found = []
-        for ancestor in self.facts.ancestors(node):
-            if ancestor is container:
-                break
-            found.append(ancestor)
-        return found
-
-    def _rebound_in(self, key: str, loop: Loop, besides: cst.CSTNode) -> bool:
-        return any(
-            b.statement is not besides and self.facts.is_within(b.statement, loop)
-            for b in self.facts.bindings(key, loop)
-        )
-
-    def _rebound_between(self, key: str, statement: cst.CSTNode, loop: Loop) -> bool:
-        order = self.facts.index.order
-        return any(
-            b.statement is not statement and order(statement) < order(b.statement) < order(loop)
-            for b in self.facts.bindings(key, loop)
-        )
-
-    def _same_each_epoch(self, count: cst.BaseExpression, loop: Loop) -> bool:
-        """``num_batches`` has the same value in every epoch: a constant, or names the loop never rebinds."""
-        if isinstance(count, cst.Integer):
-            return count.evaluated_value != 0
-        facts = self.facts
-        if facts.within(count, cst.Call):
-            return False
-        keys = {
-            get_full_name_for_node(node)
-            for node in facts.within(count, cst.Name, cst.Attribute)
-            if not isinstance(facts.parent(node), cst.Attribute)
-        }
-        return not (keys & self._rebound_keys(loop))
-
-    def _rebound_keys(self, loop: Loop) -> set[str]:
-        """Names and attributes (``x``, ``args.x``) assigned inside the loop, its own target included."""
-        facts = self.facts
-        keys: set[str] = set()
-        for node in facts.within(loop, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For):
-            if isinstance(node, cst.Assign):
-                targets = [t.target for t in node.targets]
-            else:
-                targets = [node.target]
-            for target in targets:
-                for part in facts.within(target, cst.Name, cst.Attribute):
-                    keys.add(get_full_name_for_node(part) or "")
-        return keys
 
     # -- the report and its fix -----------------------------------------------------------------
 
@@ -475,15 +415,18 @@ while epoch < 3:
         if not isinstance(loader, (cst.Name, cst.Attribute)):
             return None
         loader_key = get_full_name_for_node(loader)
-        rebound = self._rebound_keys(loop)
+        rebound = assigned_keys(facts, loop)
         if loader_key in rebound - {reuse.target}:
             return None
         statement = facts.parent(skip)
         rebinding = reuse.target == loader_key
-        if rebinding and (not self._name_free(ACTIVE, loop) or get_full_name_for_node(there) != loader_key):
+        if rebinding and (
+            unused_name(facts, facts.enclosing_function(loop) or self.context.module, (ACTIVE,)) is None
+            or get_full_name_for_node(there) != loader_key
+        ):
             return None
         if reuse.kind in {"every", "rebind"}:
-            first = _first_epoch(loop, rebound)
+            first = range_start(loop, rebound)
             if first is None:
                 return None
             counter, start = first
@@ -505,19 +448,19 @@ while epoch < 3:
             replace[id(statement.targets[0].target)] = cst.Name(ACTIVE)
             replace[id(there)] = cst.Name(ACTIVE)
         if reuse.kind == "stale":
-            gate = _child_of(facts, statement, loop.body)
+            gate = block_statement(facts, statement, loop.body)
             if gate is None:
                 return None
             before[id(gate)] = [_assignment(holder, loader_key)]
             touched = [gate, there]
         else:  # "before"
-            use = _child_of(facts, there, loop.body)
+            use = block_statement(facts, there, loop.body)
             if use is None or facts.enclosing_function(statement) is not facts.enclosing_function(loop):
                 return None
             after[id(use)] = [_assignment(holder, loader_key)]
             touched = [statement, use]
             if rebinding:
-                outer = _child_of(facts, statement, facts.parent(loop))
+                outer = block_statement(facts, statement, facts.parent(loop))
                 if outer is None:
                     return None
                 if facts.parent(statement) is not outer:  # the skip sits in an `if`: bind the name on every path
@@ -528,28 +471,13 @@ while epoch < 3:
         verb = f"Iterate `{ACTIVE}`" if rebinding else f"Set `{holder}` back to `{loader_key}`"
         return self._edit(touched, replace, before, after, f"{verb}: skip the batches in the resumed epoch only")
 
-    def _edit(
-        self,
-        touched: list[cst.CSTNode],
-        replace: dict[int, cst.CSTNode],
-        before: dict[int, list[cst.BaseStatement]],
-        after: dict[int, list[cst.BaseStatement]],
-        message: str,
-    ) -> Fix:
+    def _edit(self, touched, replace, before, after, message: str) -> Fix:
         """One replacement of the smallest node holding every edit (statements go in beside the ``touched``)."""
-        facts = self.facts
-        root = _common_ancestor(facts, [facts.parent(node) for node in touched])
-        on_path = {id(a) for node in touched for a in facts.ancestors(node)}
-        on_path |= {id(node) for node in touched}
         return Fix(
-            Applicability.UNSAFE, message, replacements=((root, _rebuild(root, replace, before, after, on_path)),)
+            Applicability.UNSAFE,
+            message,
+            replacements=(joint_replacement(self.facts, touched, replace, before, after),),
         )
-
-    def _name_free(self, name: str, loop: Loop) -> bool:
-        """No ``name`` in the function that runs the loop (in the whole file for a module-level loop)."""
-        facts = self.facts
-        scope = facts.enclosing_function(loop) or self.context.module
-        return not any(node.value == name for node in facts.within(scope, cst.Name))
 
 
 def _falsy(expr: cst.BaseExpression) -> bool:
@@ -560,71 +488,3 @@ def _falsy(expr: cst.BaseExpression) -> bool:
 
 def _assignment(target: str, value: str) -> cst.SimpleStatementLine:
     return cst.parse_statement(f"{target} = {value}\n")
-
-
-def _first_epoch(loop: Loop, rebound: set[str]) -> tuple[str, cst.BaseExpression] | None:
-    """``for epoch in range(start, ...)``: the counter and its first value (a name the loop keeps, or a number)."""
-    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
-        return None
-    call = loop.iter
-    if get_full_name_for_node(call.func) != "range" or not call.args or any(a.keyword or a.star for a in call.args):
-        return None
-    start = call.args[0].value if len(call.args) > 1 else cst.Integer("0")
-    if isinstance(start, cst.Integer) or (
-        isinstance(start, (cst.Name, cst.Attribute)) and get_full_name_for_node(start) not in rebound
-    ):
-        return loop.target.value, start
-    return None
-
-
-def _child_of(facts, node: cst.CSTNode, block: cst.CSTNode | None) -> cst.CSTNode | None:
-    """The statement of ``block`` (an indented block or the module) that holds ``node``."""
-    child = node
-    for ancestor in facts.ancestors(node):
-        if ancestor is block:
-            return child
-        child = ancestor
-    return None
-
-
-def _common_ancestor(facts, nodes: list[cst.CSTNode]) -> cst.CSTNode:
-    paths = [[node, *facts.ancestors(node)] for node in nodes]
-    shared = {id(a) for a in paths[0]}
-    for path in paths[1:]:
-        shared &= {id(a) for a in path}
-    return next(a for a in paths[0] if id(a) in shared)
-
-
-def _rebuild(
-    node: cst.CSTNode,
-    replace: dict[int, cst.CSTNode],
-    before: dict[int, list[cst.BaseStatement]],
-    after: dict[int, list[cst.BaseStatement]],
-    on_path: set[int],
-) -> cst.CSTNode:
-    """``node`` with some descendants replaced and statements inserted beside others, rebuilt along the paths
-    to them only (no walk of the rest)."""
-    if id(node) in replace:
-        return replace[id(node)]
-    if id(node) not in on_path:
-        return node
-    changes = {}
-    for name in child_fields(type(node)):
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            new = _rebuild(value, replace, before, after, on_path)
-            if new is not value:
-                changes[name] = new
-        elif isinstance(value, (tuple, list)):
-            items, changed = [], False
-            for item in value:
-                if not isinstance(item, cst.CSTNode):
-                    items.append(item)
-                    continue
-                new = _rebuild(item, replace, before, after, on_path)
-                extra_before, extra_after = before.get(id(item), []), after.get(id(item), [])
-                changed = changed or new is not item or bool(extra_before or extra_after)
-                items.extend([*extra_before, new, *extra_after])
-            if changed:
-                changes[name] = tuple(items)
-    return node.with_changes(**changes) if changes else node

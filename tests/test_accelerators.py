@@ -130,3 +130,24 @@ def test_a_kwargs_dict_that_may_set_the_option_is_unknown():
             model = accelerator.prepare(model)
         """
     assert _options(unseen, "split_batches") == [UNKNOWN]
+
+
+def test_prepared_loaders_and_accelerator_receivers():
+    from lintdist.accelerators import accelerator_receiver, prepared_loaders
+
+    source = """
+    from accelerate import Accelerator
+    from accelerate.data_loader import prepare_data_loader
+    accelerator = Accelerator()
+    model, loader = accelerator.prepare(model, loader, kw=x)
+    prepare_data_loader(other)
+    self.accelerator.prepare_data_loader(third)
+    tokenizer.prepare(text)
+    """
+    text = textwrap.dedent(source)
+    facts = _facts(source)
+    found = [[cst.Module([]).code_for_node(e) for e in prepared_loaders(facts, c, text)] for c in facts.calls]
+    assert [f for f in found if f] == [["model", "loader"], ["other"], ["third"]]
+    receiver = cst.parse_expression("self.accelerator")
+    assert accelerator_receiver(facts, receiver, facts.calls[0], text)
+    assert not accelerator_receiver(facts, receiver, facts.calls[0], "import torch\n")

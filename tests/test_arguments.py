@@ -59,3 +59,13 @@ def test_declared_options_and_parsed_namespaces():
     assert holds_parsed_arguments(facts, "opts", end)
     assert not holds_parsed_arguments(facts, "rest", end)
     assert not holds_parsed_arguments(facts, "other", end)
+
+
+def test_passed_arg_by_keyword_or_position():
+    from lintdist.arguments import passed_arg
+
+    call = cst.parse_expression("DataLoader(ds, 8, True, **kw, sampler=s)")
+    assert passed_arg(call, "shuffle", 2).value.value == "True"
+    assert passed_arg(call, "sampler", 3).keyword.value == "sampler"
+    assert passed_arg(cst.parse_expression("DataLoader(ds, *rest, True)"), "shuffle", 1) is None
+    assert passed_arg(cst.parse_expression("DataLoader(ds)"), "shuffle", 2) is None

@@ -153,3 +153,46 @@ def test_passes_batch_labels():
     assert passes_batch_labels(call("model(**batch)"), "batch")
     assert not passes_batch_labels(call('model(**batch, labels=batch["targets"])'), "batch")
     assert not passes_batch_labels(call("model(**other)"), "batch")
+
+
+def test_builds_dataloader_through_aliases_and_subclasses_without_their_own_init():
+    from lintdist.loaders import builds_dataloader
+
+    facts = _facts(
+        """
+        import torch.utils.data as tud
+        class Plain(tud.DataLoader):
+            pass
+        class Own(tud.DataLoader):
+            def __init__(self, ds):
+                super().__init__(ds)
+        class Below(Own):
+            pass
+        tud.DataLoader(ds)
+        Plain(ds)
+        Own(ds)
+        Below(ds)
+        make(ds)
+        """
+    )
+    calls = [c for c in facts.calls if cst.Module([]).code_for_node(c.func) != "super().__init__"]
+    calls = [c for c in calls if cst.Module([]).code_for_node(c.func) != "super"]
+    assert [builds_dataloader(facts, c) for c in calls] == [True, True, False, False, False]
+
+
+def test_loader_passes_include_wrapped_loaders_and_iterators():
+    from lintdist.loaders import loader_passes
+
+    facts = _facts(
+        """
+        for batch in loader:
+            pass
+        for batch in backend.distribute(other):
+            pass
+        it = iter(third)
+        for step in range(10):
+            batch = next(it)
+        """
+    )
+    read = [cst.Module([]).code_for_node(expr) for _, expr in loader_passes(facts)]
+    assert {"loader", "other", "third"} <= set(read)

@@ -77,3 +77,33 @@ def test_launch_words():
     assert not parses_as_bool("FULL_SHARD") and not parses_as_bool(2)
     assert shell_expansion("$RESHARD") and shell_expansion("${R:-true}") and shell_expansion("`cat f`")
     assert not shell_expansion("true") and not shell_expansion(True)
+
+
+def test_truth_follows_names_conditionals_and_helper_parameters():
+    from lintdist.values import constant_truth, possible_values, truth
+
+    assert constant_truth(cst.parse_expression("None")) is False
+    assert constant_truth(cst.parse_expression("1")) is True
+    assert constant_truth(cst.parse_expression("x")) is None
+    facts = _facts(
+        """
+        flag = True
+        other = True if a else 1
+        mixed = True if a else False
+        def build(shuffle):
+            return f(s=shuffle)
+        build(True)
+        build(shuffle=1)
+        def unseen(shuffle):
+            return g(s=shuffle)
+        """
+    )
+    f_call = next(c for c in facts.calls if getattr(c.func, "value", "") == "f")
+    g_call = next(c for c in facts.calls if getattr(c.func, "value", "") == "g")
+    assert truth(facts, cst.Name("flag"), f_call) is True
+    assert truth(facts, cst.Name("other"), f_call) is True
+    assert truth(facts, cst.Name("mixed"), f_call) is None
+    assert truth(facts, f_call.args[0].value, f_call) is True
+    assert truth(facts, f_call.args[0].value, f_call, parameters=False) is None
+    assert truth(facts, g_call.args[0].value, g_call) is None  # no call site: callers out of sight
+    assert len(possible_values(facts, f_call.args[0].value, f_call)) == 2

@@ -1,0 +1,68 @@
+"""What a use can receive, and who reads a value (lintdist/receivers.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.receivers import never_received, only_consumer
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(source: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(source)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _calls(facts: PythonFacts, name: str) -> list[cst.Call]:
+    return [c for c in facts.calls if cst.Module([]).code_for_node(c.func).endswith(name)]
+
+
+def _order(facts: PythonFacts):
+    return facts.index.order
+
+
+def test_never_received_from_the_other_branch_or_a_later_line():
+    facts = _facts(
+        """
+        def main():
+            if ddp:
+                loader = Raw()
+            else:
+                loader = Plain()
+                use(loader)
+            late = Late()
+            for step in steps:
+                use(step)
+                again = Again()
+        """
+    )
+    (raw,), (plain,), (late,), (again,) = (_calls(facts, n) for n in ("Raw", "Plain", "Late", "Again"))
+    first_use, loop_use = _calls(facts, "use")
+    assert never_received(facts, raw, first_use, _order(facts))
+    assert not never_received(facts, plain, first_use, _order(facts))
+    assert never_received(facts, late, first_use, _order(facts))
+    assert not never_received(facts, again, loop_use, _order(facts))  # the loop runs it before the next use
+
+
+def test_only_consumer():
+    facts = _facts(
+        """
+        loader = DataLoader(ds)
+        loader = accelerator.prepare(loader)
+        print(loader)
+        other = DataLoader(ds)
+        other_prepared = accelerator.prepare(other)
+        print(other)
+        accelerator.prepare(DataLoader(ds))
+        """
+    )
+    first, second, third = _calls(facts, "DataLoader")
+    p1, p2, p3 = _calls(facts, "prepare")
+    line = facts.index.order
+    assert only_consumer(facts, first, p1, line)
+    assert not only_consumer(facts, second, p2, line)
+    assert only_consumer(facts, third, p3, line)

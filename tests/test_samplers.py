@@ -1,0 +1,188 @@
+"""What a sampler is (lintdist/samplers.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.samplers import (
+    epoch_told_around,
+    epoch_told_out_of_sight,
+    is_set_epoch,
+    keeps_order,
+    rank_aware,
+    reseeded_each_pass,
+    sampler_kinds,
+    tells_epoch,
+    unshuffled_by_name,
+    wrapper_tells_epoch,
+)
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(source: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(source)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def _call(facts: PythonFacts, name: str) -> cst.Call:
+    return next(c for c in facts.calls if (cst.Module([]).code_for_node(c.func)).endswith(name))
+
+
+def _keyword(facts: PythonFacts, keyword: str) -> cst.BaseExpression:
+    return next(a.value for c in facts.calls for a in c.args if a.keyword is not None and a.keyword.value == keyword)
+
+
+def test_rank_aware_samplers():
+    facts = _facts(
+        """
+        from torch.utils.data import DistributedSampler
+        a = DistributedSampler(ds)
+        b = DistributedSampler(ds, num_replicas=1, rank=0)
+        c = DistributedBucketSampler(ds)
+        d = Bucketed(ds, num_replicas=world, rank=rank)
+        e = Bucketed(ds, num_replicas=world)
+        """
+    )
+    calls = {c.func.value: c for c in facts.calls}
+    assert rank_aware(facts, calls["DistributedBucketSampler"])
+    aware = [rank_aware(facts, c) for c in facts.calls]
+    assert aware == [True, False, True, True, False]
+    assert not rank_aware(facts, cst.Name("x"))
+
+
+def test_keeps_order_sees_sequential_unshuffled_and_batched_samplers():
+    facts = _facts(
+        """
+        from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+        f(a=SequentialSampler(ds), b=DistributedSampler(ds, shuffle=False), c=DistributedSampler(ds),
+          d=BatchSampler(SequentialSampler(ds), 8, False))
+        """
+    )
+    at = facts.calls[0]
+    assert keeps_order(facts, _keyword(facts, "a"), at)
+    assert keeps_order(facts, _keyword(facts, "b"), at)
+    assert not keeps_order(facts, _keyword(facts, "c"), at)
+    assert keeps_order(facts, _keyword(facts, "d"), at, batched=True)
+    assert not keeps_order(facts, _keyword(facts, "d"), at)
+
+
+def test_unshuffled_by_name():
+    facts = _facts(
+        """
+        from torch.utils.data import DistributedSampler
+        a = OrderedDistributedSampler(ds)
+        b = DistributedSampler(ds)
+        c = SequentialDistributedSampler(ds)
+        """
+    )
+    assert [unshuffled_by_name(facts, c) for c in facts.calls] == [True, False, True]
+
+
+def test_sampler_kinds():
+    facts = _facts(
+        """
+        from torch.utils.data import DistributedSampler
+        def build(ds, sampler=None):
+            return DataLoader(ds, sampler=sampler)
+        def used(ds, sampler=None):
+            return DataLoader(ds, sampler=sampler)
+        used(ds)
+        s = DistributedSampler(ds) if distributed else None
+        DataLoader(ds, sampler=s)
+        DataLoader(ds, sampler=make())
+        """
+    )
+    loaders = [c for c in facts.calls if getattr(c.func, "value", "") == "DataLoader"]
+    kinds = [sampler_kinds(facts, loader.args[1].value, loader) for loader in loaders]
+    assert kinds == [{"maybe"}, {"none"}, {"sampler", "none"}, {"unknown"}]
+
+
+def test_set_epoch_spellings_and_definitions_that_tell_the_epoch():
+    facts = _facts(
+        """
+        sampler.set_epoch(epoch)
+        getattr(sampler, "set_epoch", None)(epoch)
+        getattr(sampler, "other")(epoch)
+        class Endless:
+            def restart(self):
+                self.loader.sampler.epoch += 1
+        def plain():
+            pass
+        """
+    )
+    assert [is_set_epoch(facts, c) for c in facts.calls] == [True, True, False, False, False]  # outer calls first
+    (endless,) = facts.classes
+    assert tells_epoch(facts, endless)
+    assert not tells_epoch(facts, facts.functions["plain"][0])
+
+
+def test_epoch_told_around_looks_at_outer_loops_and_helpers():
+    facts = _facts(
+        """
+        def start(epoch):
+            sampler.set_epoch(epoch)
+        for epoch in range(3):
+            start(epoch)
+            for again in range(2):
+                for batch in loader:
+                    pass
+        for epoch in range(3):
+            for batch in loader:
+                pass
+        """
+    )
+    inner = next(loop for loop in facts.loops if cst.Module([]).code_for_node(loop.target) == "again")
+    last = facts.loops[-2]
+    assert epoch_told_around(facts, inner)
+    assert not epoch_told_around(facts, last)
+    assert not epoch_told_out_of_sight(facts, last)  # `start` has a call site
+
+
+def test_epoch_told_out_of_sight_by_an_uncalled_hook():
+    facts = _facts(
+        """
+        class Hook:
+            def on_epoch_start(self, epoch):
+                self.sampler.set_epoch(epoch)
+        for epoch in range(3):
+            for batch in loader:
+                pass
+        """
+    )
+    assert epoch_told_out_of_sight(facts, facts.loops[0])
+
+
+def test_wrapper_tells_epoch():
+    facts = _facts(
+        """
+        class Endless:
+            def __iter__(self):
+                self.loader.sampler.set_epoch(self.n)
+        stream = Endless(loader)
+        plain = Other(loader)
+        for batch in stream:
+            pass
+        """
+    )
+    at = facts.loops[0]
+    assert wrapper_tells_epoch(facts, cst.Name("stream"), at)
+    assert not wrapper_tells_epoch(facts, cst.Name("plain"), at)
+
+
+def test_reseeded_each_pass():
+    facts = _facts(
+        """
+        from torch.utils.data import DistributedSampler
+        for epoch in range(3):
+            a = DistributedSampler(ds, seed=base + epoch)
+            b = DistributedSampler(ds, seed=base)
+            c = DistributedSampler(ds)
+        """
+    )
+    loop = facts.loops[0]
+    samplers = [c for c in facts.calls if getattr(c.func, "value", "") == "DistributedSampler"]
+    assert [reseeded_each_pass(facts, s, loop, "epoch") for s in samplers] == [True, False, False]
