@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.facts import PythonFacts
+from lintdist.facts import PythonFacts, argument_of
 from lintdist.launch import (
     LaunchSettings,
     Setting,
@@ -144,3 +144,39 @@ def plugin_version(
         return (1, None) if nothing_launched(settings) else (None, None)
     version = str(setting.value).strip()
     return (int(version) if version in {"1", "2"} else None), setting
+
+
+def launched_fsdp(settings: LaunchSettings | None) -> tuple[int | None, Setting] | None:
+    """The FSDP version a launch that selects FSDP runs (``distributed_type: FSDP``, ``--use_fsdp``): (1, the backend
+    setting) when it says no version (accelerate's default), (1 or 2, the version setting), (None, the setting) for
+    another value; None when the launch selects no FSDP or is out of sight."""
+    backend = settings.distributed_type if settings is not None else None
+    if backend is None or str(backend.value).upper() != "FSDP":
+        return None
+    setting = launched_version(settings)
+    if setting is None:
+        return 1, backend
+    version = str(setting.value).strip()
+    return (int(version) if version in {"1", "2"} else None), setting
+
+
+def given_plugins(
+    facts: PythonFacts, accelerator: cst.Call, settings: LaunchSettings | None, source: str
+) -> list[tuple[cst.Call, int | None, Setting | None] | None] | None:
+    """The FSDP plugins an ``Accelerator(...)`` call's ``fsdp_plugin=`` can hold, each with the version it runs and
+    the launch setting that says so (``plugin_version``), and None for an explicit ``None``; empty when the keyword
+    is not given; None when a value is not a plugin built in this module (or nothing is known of it)."""
+    value = argument_of(accelerator, "fsdp_plugin", None)
+    if value is None:
+        return []
+    origins = facts.origins(value, accelerator)
+    found: list[tuple[cst.Call, int | None, Setting | None] | None] = []
+    for origin in origins:
+        node = origin.node
+        if origin.index is None and isinstance(node, cst.Name) and node.value == "None":
+            found.append(None)
+        elif origin.index is None and isinstance(node, cst.Call) and facts.callee_is(node, PLUGIN_CLASSES):
+            found.append((node, *plugin_version(facts, node, settings, source)))
+        else:
+            return None
+    return found or None

@@ -139,3 +139,31 @@ def context_parallel_call(facts: PythonFacts, expr: cst.BaseExpression, at: cst.
         elif facts.callee_is(node, TORCH_CONTEXT_PARALLEL):
             return node
     return None
+
+
+def mesh_accelerator(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode
+) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
+    """(the accelerator expression, where it is written) when ``expr`` is accelerate's device mesh:
+    ``acc.torch_device_mesh``, ``acc.state.device_mesh``, or a name or attribute bound to one of them; else None."""
+    direct = _mesh_owner(facts, expr, at)
+    if direct is not None:
+        return direct, expr
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        for origin in facts.origins(expr, at):
+            node = origin.node
+            owner = _mesh_owner(facts, node, node) if origin.index is None else None
+            if owner is not None:
+                return owner, node
+    return None
+
+
+def _mesh_owner(facts: PythonFacts, expr: cst.CSTNode, at: cst.CSTNode) -> cst.BaseExpression | None:
+    if not isinstance(expr, cst.Attribute):
+        return None
+    if expr.attr.value == "torch_device_mesh" and facts.accelerator_like(expr.value, at):
+        return expr.value
+    state = expr.value
+    if expr.attr.value == "device_mesh" and isinstance(state, cst.Attribute) and state.attr.value == "state":
+        return state.value if facts.accelerator_like(state.value, at) else None
+    return None

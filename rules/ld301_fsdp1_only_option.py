@@ -1,41 +1,28 @@
 """LD301 fsdp1-only-option: an FSDP1-only option where FSDP2 is in force, in any of the four spellings.
 
-What each place sets (plugin keyword, YAML key, flag, variable) is ``lintdist.fsdp``'s answer; the
-knowledge of which option does what under FSDP2 (verified in accelerate 1.15's
-``FullyShardedDataParallelPlugin.__post_init__``, ``prepare_multi_gpu_env`` and
-``convert_config_to_fsdp2``) lives here as small pure functions; LD302 reuses them
-for its conversion, so the two rules can never disagree about a converted file.
+What each place sets (plugin keyword, YAML key, flag, variable) is ``lintdist.fsdp``'s answer, and what FSDP2
+makes of each option is ``lintdist.fsdp2_options``'s; LD302 converts with the same repairs.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import libcst as cst
 
 from lintdist.edits import with_arg_changes
-from lintdist.facts import PythonFacts, argument_of
 from lintdist.fsdp import (
-    FSDP1_CPU_OFFLOAD,
-    FSDP1_MIXED_PRECISION,
-    FSDP1_OPTION_CLASSES,
     FSDP2_ACCELERATE,
     PLUGIN_CLASSES,
     config_options,
     config_version,
     fsdp_config_settings,
     fsdp_section,
-    is_local_state_dict,
     launch_settings,
     plugin_version,
-    strategy_name,
 )
+from lintdist.fsdp2_options import Problem, judge_launch_options, judge_plugin, repair
 from lintdist.launch import (
     Setting,
     accelerate_runs_fsdp,
-    edit_setting,
     flag_spelling,
     launcher_owns_env,
     linked_config,
@@ -43,274 +30,6 @@ from lintdist.launch import (
 )
 from lintdist.model import Applicability, Fix, Severity, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.values import enum_member, known_value, parses_as_bool, python_value, shell_expansion
-
-# The FSDP2 equivalent of each strategy, as `accelerate to-fsdp2` maps it.
-RESHARD_FOR = {
-    "FULL_SHARD": True,
-    "SHARD_GRAD_OP": False,
-    "NO_SHARD": False,
-    "HYBRID_SHARD": True,
-    "HYBRID_SHARD_ZERO2": False,
-}
-# Launch-side options (normalised to the flag name) that FSDP2 ignores, and why.
-IGNORED_LAUNCH_OPTIONS = {
-    "fsdp_use_orig_params": "FSDP2 always trains the original parameters",
-    "fsdp_sync_module_states": "FSDP2 has no module-state sync; with `cpu_ram_efficient_loading` accelerate "
-    "broadcasts rank 0's weights itself",
-    "fsdp_backward_prefetch": "accelerate resets it to None under FSDP2, which prefetches on its own",
-    "fsdp_forward_prefetch": "accelerate has no forward prefetch for FSDP2",
-}
-
-
-# -- launch-side options (YAML keys, flags, environment variables) -----------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One launch-side option that is wrong under FSDP2, and how to repair it.
-
-    ``remove`` deletes the option; ``value`` sets a new boolean value, under the
-    name ``rename`` when given (a sharding strategy becomes ``reshard_after_forward``).
-    Neither: the finding is a diagnostic only. ``safe`` is False when the repair changes
-    what runs today (an ignored ``SHARD_GRAD_OP`` becoming ``reshard_after_forward: false``).
-    ``certain`` is False when the value is a shell expansion (``$RESHARD``) that may be
-    fine: not reported, but it keeps LD302 from converting blind.
-    """
-
-    name: str
-    severity: Severity
-    message: str
-    remove: bool = False
-    value: bool | None = None
-    rename: str | None = None
-    safe: bool = True
-    certain: bool = True
-
-    @property
-    def fixable(self) -> bool:
-        return self.remove or self.value is not None
-
-
-def judge_launch_options(options: dict[str, object], written: Callable[[str], str], *, yaml: bool) -> list[Problem]:
-    """The problems of launch-side options under FSDP2.
-
-    ``options`` maps normalised names (``fsdp_use_orig_params``) to their values;
-    ``written(name)`` gives the option as the file spells it, for messages.
-    ``yaml`` says the values are YAML scalars (booleans stay booleans, ``$X`` is
-    literal), which matters for the launcher's ``cpu_ram_efficient_loading`` check.
-    """
-    problems = []
-    has_reshard = "fsdp_reshard_after_forward" in options
-    for name, value in options.items():
-        option = f"`{written(name)}`"
-        if name in IGNORED_LAUNCH_OPTIONS:
-            if name == "fsdp_backward_prefetch" and str(value).strip().upper() == "NO_PREFETCH":
-                continue  # the FSDP2 behaviour already
-            if name == "fsdp_sync_module_states" and yaml and value is False and _truthy_in_launcher(options):
-                message = (
-                    f"{option} is false while `cpu_ram_efficient_loading` is on: `accelerate launch` raises "
-                    "ValueError (the check runs under FSDP2 too, where the key is otherwise ignored); remove the key"
-                )
-                problems.append(Problem(name, Severity.ERROR, message, remove=True))
-                continue
-            message = f"{option} is ignored under FSDP2 ({IGNORED_LAUNCH_OPTIONS[name]}); remove it"
-            problems.append(Problem(name, Severity.WARNING, message, remove=True))
-        elif name == "fsdp_sharding_strategy":
-            strategy = strategy_name(value)
-            if has_reshard:
-                message = f"{option} is ignored under FSDP2, where `reshard_after_forward` decides; remove it"
-                problems.append(Problem(name, Severity.WARNING, message, remove=True))
-            elif strategy is None:
-                message = f"{option} is ignored under FSDP2; set `reshard_after_forward` (true or false) instead"
-                problems.append(Problem(name, Severity.WARNING, message))
-            else:
-                reshard = RESHARD_FOR[strategy]
-                effect = "runs as a full reshard after forward" if not reshard else "has no effect"
-                message = (
-                    f"{option} is ignored under FSDP2 and `reshard_after_forward` defaults to true, so `{strategy}` "
-                    f"{effect}; replace it with `reshard_after_forward` {str(reshard).lower()}"
-                )
-                # Mapping to true keeps today's behaviour (the default); false changes memory use.
-                problems.append(
-                    Problem(
-                        name,
-                        Severity.WARNING,
-                        message,
-                        value=reshard,
-                        rename="fsdp_reshard_after_forward",
-                        safe=reshard,
-                    )
-                )
-        elif name == "fsdp_reshard_after_forward" and not parses_as_bool(value):
-            if not yaml and shell_expansion(value):
-                message = f"{option} comes from the shell; FSDP2 needs a boolean"
-                problems.append(Problem(name, Severity.ERROR, message, certain=False))
-                continue
-            strategy = strategy_name(value)
-            advice = f"use {str(RESHARD_FOR[strategy]).lower()}" if strategy else "use true or false"
-            message = (
-                f"{option} is an FSDP1 sharding strategy; FSDP2 needs a boolean and accelerate raises ValueError "
-                f"('invalid truth value'); {advice}"
-            )
-            problems.append(Problem(name, Severity.ERROR, message, value=RESHARD_FOR[strategy] if strategy else None))
-        elif name == "fsdp_state_dict_type" and is_local_state_dict(value):
-            message = (
-                f"{option} is LOCAL_STATE_DICT, which FSDP2 does not support: accelerate raises ValueError; "
-                "use SHARDED_STATE_DICT or FULL_STATE_DICT"
-            )
-            problems.append(Problem(name, Severity.ERROR, message))
-    return problems
-
-
-def _truthy_in_launcher(options: dict[str, object]) -> bool:
-    """``cpu_ram_efficient_loading`` as the launcher tests it: absent means the default string "true"."""
-    return bool(options.get("fsdp_cpu_ram_efficient_loading", "true"))
-
-
-def repair(text: str, setting: Setting, problem: Problem) -> tuple[TextEdit, ...]:
-    """The edits that repair one option in its own spelling; empty when there is no repair or it cannot be made."""
-    if not problem.fixable:
-        return ()
-    return edit_setting(text, setting, remove=problem.remove, value=problem.value, rename=problem.rename)
-
-
-# -- the Python plugin ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PluginProblem:
-    """A plugin keyword that is wrong under FSDP2. ``replacement`` is the new argument, None to drop it;
-    ``fixable`` says whether that repair applies."""
-
-    arg: cst.Arg
-    severity: Severity
-    message: str
-    fixable: bool
-    replacement: cst.Arg | None = None
-    certain: bool = True  # False: the value could not be read (a parameter, `args.x`...)
-
-
-def bool_arg(arg: cst.Arg, name: str, value: bool) -> cst.Arg:
-    return arg.with_changes(keyword=cst.Name(name), value=cst.Name(str(value)))
-
-
-def judge_plugin(facts: PythonFacts, call: cst.Call) -> list[PluginProblem]:
-    """The keywords of a ``FullyShardedDataParallelPlugin(...)`` call that are wrong under FSDP2."""
-    keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
-    values = {name: known_value(facts, arg.value, FSDP1_OPTION_CLASSES) for name, arg in keywords.items()}
-    problems = []
-    for name, arg in keywords.items():
-        node = values[name]
-        value = python_value(node)
-        certain = node is not None
-        if certain and value is None:
-            continue  # an explicit None is the FSDP2 default
-        option = f"`{name}`"
-        if name in {"use_orig_params", "sync_module_states", "limit_all_gathers", "param_init_fn"}:
-            why = {
-                "use_orig_params": "accelerate logs a warning and drops it: FSDP2 always trains the original parameters",
-                "sync_module_states": "accelerate logs a warning and drops it: FSDP2 has no module-state sync",
-                "limit_all_gathers": "`fully_shard` has no such option and accelerate never passes it",
-                "param_init_fn": "accelerate's FSDP2 path never calls it",
-            }[name]
-            problems.append(
-                PluginProblem(
-                    arg, Severity.WARNING, f"{option} is ignored under FSDP2 ({why}); remove it", True, None, certain
-                )
-            )
-        elif name == "backward_prefetch":
-            if isinstance(value, str) and value.upper() == "NO_PREFETCH":
-                continue
-            message = f"{option} is ignored under FSDP2 (accelerate logs a warning and resets it to None); remove it"
-            problems.append(PluginProblem(arg, Severity.WARNING, message, True, None, certain))
-        elif name == "forward_prefetch":
-            message = (
-                f"{option} makes accelerate raise ValueError under FSDP2, whatever its value (forward prefetch is "
-                "not implemented there); remove it"
-            )
-            problems.append(PluginProblem(arg, Severity.ERROR, message, True, None, certain))
-        elif name == "sharding_strategy":
-            problems.append(_sharding_problem(facts, call, arg, value, certain, keywords))
-        elif name == "reshard_after_forward" and certain and not parses_as_bool(value):
-            strategy = strategy_name(value) or enum_member(facts, value, "ShardingStrategy")
-            if strategy not in RESHARD_FOR:
-                continue
-            reshard = RESHARD_FOR[strategy]
-            message = (
-                f"{option} is the FSDP1 strategy `{strategy}`; FSDP2 needs a boolean and accelerate raises "
-                f"ValueError; use `reshard_after_forward={reshard}`"
-            )
-            problems.append(PluginProblem(arg, Severity.ERROR, message, True, bool_arg(arg, name, reshard)))
-        elif name == "state_dict_type" and certain:
-            member = enum_member(facts, value, "StateDictType") or (value if isinstance(value, str) else None)
-            if member is not None and is_local_state_dict(member):
-                message = (
-                    f"{option} is LOCAL_STATE_DICT, which FSDP2 does not support: accelerate raises ValueError; "
-                    "use SHARDED_STATE_DICT or FULL_STATE_DICT"
-                )
-                problems.append(PluginProblem(arg, Severity.ERROR, message, False))
-        elif name == "mixed_precision_policy" and certain:
-            fsdp1_call = isinstance(value, cst.Call) and facts.callee_is(value, FSDP1_MIXED_PRECISION)
-            buffer_key = isinstance(value, cst.Dict) and any(
-                python_value(getattr(e, "key", None)) == "buffer_dtype" for e in value.elements
-            )
-            if fsdp1_call or buffer_key:
-                what = "an FSDP1 `MixedPrecision`" if fsdp1_call else "a dict with the FSDP1 key `buffer_dtype`"
-                message = (
-                    f"{option} is {what}: accelerate raises ValueError under FSDP2; use "
-                    "`MixedPrecisionPolicy(param_dtype=..., reduce_dtype=..., output_dtype=...)` or a string such as 'bf16'"
-                )
-                problems.append(PluginProblem(arg, Severity.ERROR, message, False))
-        elif name == "cpu_offload" and isinstance(value, cst.Call) and facts.callee_is(value, FSDP1_CPU_OFFLOAD):
-            offload = _offload_flag(value) if value is arg.value else None
-            advice = f"pass `cpu_offload={offload}`" if offload is not None else "pass a bool or `CPUOffloadPolicy()`"
-            message = f"{option} is an FSDP1 `CPUOffload`: accelerate raises ValueError under FSDP2; {advice}"
-            replacement = bool_arg(arg, name, offload) if offload is not None else None
-            problems.append(PluginProblem(arg, Severity.ERROR, message, offload is not None, replacement))
-    return problems
-
-
-def _sharding_problem(
-    facts: PythonFacts, call: cst.Call, arg: cst.Arg, value: object, certain: bool, keywords: dict[str, cst.Arg]
-) -> PluginProblem:
-    reshard_arg = keywords.get("reshard_after_forward")
-    if reshard_arg is None and any(a.star == "**" for a in call.args):
-        # `**kwargs` may pass `reshard_after_forward` (then the keyword is merely ignored): unknown
-        return PluginProblem(arg, Severity.ERROR, "", False, certain=False)
-    if reshard_arg is not None and not _is_none(reshard_arg.value):
-        message = (
-            "`sharding_strategy` is ignored under FSDP2 (accelerate logs a warning), where `reshard_after_forward` "
-            "decides; remove it"
-        )
-        return PluginProblem(arg, Severity.WARNING, message, True, None, certain)
-    strategy = strategy_name(value) if certain else None
-    strategy = strategy or (enum_member(facts, value, "ShardingStrategy") if certain else None)
-    if strategy not in RESHARD_FOR:
-        message = (
-            "`sharding_strategy` without `reshard_after_forward` makes accelerate raise ValueError under FSDP2; "
-            "pass `reshard_after_forward=True` or `False` instead"
-        )
-        return PluginProblem(arg, Severity.ERROR, message, False, certain=certain)
-    reshard = RESHARD_FOR[strategy]
-    message = (
-        "`sharding_strategy` without `reshard_after_forward` makes accelerate raise ValueError under FSDP2; "
-        f"use `reshard_after_forward={reshard}` (the FSDP2 form of `{strategy}`)"
-    )
-    return PluginProblem(arg, Severity.ERROR, message, True, bool_arg(arg, "reshard_after_forward", reshard))
-
-
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
-def _offload_flag(call: cst.Call) -> bool | None:
-    """``CPUOffload()`` -> False, ``CPUOffload(offload_params=True)`` -> True; None when not a literal."""
-    if not call.args:
-        return False
-    value = python_value(argument_of(call, "offload_params", 0))
-    return value if isinstance(value, bool) and len(call.args) == 1 else None
-
 
 # -- the rule ---------------------------------------------------------------------------------------
 
@@ -589,7 +308,7 @@ torchrun --nproc_per_node 2 train.py
                 self._check_flags(flags, config_options(document), config_name, reported)
             if not launcher_owns_env(command, document):
                 env = {s.name: s for s in settings if s.spelling == "env" and s.raw.startswith("FSDP_")}
-                if str(env.get("fsdp_version", Setting("", None, "", 0, 0, "")).value).strip() == "2":
+                if "fsdp_version" in env and str(env["fsdp_version"].value).strip() == "2":
                     self._report_settings(env, str.upper, yaml=False, reported=reported)
 
     def _check_flags(self, flags: dict[str, Setting], config: dict, config_name: str, reported: set[int]) -> None:

@@ -1,6 +1,6 @@
 """LD302 prefer-fsdp2: FSDP1 in use (raw wrapper, accelerate config, launch flag or plugin) where FSDP2 is available.
 
-The conversion reuses LD301's option knowledge: it is exactly "set version 2 and
+The conversion asks ``lintdist.fsdp2_options`` as LD301 does: it is exactly "set version 2 and
 apply every LD301 repair at once", so LD301 has nothing left to say afterwards,
 and a file LD301 could not repair completely is not converted at all.
 """
@@ -11,7 +11,6 @@ import libcst as cst
 
 from lintdist.edits import with_arg_changes, with_keyword
 from lintdist.fsdp import (
-    FSDP1_OPTION_CLASSES,
     FSDP2_ACCELERATE,
     PLUGIN_CLASSES,
     config_options,
@@ -22,6 +21,7 @@ from lintdist.fsdp import (
     runs_fsdp,
     section_options,
 )
+from lintdist.fsdp2_options import judge_launch_options, judge_plugin, repair, unreadable_option
 from lintdist.launch import (
     Setting,
     accelerate_runs_fsdp,
@@ -33,19 +33,13 @@ from lintdist.launch import (
 )
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld301_fsdp1_only_option import judge_launch_options, judge_plugin, repair
 from lintdist.sources import LaunchCommand
-from lintdist.values import known_value
 
 RAW_FSDP = frozenset(
     {
         "torch.distributed.fsdp.FullyShardedDataParallel",
         "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
     }
-)
-# Options that are valid under FSDP1 with values FSDP2 rejects: converting blind could break the script.
-UNREADABLE_BLOCKS_FIX = frozenset(
-    {"reshard_after_forward", "mixed_precision_policy", "cpu_offload", "sharding_strategy"}
 )
 WHY = (
     "FSDP2 (`fully_shard`) is the maintained path: per-parameter DTensor sharding, no flat parameters, "
@@ -246,7 +240,7 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         self.report(arg or call, message, fix=self._plugin_fix(call, arg))
 
     def _plugin_fix(self, call: cst.Call, version_arg: cst.Arg | None) -> Fix | None:
-        if any(a.star for a in call.args) or any(self._unreadable(a) for a in call.args):
+        if any(a.star for a in call.args) or any(unreadable_option(self.facts, a) for a in call.args):
             return None
         changes: dict[int, cst.Arg | None] = {}
         for problem in judge_plugin(self.facts, call):
@@ -259,15 +253,6 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
             changes[id(version_arg)] = version_arg.with_changes(value=two)
             return _python_fix(call, with_arg_changes(call, changes))
         return _python_fix(call, with_keyword(with_arg_changes(call, changes), "fsdp_version", two))
-
-    def _unreadable(self, arg: cst.Arg) -> bool:
-        """An option whose FSDP1 value may be invalid under FSDP2, given as something lintdist cannot read."""
-        if arg.keyword is None or arg.keyword.value not in UNREADABLE_BLOCKS_FIX:
-            return False
-        value = arg.value
-        return known_value(self.facts, value, FSDP1_OPTION_CLASSES) is None and not (
-            isinstance(value, cst.Name) and value.value == "None"
-        )
 
     # -- accelerate config ------------------------------------------------------------------------
 

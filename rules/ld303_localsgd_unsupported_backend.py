@@ -6,25 +6,20 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.backends import accelerators_behind
+from lintdist.facts import argument_of
+from lintdist.guards import guarded_by
 from lintdist.launch import LaunchSettings, written
+from lintdist.literals import is_name
+from lintdist.loop import DEEPSPEED_PLUGINS, FSDP_PLUGINS
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 
 LOCAL_SGD = frozenset({"accelerate.local_sgd.LocalSGD"})
 
 
-def _class_names(name: str, *modules: str) -> frozenset[str]:
-    return frozenset(f"{module}.{name}" for module in modules)
-
-
-DEEPSPEED_PLUGINS = _class_names("DeepSpeedPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses")
-FSDP_PLUGINS = _class_names(
-    "FullyShardedDataParallelPlugin", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses"
-)
-MEGATRON_PLUGINS = _class_names("MegatronLMPlugin", "accelerate.utils", "accelerate.utils.dataclasses")
+MEGATRON_PLUGINS = frozenset({"accelerate.utils.MegatronLMPlugin", "accelerate.utils.dataclasses.MegatronLMPlugin"})
 # Accelerator keyword -> (the distributed type it selects, the plugin classes that may fill it)
 PLUGIN_KEYWORDS = {
     "deepspeed_plugin": ("DEEPSPEED", DEEPSPEED_PLUGINS),
@@ -42,7 +37,6 @@ BACKEND_WORDS = re.compile(
     re.IGNORECASE,
 )
 MAX_CALLER_DEPTH = 3
-MAX_NAME_DEPTH = 3  # how many `a = ...; b = a and ...` steps a condition is followed back
 
 
 @dataclass(frozen=True)
@@ -226,41 +220,31 @@ if args.local_sgd_steps:
         ),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._ifs: list[cst.If] = []
-        self._asserts: list[cst.Assert] = []
-
     def finish(self) -> None:
         facts = self.facts
-        self._ifs = facts.index.nodes(cst.If)
-        self._asserts = facts.index.nodes(cst.Assert)
         for call in facts.calls:
-            if not facts.callee_is(call, LOCAL_SGD) or self._guarded(call, 0):
+            if not facts.callee_is(call, LOCAL_SGD) or self._guarded(call):
                 continue
             accelerators = self._accelerators(call)
-            if any(_asks_for_cpu(acc) for acc in accelerators):
-                continue
+            if any(is_name(argument_of(acc, "cpu", None), "True") for acc in accelerators):
+                continue  # `Accelerator(cpu=True)`: accelerate then switches neither DeepSpeed nor FSDP on
             evidence = self._code_evidence(accelerators) or _launch_evidence(self.context.settings)
             if evidence is not None:
                 self.report(call, _message(evidence))
+
+    def _guarded(self, node: cst.CSTNode) -> bool:
+        """``node`` runs only under a condition about the backend, or after an early exit on one."""
+        return guarded_by(self.facts, node, BACKEND_WORDS, lambda n: self.context.span(n).line, MAX_CALLER_DEPTH)
 
     # -- which Accelerator, and what the code gives it ---------------------------------------
 
     def _accelerators(self, call: cst.Call) -> list[cst.Call]:
         """The ``Accelerator(...)`` calls behind LocalSGD's first argument; the file's only one if that is unknown."""
-        facts = self.facts
-        everywhere = [c for c in facts.calls if facts.callee_is(c, ACCELERATOR_CLASSES)]
         argument = argument_of(call, "accelerator", 0)
-        if argument is not None:
-            found = [
-                o.node
-                for o in facts.origins(argument, call)
-                if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, ACCELERATOR_CLASSES)
-            ]
-            if found:
-                return found
-        return everywhere if len(everywhere) == 1 else []
+        if argument is None:
+            everywhere = self.facts.accelerator_constructions
+            return everywhere if len(everywhere) == 1 else []
+        return [a for a in accelerators_behind(self.facts, argument, call) if a is not None]
 
     def _code_evidence(self, accelerators: list[cst.Call]) -> Evidence | None:
         """A plugin that every ``Accelerator`` LocalSGD can receive is given; None when one of them has none
@@ -296,78 +280,6 @@ if args.local_sgd_steps:
                 return False
         return True
 
-    # -- conditions that decide by backend --------------------------------------------------
-
-    def _guarded(self, node: cst.CSTNode, depth: int) -> bool:
-        """``node`` runs only under a condition about the backend, or after an early exit on one."""
-        facts = self.facts
-        child = node
-        for ancestor in facts.ancestors(node):
-            conditional = isinstance(ancestor, (cst.If, cst.While, cst.IfExp))
-            if conditional and child is not ancestor.test and self._mentions_backend(ancestor.test):
-                return True
-            child = ancestor
-        function = facts.enclosing_function(node)
-        line = self.context.span(node).line
-
-        def before(other: cst.CSTNode) -> bool:
-            return (
-                facts.enclosing_function(other) is function
-                and self.context.span(other).line < line
-                and not facts.is_within(node, other)
-            )
-
-        if any(before(branch) and self._exits_on_backend(branch, returns=True) for branch in self._ifs):
-            return True
-        if any(before(check) and self._mentions_backend(check.test) for check in self._asserts):
-            return True
-        # `ensure_ddp(accelerator)` first: a helper that raises on the wrong backend
-        for call in facts.calls:
-            if (
-                before(call)
-                and isinstance(facts.parent(call), cst.Expr)
-                and any(self._checks_backend(helper) for helper in facts.local_functions(call))
-            ):
-                return True
-        if function is None or depth >= MAX_CALLER_DEPTH:
-            return False
-        sites = facts.call_sites(function)
-        return bool(sites) and all(self._guarded(site, depth + 1) for site in sites)
-
-    def _exits_on_backend(self, branch: cst.If, returns: bool) -> bool:
-        return self._mentions_backend(branch.test) and _exits(branch.body, returns)
-
-    def _checks_backend(self, helper: cst.FunctionDef) -> bool:
-        """The helper stops the run on a backend condition (``raise`` under an ``if``, or an ``assert``);
-        a ``return`` only leaves the helper."""
-        facts = self.facts
-        return any(
-            facts.enclosing_function(branch) is helper and self._exits_on_backend(branch, returns=False)
-            for branch in self._ifs
-        ) or any(
-            facts.enclosing_function(check) is helper and self._mentions_backend(check.test) for check in self._asserts
-        )
-
-    def _mentions_backend(self, test: cst.BaseExpression, depth: int = 0) -> bool:
-        """The condition names the backend, directly or through names bound to such an expression
-        (``use_local_sgd = accelerator.distributed_type == DistributedType.MULTI_GPU``)."""
-        if any(BACKEND_WORDS.search(word) for word in _words(self.facts, test)):
-            return True
-        if depth >= MAX_NAME_DEPTH:
-            return False
-        names = [test] if isinstance(test, cst.Name) else _names_in(self.facts, test)
-        return any(
-            self._mentions_backend(binding.value, depth + 1)
-            for name in names
-            for binding in self.facts.bindings(name.value, test)
-        )
-
-
-def _names_in(facts, expr: cst.BaseExpression) -> list[cst.Name]:
-    """The names in ``expr`` outside any attribute: `args.deepspeed` is judged by its words, not followed."""
-    inside = {id(name) for attribute in facts.within(expr, cst.Attribute) for name in facts.within(attribute, cst.Name)}
-    return [name for name in facts.within(expr, cst.Name) if id(name) not in inside]
-
 
 def _launch_evidence(settings: LaunchSettings | None) -> Evidence | None:
     """The backend the launch selects, unless the launch line or config also puts the run on the CPU."""
@@ -375,32 +287,6 @@ def _launch_evidence(settings: LaunchSettings | None) -> Evidence | None:
     if chosen is None or str(chosen.value).upper() not in UNSUPPORTED:
         return None
     return Evidence(str(chosen.value).upper(), written(chosen))
-
-
-def _asks_for_cpu(accelerator: cst.Call) -> bool:
-    """``Accelerator(cpu=True)``: accelerate then switches neither DeepSpeed nor FSDP on."""
-    value = argument_of(accelerator, "cpu", None)
-    return isinstance(value, cst.Name) and value.value == "True"
-
-
-def _words(facts, expr: cst.CSTNode) -> list[str]:
-    """The names, attribute names and strings in an expression."""
-    return [node.value for node in facts.within(expr, cst.Name, cst.SimpleString)]
-
-
-def _exits(body: cst.BaseSuite, returns: bool = True) -> bool:
-    """The block ends the function (when ``returns``) or the run: ``raise``, ``return``, ``sys.exit(...)``."""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
-    for statement in statements:
-        smalls = statement.body if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else ()
-        for small in smalls:
-            if isinstance(small, cst.Raise) or (returns and isinstance(small, cst.Return)):
-                return True
-            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-                name = get_full_name_for_node(small.value.func) or ""
-                if name in {"sys.exit", "exit", "quit", "os._exit"}:
-                    return True
-    return False
 
 
 def _message(evidence: Evidence) -> str:

@@ -14,45 +14,14 @@ import os
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, DATALOADER_CLASSES, argument_of
-from lintdist.fsdp import PLUGIN_CLASSES, plugin_version
-from lintdist.launch import launched_version
+from lintdist.backends import accelerators_behind
+from lintdist.facts import argument_of
+from lintdist.fsdp import given_plugins, launched_fsdp
+from lintdist.literals import is_name
 from lintdist.model import Severity
+from lintdist.object_kinds import ObjectKinds
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-
-MAX_DEPTH = 4
-# What `prepare` receives besides models and optimizers.
-SCHEDULER_HINTS = ("sched",)
-LOADER_HINTS = ("loader", "dataloader")
-# Names that say a value is a model, as written in training scripts (`model`, `ref_model`, `unet`...).
-MODEL_NAMES = frozenset(
-    {
-        "model",
-        "net",
-        "network",
-        "unet",
-        "vae",
-        "text_encoder",
-        "transformer",
-        "generator",
-        "discriminator",
-        "teacher",
-        "student",
-        "backbone",
-        "critic",
-    }
-)
-NOT_MODEL_SUFFIXES = ("_name", "_path", "_id", "_args", "_config", "_cfg", "_kwargs", "_type", "_dir", "_file")
-# Calls that hand back the model they are given.
-SAME_MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "requires_grad_"})
-MODEL_FACTORIES = frozenset(
-    {"torch.compile", "timm.create_model", "peft.get_peft_model", "peft.mapping.get_peft_model", "torchvision.models"}
-)
-# `torch.nn` names that are not modules.
-NOT_MODULES = ("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.", "torch.nn.Parameter", "torch.nn.parameter.")
-OPTIMIZER_FACTORIES = ("torch.optim.", "bitsandbytes.optim.", "transformers.optimization.", "apex.optimizers.")
 
 
 class Fsdp2PrepareSplit(Rule):
@@ -200,7 +169,7 @@ model = accelerator.prepare(model)
         facts = self.facts
         if "FullyShardedDataParallelPlugin" not in self.context.text and self._launched_fsdp2() is None:
             return  # neither the code nor the launch asks for FSDP2
-        self._kinds: dict[int, str | None] = {}
+        self._kinds = ObjectKinds(self.loop)
         problems: list[tuple[cst.Call, str, str]] = []  # (call, what is wrong, the FSDP2 evidence)
         for call in facts.calls:
             method = facts.method_name(call)
@@ -222,7 +191,7 @@ model = accelerator.prepare(model)
     def _prepare_problem(self, call: cst.Call) -> str | None:
         """ "model", "optimizer" or "models" when the call raises under FSDP2; None when it does not or lintdist
         cannot tell."""
-        kinds = [None if arg.star else self._kind(arg.value, call) for arg in call.args if arg.keyword is None]
+        kinds = [None if arg.star else self._kinds.kind(arg.value, call) for arg in call.args if arg.keyword is None]
         models = kinds.count("model")
         if models > 1:
             return "models"  # raises whatever the other arguments are
@@ -252,143 +221,42 @@ model = accelerator.prepare(model)
             return None  # an already prepared model returns early; one whose `prepare` raised was never prepared
         return "prepare_model"
 
-    def _kind(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
-        """ "model", "optimizer" or "other" (a loader, a scheduler...); None when lintdist cannot tell. Names
-        decide first (`optimizer`, `train_loader`, `model`), then where the value was built."""
-        key = id(expr)
-        if key not in self._kinds:
-            self._kinds[key] = None  # a value whose origin leads back to itself stays unknown
-            self._kinds[key] = self._find_kind(expr, at, depth)
-        return self._kinds[key]
-
-    def _find_kind(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        name = (get_full_name_for_node(expr) or "").rsplit(".", 1)[-1].lower()
-        if any(hint in name for hint in LOADER_HINTS) or name in {"dl", "train_dl", "eval_dl", "val_dl"}:
-            return "other"
-        if _model_name(name):
-            return "model"
-        role = self.loop.role(expr, at)
-        if role == "optimizer":
-            return "optimizer"
-        if role == "scheduler":
-            return "other"
-        return self._kind_by_origin(expr, at, depth)
-
-    def _kind_by_origin(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        if depth > MAX_DEPTH:
-            return None
-        facts = self.facts
-        kinds: set[str | None] = set()
-        for origin in facts.origins(expr, at):
-            if len(kinds) > 1 or None in kinds:
-                return None
-            node = origin.node
-            if not isinstance(node, cst.Call):
-                kinds.add(None)
-                continue
-            if origin.index is not None:
-                if self.loop.is_accelerate_prepare(node):  # `model, opt = accelerator.prepare(model, opt)`
-                    argument = argument_of(node, "", origin.index)
-                    kinds.add(self._kind(argument, node, depth + 1) if argument is not None else None)
-                else:
-                    kinds.add(None)
-                continue
-            kinds.add(self._call_kind(node, depth))
-        return kinds.pop() if len(kinds) == 1 else None
-
-    def _call_kind(self, call: cst.Call, depth: int) -> str | None:
-        facts = self.facts
-        if self.loop.is_accelerate_prepare(call):
-            argument = argument_of(call, "", 0)
-            return self._kind(argument, call, depth + 1) if argument is not None and len(call.args) == 1 else None
-        method = facts.method_name(call)
-        if isinstance(call.func, cst.Attribute) and method in SAME_MODEL_METHODS:
-            return self._kind(call.func.value, call, depth + 1)
-        if facts.is_instance_of(call, DATALOADER_CLASSES):
-            return "other"
-        names = facts.qualified_names(call.func) | {get_full_name_for_node(call.func) or ""}
-        for qualified in names:
-            if qualified.startswith(OPTIMIZER_FACTORIES) and "lr_scheduler" not in qualified:
-                return "optimizer" if _class_like(qualified.rsplit(".", 1)[-1]) else None
-            if qualified in MODEL_FACTORIES or qualified.startswith("torchvision.models."):
-                return "model"
-            parts = qualified.split(".")
-            if parts[-1] in {"from_pretrained", "from_config"} and len(parts) > 1:
-                parts = parts[:-1]
-            last = parts[-1]
-            if qualified.startswith("torch.nn.") and _class_like(last) and not qualified.startswith(NOT_MODULES):
-                return "model"
-            if parts[0] in {"transformers", "diffusers", "peft"} and _class_like(last) and _model_class(last):
-                return "model"
-        for cls in facts.classes:
-            if cls.name.value == get_full_name_for_node(call.func) and facts.derives_from(
-                cls,
-                lambda n: n in {"torch.nn.Module", "torch.nn.modules.module.Module"} or n.startswith("transformers."),
-            ):
-                return "model"
-        return None
-
     # -- is FSDP2 in force? -------------------------------------------------------------------
 
     def _fsdp2(self, call: cst.Call) -> str | None:
         """Where FSDP2 comes from for the Accelerator behind ``call``, or None when it is not (surely) in force."""
-        facts = self.facts
-        receiver = call.func.value
-        accelerators = [
-            o.node
-            for o in facts.origins(receiver, call)
-            if isinstance(o.node, cst.Call) and o.index is None and facts.callee_is(o.node, ACCELERATOR_CLASSES)
-        ]
-        if not accelerators:
-            everywhere = [c for c in facts.calls if facts.callee_is(c, ACCELERATOR_CLASSES)]
-            accelerators = everywhere if len(everywhere) == 1 else []
-        if not accelerators:
-            return self._launched_fsdp2()
-        found = [self._accelerator_fsdp2(accelerator) for accelerator in accelerators]
+        found = [self._accelerator_fsdp2(a) for a in accelerators_behind(self.facts, call.func.value, call)]
         return found[0] if all(found) else None
 
-    def _accelerator_fsdp2(self, accelerator: cst.Call) -> str | None:
-        facts = self.facts
+    def _accelerator_fsdp2(self, accelerator: cst.Call | None) -> str | None:
+        if accelerator is None:
+            return self._launched_fsdp2()
         if any(arg.star == "**" for arg in accelerator.args):
             return None
         cpu = argument_of(accelerator, "cpu", None)
-        if cpu is not None and not (isinstance(cpu, cst.Name) and cpu.value == "False"):
+        if cpu is not None and not is_name(cpu, "False"):
             return None  # `cpu=True` runs no FSDP (and an unreadable value may)
         if argument_of(accelerator, "deepspeed_plugin", None) or argument_of(accelerator, "deepspeed_plugins", None):
             return None  # DeepSpeed wins over FSDP in AcceleratorState
-        value = argument_of(accelerator, "fsdp_plugin", None)
-        if value is None:
-            return self._launched_fsdp2()
-        wheres = []
-        for origin in facts.origins(value, accelerator):
-            node = origin.node
-            if isinstance(node, cst.Name) and node.value == "None" and origin.index is None:
-                wheres.append(None)  # the plugin then comes from the launch
-                continue
-            if origin.index is not None or not isinstance(node, cst.Call) or not facts.callee_is(node, PLUGIN_CLASSES):
-                return None
-            version, setting = plugin_version(facts, node, self.context.settings, self.context.text)
-            if version != 2:
-                return None
-            line = self.context.span(node).line
-            wheres.append(f"the plugin at line {line}" + (f", {_where(setting)}" if setting is not None else ""))
-        if None in wheres:
-            launched = self._launched_fsdp2()
-            if launched is None:
-                return None
-            wheres = [w or launched for w in wheres]
-        return wheres[0] if wheres else None
+        plugins = given_plugins(self.facts, accelerator, self.context.settings, self.context.text)
+        if plugins is None or any(p is not None and p[1] != 2 for p in plugins):
+            return None
+        launched = self._launched_fsdp2() if not plugins or None in plugins else ""  # the plugin from the launch
+        if launched is None:
+            return None
+        wheres = [
+            launched
+            if plugin is None
+            else f"the plugin at line {self.context.span(plugin[0]).line}"
+            + (f", {_where(plugin[2])}" if plugin[2] is not None else "")
+            for plugin in plugins
+        ]
+        return wheres[0] if wheres else launched
 
     def _launched_fsdp2(self) -> str | None:
         """FSDP with ``fsdp_version: 2`` selected by the launch that runs this script (no plugin in code)."""
-        settings = self.context.settings
-        backend = settings.distributed_type if settings is not None else None
-        if backend is None or str(backend.value).upper() != "FSDP":
-            return None
-        setting = launched_version(settings)
-        if setting is None or str(setting.value).strip() != "2":
-            return None
-        return _where(setting)
+        launched = launched_fsdp(self.context.settings)
+        return _where(launched[1]) if launched is not None and launched[0] == 2 else None
 
     # -- the message ----------------------------------------------------------------------------
 
@@ -429,21 +297,6 @@ model = accelerator.prepare(model)
             "ValueError; pass the model and its optimizer in one call "
             "(`model, optimizer = accelerator.prepare(model, optimizer)`)"
         )
-
-
-def _model_name(name: str) -> bool:
-    if name.endswith(NOT_MODEL_SUFFIXES) or name.startswith(("num_", "n_")):
-        return False
-    return name in MODEL_NAMES or name.endswith(("model", "_net")) or name.startswith("model_")
-
-
-def _model_class(name: str) -> bool:
-    """A transformers/diffusers/peft model class: `LlamaForCausalLM`, `AutoModel`, `UNet2DConditionModel`."""
-    return "Model" in name or "For" in name[1:] or name.startswith(("UNet", "Autoencoder"))
-
-
-def _class_like(name: str) -> bool:
-    return name[:1].isupper() and any(c.islower() for c in name)
 
 
 def _where(setting) -> str:

@@ -18,13 +18,12 @@ from dataclasses import replace
 import libcst as cst
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
-from lintdist.fsdp import PLUGIN_CLASSES, plugin_version
+from lintdist.fsdp import given_plugins, launched_fsdp
 from lintdist.launch import (
     LaunchSettings,
     Setting,
     command_settings,
     config_settings,
-    launched_version,
     linked_config,
     number,
     parallelism_exported,
@@ -32,6 +31,7 @@ from lintdist.launch import (
     switched_on,
     written,
 )
+from lintdist.literals import is_name
 from lintdist.model import Severity
 from lintdist.parallelism import PARALLELISM_CONFIGS, SIZE_POSITIONS
 from lintdist.rule import Invalid, Rule, Valid
@@ -275,15 +275,13 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
             return None
         line = self.context.span(accelerator).line
         plugin = argument_of(accelerator, "fsdp_plugin", None)
-        if plugin is not None and not (isinstance(plugin, cst.Name) and plugin.value == "None"):
-            origins = facts.origins(plugin, accelerator)
-            calls = [o.node for o in origins if o.index is None and isinstance(o.node, cst.Call)]
-            if not origins or len(calls) != len(origins) or not all(facts.callee_is(c, PLUGIN_CLASSES) for c in calls):
+        if plugin is not None and not is_name(plugin, "None"):
+            plugins = given_plugins(facts, accelerator, settings, self.context.text)
+            if not plugins or None in plugins:
                 return None  # maybe None on some path, or a plugin made where lintdist cannot see
-            versions = [plugin_version(facts, c, settings, self.context.text) for c in calls]
-            if any(version != 1 for version, _ in versions):
+            if any(version != 1 for _, version, _ in plugins):
                 return None
-            where = next((s for _, s in versions if s is not None), None)
+            where = next((s for _, _, s in plugins if s is not None), None)
             source = f"from {_where(where)}" if where else "`fsdp_version` is not given and accelerate's default is 1"
             what = f"the FSDP plugin given to the `Accelerator` at line {line} is FSDP1 ({source})"
             return f"{what}: on a multi-GPU launch {RAISES_FSDP1}; {ADVICE}: pass `fsdp_version=2`{_unknown(devices)}"
@@ -381,14 +379,14 @@ def _device_count(settings: LaunchSettings | None) -> bool | None:
 def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
     """The FSDP plugin the ``Accelerator`` builds from the launch: (2 or 1, where it is said), (None, where the
     backend is said) when it builds none; None where the backend is not the multi-device path or unknown."""
+    launched = launched_fsdp(settings)
+    if launched is not None:
+        version, setting = launched
+        if setting.name != "fsdp_version":  # no version said: the backend setting
+            return 1, f"{_where(setting)} without `fsdp_version`: accelerate's default is 1"
+        return (version, _where(setting)) if version is not None else None
     backend = settings.distributed_type
     name = str(backend.value).upper() if backend is not None else None
-    if name == "FSDP":
-        setting = launched_version(settings)
-        if setting is None:
-            return 1, f"{_where(backend)} without `fsdp_version`: accelerate's default is 1"
-        value = number(setting)
-        return (value, _where(setting)) if value in {1, 2} else None
     if name in MULTI_DEVICE:
         return None, _where(backend)
     if name is None and settings.get("num_processes") is not None:

@@ -10,7 +10,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import argument_of, string_key
 from lintdist.loop import is_loss_field, string_literal
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.parallelism import parallelism_size
+from lintdist.parallelism import mesh_accelerator, parallelism_size
 from lintdist.rule import Invalid, Rule, Valid
 
 RUNTIME_IMPORT = ("lintdist.runtime", "sequence_parallel_group")
@@ -198,7 +198,7 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
         for node in facts.index.nodes(cst.Subscript):
             if not self._names_sp(node):
                 continue
-            accelerator = self._accelerator_of(node.value, node)
+            accelerator = mesh_accelerator(self.facts, node.value, node)
             if accelerator is None or self._guarded(node, node.value):
                 continue
             parent = facts.parent(node)
@@ -222,7 +222,7 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
             dim = argument_of(call, keyword, 0) if keyword else None
             if dim is None or string_literal(dim, facts, call) != "sp":
                 continue
-            accelerator = self._accelerator_of(func.value, call)
+            accelerator = mesh_accelerator(facts, func.value, call)
             if accelerator is None or self._guarded(call, func.value):
                 continue
             self._report(call, accelerator, yields_group=func.attr.value == "get_group")
@@ -231,41 +231,6 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return False
         return string_literal(node.slice[0].slice.value, self.facts, node) == "sp"
-
-    # -- the mesh, reached through the accelerator ---------------------------------------------------
-
-    def _accelerator_of(
-        self, expr: cst.BaseExpression, at: cst.CSTNode
-    ) -> tuple[cst.BaseExpression, cst.CSTNode] | None:
-        """(the accelerator expression, where it is written) when ``expr`` is accelerate's device mesh:
-        ``acc.torch_device_mesh``, ``acc.state.device_mesh``, or a name or attribute bound to one of them."""
-        direct = self._mesh_owner(expr, at)
-        if direct is not None:
-            return direct, expr
-        if isinstance(expr, (cst.Name, cst.Attribute)):
-            for origin in self.facts.origins(expr, at):
-                node = origin.node
-                if origin.index is None and isinstance(node, cst.Attribute):
-                    owner = self._mesh_owner(node, node)
-                    if owner is not None:
-                        return owner, node
-        return None
-
-    def _mesh_owner(self, expr: cst.BaseExpression, at: cst.CSTNode) -> cst.BaseExpression | None:
-        facts = self.facts
-        if not isinstance(expr, cst.Attribute):
-            return None
-        if expr.attr.value == "torch_device_mesh" and facts.accelerator_like(expr.value, at):
-            return expr.value
-        state = expr.value
-        if (
-            expr.attr.value == "device_mesh"
-            and isinstance(state, cst.Attribute)
-            and state.attr.value == "state"
-            and facts.accelerator_like(state.value, at)
-        ):
-            return state.value
-        return None
 
     def _guarded(self, node: cst.CSTNode, mesh: cst.BaseExpression) -> bool:
         """Under a condition about the mesh or the SP backend, or in a ``try`` with a handler."""

@@ -12,8 +12,10 @@ from lintdist.fsdp import (
     config_version,
     fsdp_config_settings,
     fsdp_section,
+    given_plugins,
     is_local_state_dict,
     launch_settings,
+    launched_fsdp,
     normalised_key,
     plugin_version,
     runs_fsdp,
@@ -105,3 +107,28 @@ def test_plugin_version_without_a_keyword_comes_from_the_launch():
     assert plugin_version(facts, call, settings, text) == (None, None)
     facts, call, text = _plugin('os.environ["FSDP_VERSION"] = "2"\nFullyShardedDataParallelPlugin()\n')
     assert plugin_version(facts, call, settings, text) == (None, None)
+
+
+def test_launched_fsdp_defaults_to_version_one():
+    settings = LaunchSettings()
+    assert launched_fsdp(settings) is None
+    settings.set(Setting("distributed_type", "FSDP", "c.yaml", 1, 1, "yaml"))
+    assert launched_fsdp(settings)[0] == 1
+    settings.set(Setting("fsdp_version", "2", "c.yaml", 3, 3, "yaml"))
+    version, setting = launched_fsdp(settings)
+    assert (version, setting.line) == (2, 3)
+
+
+def test_given_plugins():
+    facts, _call, text = _plugin(
+        """\
+        from accelerate import Accelerator, FullyShardedDataParallelPlugin
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2) if big else None
+        Accelerator(fsdp_plugin=plugin)
+        """
+    )
+    accelerator = facts.accelerator_constructions[0]
+    found = given_plugins(facts, accelerator, None, text)
+    assert sorted(str(p[1]) if p else "none" for p in found) == ["2", "none"]
+    assert given_plugins(facts, cst.parse_expression("Accelerator()"), None, text) == []
+    assert given_plugins(facts, cst.parse_expression("Accelerator(fsdp_plugin=make())"), None, text) is None

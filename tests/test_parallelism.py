@@ -9,7 +9,14 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings, Setting
 from lintdist.names import NameResolver
-from lintdist.parallelism import Size, accelerator_configs, context_parallel_call, launch_size, parallelism_size
+from lintdist.parallelism import (
+    Size,
+    accelerator_configs,
+    context_parallel_call,
+    launch_size,
+    mesh_accelerator,
+    parallelism_size,
+)
 from lintdist.syntax import SyntaxIndex
 
 
@@ -95,3 +102,20 @@ def test_context_parallel_calls_by_accelerator_torch_or_a_bound_name():
         "context_parallel",
         None,
     ]
+
+
+def test_mesh_accelerator_follows_the_mesh_back_to_its_accelerator():
+    facts = _facts(
+        """\
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        mesh = accelerator.torch_device_mesh
+        mesh["sp"]
+        accelerator.state.device_mesh["dp"]
+        other.device_mesh["sp"]
+        """
+    )
+    code = facts.index.module.code_for_node
+    found = [mesh_accelerator(facts, s.value, s) for s in facts.index.nodes(cst.Subscript)]
+    assert [code(f[0]) if f else None for f in found] == ["accelerator", "accelerator", None]
+    assert code(found[0][1]) == "accelerator.torch_device_mesh"
