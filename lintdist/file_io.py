@@ -58,7 +58,11 @@ def written_file(facts: PythonFacts, call: cst.Call) -> tuple[cst.BaseExpression
         flag = _keyword(call, "is_main_process")
         main_only = flag is not None and not (isinstance(flag, cst.Name) and flag.value == "True")
         return (path, main_only) if path is not None else None
-    if name in MAIN_ONLY_WRITES and isinstance(call.func, cst.Attribute) and facts.is_accelerator(call.func.value, call):
+    if (
+        name in MAIN_ONLY_WRITES
+        and isinstance(call.func, cst.Attribute)
+        and facts.is_accelerator(call.func.value, call)
+    ):
         path = argument_of(call, *MAIN_ONLY_WRITES[name])
         return (path, True) if path is not None else None
     if name in {"save", "save_file"}:
