@@ -187,3 +187,14 @@ def imported_name(facts: PythonFacts, qualified: frozenset[str], fallback: tuple
     if names.module_bindings(fallback[1]):
         return None, ()
     return fallback[1], (fallback,)
+
+
+def main_process_test(facts: PythonFacts, at: cst.CSTNode, accelerator: str | None = None) -> str | None:
+    """A test true on the main process only, as the script would spell it where ``at`` is: its Accelerator's
+    ``is_main_process`` (``accelerator``, when the caller knows it), else rank 0 of ``torch.distributed`` (or no
+    process group at all); None when neither is in sight."""
+    accelerator = accelerator or accelerator_at(facts, at)
+    if accelerator is not None:
+        return f"{accelerator}.is_main_process"
+    alias = distributed_at(facts, at)
+    return f"not {alias}.is_initialized() or {alias}.get_rank() == 0" if alias is not None else None
