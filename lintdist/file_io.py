@@ -175,3 +175,11 @@ def _keyword(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
 
 def _last_name(func: cst.BaseExpression) -> str:
     return (get_full_name_for_node(func) or "").rsplit(".", 1)[-1]
+
+
+def saved_on_main_only(facts: PythonFacts, argument: cst.Arg) -> bool:
+    """``argument`` is the object of an Accelerator's ``save(obj, path)``, which writes it on the main process only."""
+    call = facts.parent(argument)
+    if not isinstance(call, cst.Call) or facts.method_name(call) != "save" or argument is not call.args[0]:
+        return False
+    return isinstance(call.func, cst.Attribute) and facts.is_accelerator(call.func.value, call)
