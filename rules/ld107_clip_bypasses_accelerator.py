@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.blocks import guarded_line, lone_call_line
 from lintdist.facts import argument_of
 from lintdist.loop import DEEPSPEED_PLUGINS, TORCH_CLIPS, StepSite
 from lintdist.model import Applicability, Fix, Severity
@@ -372,20 +373,13 @@ for batch in loader:
     def _wrap(self, call: cst.Call, accelerator: str, new_call: cst.Call) -> tuple[cst.CSTNode, cst.CSTNode] | None:
         """``if <accelerator>.sync_gradients:`` around the clip's line, when the clip is that line's only statement
         and its result is not kept."""
-        facts = self.facts
-        expression = facts.parent(call)
-        line = facts.parent(expression)
-        if not (isinstance(expression, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+        line = lone_call_line(self.facts, call)
+        if line is None:
             return None
         inner = line.with_changes(
-            leading_lines=(), body=(expression.with_changes(value=new_call, semicolon=cst.MaybeSentinel.DEFAULT),)
+            body=(line.body[0].with_changes(value=new_call, semicolon=cst.MaybeSentinel.DEFAULT),)
         )
-        guard = cst.If(
-            test=cst.parse_expression(f"{accelerator}.sync_gradients"),
-            body=cst.IndentedBlock(body=(inner,)),
-            leading_lines=line.leading_lines,
-        )
-        return line, guard
+        return line, guarded_line(inner, f"{accelerator}.sync_gradients")
 
     # -- DeepSpeed -----------------------------------------------------------------------------------
 
