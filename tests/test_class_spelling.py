@@ -48,3 +48,18 @@ def test_unused_name_in_a_scope():
     function = index.nodes(cst.FunctionDef)[0]
     assert unused_name(facts, function, ("token_windows", "loss_windows")) == "loss_windows"
     assert unused_name(facts, function, ("token_windows",)) is None
+
+
+def test_main_process_test_spelled_as_the_script_would() -> None:
+    from lintdist.spelling import main_process_test
+
+    def facts_of(code: str) -> PythonFacts:
+        index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+        return PythonFacts(index, NameResolver(index))
+
+    accelerate = facts_of("from accelerate import Accelerator\naccelerator = Accelerator()\nsave()\n")
+    assert main_process_test(accelerate, accelerate.calls[-1]) == "accelerator.is_main_process"
+    assert main_process_test(accelerate, accelerate.calls[-1], "self.acc") == "self.acc.is_main_process"
+    raw = facts_of("import torch.distributed as dist\nsave()\n")
+    assert main_process_test(raw, raw.calls[-1]) == "not dist.is_initialized() or dist.get_rank() == 0"
+    assert main_process_test(facts_of("save()\n"), facts_of("save()\n").calls[-1]) is None
