@@ -48,3 +48,13 @@ def reached_units(facts: PythonFacts, root: cst.FunctionDef | None) -> set[int]:
                     pending.extend(facts.reachable_calls(function))
         memo[id(root)] = units
     return memo[id(root)]
+
+
+def registered(facts: PythonFacts, function: cst.FunctionDef) -> bool:
+    """``function`` is handed by name to a ``register_*`` call (a hook: whoever fires it decides where it runs)."""
+    name = function.name.value
+    return any(
+        (facts.method_name(call) or "").startswith("register_")
+        and any(isinstance(a.value, cst.Name) and a.value.value == name for a in call.args)
+        for call in facts.calls
+    )

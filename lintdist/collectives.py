@@ -204,3 +204,33 @@ def _under_gathering_state_dict_type(facts: PythonFacts, call: cst.Call) -> bool
         if isinstance(ancestor, cst.With)
         for item in ancestor.items
     )
+
+
+# Calls that make an expression collective under some backend (gathers, sharded state dicts, barriers), by name.
+GATHERING_METHODS = frozenset(
+    {"get_state_dict", "gather", "gather_for_metrics", "gather_object", "reduce", "all_gather", "all_reduce"}
+    | {"broadcast", "full_optim_state_dict", "optim_state_dict", "sharded_optim_state_dict", "get_model_state_dict"}
+    | {"get_optimizer_state_dict", "wait_for_everyone"}
+)
+
+
+def may_gather(facts: PythonFacts, expr: cst.CSTNode | None, sharded: bool) -> bool:
+    """``expr`` calls something that is collective under some backend, by its name: a gather or reduction, a
+    sharded state-dict getter, a barrier, or a ``state_dict()`` where the model is sharded (``sharded``, or an FSDP
+    wrapper in this file). Such code must run on every rank."""
+    if expr is None:
+        return False
+    for call in {id(c): c for c in [expr, *facts.within(expr, cst.Call)] if isinstance(c, cst.Call)}.values():
+        name = facts.method_name(call) or (call.func.value if isinstance(call.func, cst.Name) else None)
+        if name in GATHERING_METHODS:
+            return True
+        if name == "state_dict" and (sharded or _fsdp_wrapped(facts)):
+            return True
+    return False
+
+
+def _fsdp_wrapped(facts: PythonFacts) -> bool:
+    return any(
+        any("FullyShardedDataParallel" in q or "fully_shard" in q for q in facts.qualified_names(call.func))
+        for call in facts.wrapped_models()
+    )

@@ -83,3 +83,20 @@ def _builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ..
         )
         for call in facts.calls
     )
+
+
+DEEPSPEED_PLACEHOLDERS = frozenset(
+    f"accelerate.utils{module}.{name}" for module in ("", ".deepspeed") for name in ("DummyOptim", "DummyScheduler")
+)
+
+
+def builds_deepspeed_placeholders(facts: PythonFacts) -> bool:
+    """The script builds accelerate's ``DummyOptim``/``DummyScheduler``, the placeholders for an optimizer and a
+    scheduler a DeepSpeed config defines: it runs under DeepSpeed."""
+    if "deepspeed placeholders" not in facts._memo:
+        facts._memo["deepspeed placeholders"] = any(
+            facts.method_name(call) in {"DummyOptim", "DummyScheduler"}
+            and facts.callee_is(call, DEEPSPEED_PLACEHOLDERS)
+            for call in facts.calls
+        )
+    return facts._memo["deepspeed placeholders"]

@@ -187,3 +187,29 @@ def imported_name(facts: PythonFacts, qualified: frozenset[str], fallback: tuple
     if names.module_bindings(fallback[1]):
         return None, ()
     return fallback[1], (fallback,)
+
+
+def main_process_test(facts: PythonFacts, at: cst.CSTNode, accelerator: str | None = None) -> str | None:
+    """A test true on the main process only, as the script would spell it where ``at`` is: its Accelerator's
+    ``is_main_process`` (``accelerator``, when the caller knows it), else rank 0 of ``torch.distributed`` (or no
+    process group at all); None when neither is in sight."""
+    accelerator = accelerator or accelerator_at(facts, at)
+    if accelerator is not None:
+        return f"{accelerator}.is_main_process"
+    alias = distributed_at(facts, at)
+    return f"not {alias}.is_initialized() or {alias}.get_rank() == 0" if alias is not None else None
+
+
+def variable_spelled(facts: PythonFacts, name: str) -> bool:
+    """Some module-level or local name of the file is spelled ``name`` (read or bound, a function's name included):
+    a name a fix imports would shadow it or be shadowed. Attributes, keywords and methods do not count."""
+    for node in facts.index.nodes(cst.Name):
+        if node.value != name or not facts.is_variable(node):
+            continue
+        parent = facts.parent(node)
+        if not (isinstance(parent, cst.FunctionDef) and parent.name is node):
+            return True
+        body = facts.parent(parent)  # a method: a function of a class body
+        if not (body is not None and isinstance(facts.parent(body), cst.ClassDef)):
+            return True
+    return False

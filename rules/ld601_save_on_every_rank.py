@@ -3,143 +3,25 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
+from lintdist.blocks import guarded_line, lone_call_line
+from lintdist.callgraph import registered
+from lintdist.collectives import may_gather
 from lintdist.edits import with_keyword_last
-from lintdist.facts import DATALOADER_CLASSES, RANK_GETTERS, RANK_NAMES, PythonFacts, argument_of
+from lintdist.facts import argument_of
+from lintdist.file_io import TORCH_SAVES, in_memory, per_item_path
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.pretrained import pretrained_kind
+from lintdist.rank_reads import rank_tested, reads_rank
 from lintdist.rule import Invalid, Pattern, Rule, Valid
+from lintdist.spelling import main_process_test
 
-TORCH_SAVES = frozenset({"torch.save", "torch.serialization.save"})
-BUFFERS = frozenset({"io.BytesIO", "io.StringIO"})
-PEFT_MAKERS = frozenset(
-    {
-        "peft.get_peft_model",
-        "peft.mapping.get_peft_model",
-        "peft.mapping_func.get_peft_model",
-        "peft.PeftModel.from_pretrained",
-        "peft.PeftModelForCausalLM.from_pretrained",
-        "peft.peft_model.PeftModel.from_pretrained",
-    }
-)
-# Parts of a class name (or, failing an origin, of a variable's name) that say it is not a model: its
-# `save_pretrained` writes on every process in every transformers version.
-NON_MODEL_PARTS = ("tokenizer", "processor", "config", "featureextractor", "feature_extractor")
-# Calls in a saved expression that make it a collective somewhere (gathers, sharded state dicts): such a save
-# must stay on every rank, so it is never put under a rank test.
-GATHERING_METHODS = frozenset(
-    {
-        "get_state_dict",
-        "gather",
-        "gather_for_metrics",
-        "gather_object",
-        "reduce",
-        "all_gather",
-        "all_reduce",
-        "broadcast",
-        "full_optim_state_dict",
-        "optim_state_dict",
-        "sharded_optim_state_dict",
-        "get_model_state_dict",
-        "get_optimizer_state_dict",
-        "wait_for_everyone",
-    }
-)
 SHARDED = frozenset({"FSDP", "DEEPSPEED"})
-
-
-# -- helpers shared with LD602 --------------------------------------------------------------------
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
-def mentions_rank(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
-    """``expr`` reads the process's rank: a rank name, a rank getter, ``"RANK"``, or a name bound to such."""
-    if expr is None:
-        return False
-    for node in [expr, *facts.within(expr, cst.Name, cst.Attribute, cst.Call, cst.SimpleString)]:
-        if isinstance(node, cst.Name) and node.value in RANK_NAMES:
-            return True
-        if isinstance(node, cst.Attribute) and node.attr.value in RANK_NAMES:
-            return True
-        if isinstance(node, cst.Call) and facts.method_name(node) in RANK_GETTERS:
-            return True
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in RANK_GETTERS:
-            return True
-        if isinstance(node, cst.SimpleString) and "RANK" in node.value:
-            return True
-    if depth < 2:
-        names = {id(n): n for n in [expr, *facts.within(expr, cst.Name)] if isinstance(n, cst.Name)}
-        for name in names.values():
-            for binding in facts.bindings(name.value, at):
-                if binding.value is not expr and mentions_rank(facts, binding.value, binding.statement, depth + 1):
-                    return True
-    return False
-
-
-def rank_tested(facts: PythonFacts, node: cst.CSTNode, depth: int = 0) -> bool:
-    """An ``if`` whose test reads the rank in a way ``facts.rank_guard`` does not parse (``args.rank % ngpus == 0``)
-    stands around ``node``, or around every call of its function in this file."""
-    child = node
-    for ancestor in facts.ancestors(node):
-        if (
-            isinstance(ancestor, (cst.If, cst.While))
-            and child is not ancestor.test
-            and mentions_rank(facts, ancestor.test, ancestor, depth=2)
-        ):
-            return True
-        if isinstance(ancestor, cst.FunctionDef):
-            sites = facts.call_sites(ancestor)
-            return depth < 3 and bool(sites) and all(rank_tested(facts, site, depth + 1) for site in sites)
-        child = ancestor
-    return False
-
-
-def gathers(rule: Rule, expr: cst.CSTNode | None) -> bool:
-    """``expr`` calls something that is collective under some backend."""
-    if expr is None:
-        return False
-    facts = rule.facts
-    for call in facts.within(expr, cst.Call) + ([expr] if isinstance(expr, cst.Call) else []):
-        name = facts.method_name(call) or (call.func.value if isinstance(call.func, cst.Name) else None)
-        if name in GATHERING_METHODS:
-            return True
-        if name == "state_dict" and (rule.loop.backend in SHARDED or _fsdp_wrapped(rule)):
-            return True
-    return False
-
-
-def _fsdp_wrapped(rule: Rule) -> bool:
-    facts = rule.facts
-    return any(
-        any("FullyShardedDataParallel" in q or "fully_shard" in q for q in facts.qualified_names(call.func))
-        for call in facts.wrapped_models()
-    )
-
-
-def guarded_statement(statement: cst.SimpleStatementLine, test: str) -> cst.If:
-    """``statement`` under ``if <test>:``, its comments and blank lines kept in front of the ``if``."""
-    return cst.If(
-        test=cst.parse_expression(test),
-        body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
-        leading_lines=statement.leading_lines,
-    )
-
-
-def lone_statement(facts, call: cst.Call) -> cst.SimpleStatementLine | None:
-    """The line ``call`` is the whole of (``torch.save(...)`` alone on its line, in an indented block)."""
-    expr = facts.parent(call)
-    line = facts.parent(expr) if isinstance(expr, cst.Expr) else None
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-        return None
-    if not isinstance(facts.parent(line), (cst.IndentedBlock, cst.Module)):
-        return None
-    return line
-
-
-# -- the rule -------------------------------------------------------------------------------------
+WHAT = {
+    "model": "a model's `save_pretrained` (transformers < 5 writes on every process unless told otherwise)",
+    "peft": "a PEFT model's `save_pretrained` (peft writes on every process unless `is_main_process=False`)",
+    "other": "a tokenizer's, processor's or config's `save_pretrained`",
+}
 
 
 class SaveOnEveryRank(Rule):
@@ -379,16 +261,13 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
 
     def finish(self) -> None:
         facts = self.facts
-        loop = self.loop
-        if not loop.distributed and facts.project is None:
+        if not self.loop.distributed and facts.project is None:
             return  # a module that sets up no processes is checked for the runs its callers elsewhere set up
         for call in facts.calls:
             if facts.callee_is(call, TORCH_SAVES):
                 self._check_torch_save(call)
             elif facts.method_name(call) == "save_pretrained" and isinstance(call.func, cst.Attribute):
                 self._check_save_pretrained(call)
-
-    # -- torch.save -------------------------------------------------------------------------
 
     def _check_torch_save(self, call: cst.Call) -> None:
         obj = argument_of(call, "obj", 0)
@@ -400,24 +279,19 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             return
         message = f"`torch.save` runs on every process{evidence}: they all write the same file at once"
         accelerator = self.facts.accelerator_at(call)
+        if accelerator is None:
+            self.report(call, message + "; write it on rank 0 only", fix=self._guard_fix(call, obj))
+            return
         fix = None
-        if accelerator is not None:
-            extra = [a for a in call.args if a.keyword is not None and a.keyword.value not in {"obj", "f"}]
-            positional = [a for a in call.args if a.keyword is None]
-            if not extra and len(positional) <= 2 and not any(a.star for a in call.args):
-                new = call.with_changes(func=cst.parse_expression(f"{accelerator}.save"))
-                fix = Fix(
-                    Applicability.SAFE,
-                    f"Use `{accelerator}.save(...)`, which writes on the main process only",
-                    replacements=((call, new),),
-                )
-            message += f"; use `{accelerator}.save(obj, path)`, which writes on the main process only"
-        else:
-            fix = self._guard_fix(call, obj)
-            message += "; write it on rank 0 only"
+        if all(a.keyword is None or a.keyword.value in {"obj", "f"} for a in call.args) and len(call.args) <= 2:
+            new = call.with_changes(func=cst.parse_expression(f"{accelerator}.save"))
+            fix = Fix(
+                Applicability.SAFE,
+                f"Use `{accelerator}.save(...)`, which writes on the main process only",
+                replacements=((call, new),),
+            )
+        message += f"; use `{accelerator}.save(obj, path)`, which writes on the main process only"
         self.report(call, message, fix=fix)
-
-    # -- save_pretrained --------------------------------------------------------------------
 
     def _check_save_pretrained(self, call: cst.Call) -> None:
         if any(a.keyword is not None and a.keyword.value == "is_main_process" for a in call.args):
@@ -426,20 +300,10 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         evidence = self._every_rank(call)
         if evidence is None or (path is not None and self._local_target(path, call)):
             return
-        receiver = call.func.value
-        kind = self._kind(receiver, call)
-        if kind == "model":
-            if self.versions.allows("transformers", "<5") is not True:
-                return  # transformers 5 writes a model on global rank 0 only; unknown pins: not reported
-            what = "a model's `save_pretrained` (transformers < 5 writes on every process unless told otherwise)"
-        elif kind == "peft":
-            what = "a PEFT model's `save_pretrained` (peft writes on every process unless `is_main_process=False`)"
-        elif kind == "other":
-            what = "a tokenizer's, processor's or config's `save_pretrained`"
-        else:
-            return
+        kind = pretrained_kind(self.facts, call.func.value, call)
+        if kind is None or (kind == "model" and self.versions.allows("transformers", "<5") is not True):
+            return  # transformers 5 writes a model on global rank 0 only; unknown pins: not reported
         accelerator = self.facts.accelerator_at(call)
-        state_dict = argument_of(call, "state_dict", None)
         if kind == "peft" and accelerator is not None:
             # peft gates every write on this argument; the call stays on every rank (its arguments may gather)
             new = with_keyword_last(call, "is_main_process", cst.parse_expression(f"{accelerator}.is_main_process"))
@@ -449,13 +313,14 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 replacements=((call, new),),
             )
         else:
-            fix = self._guard_fix(call, state_dict, accelerator)
+            fix = self._guard_fix(call, argument_of(call, "state_dict", None), accelerator)
         test = f"{accelerator}.is_main_process" if accelerator else "rank 0"
         remedy = f"call it under `if {test}:`"
         if kind != "other":
             remedy = f"pass `is_main_process={test}`" if accelerator else f"pass `is_main_process=` (true on {test})"
             if kind == "model":
                 remedy += " and `save_function=accelerator.save`, or " + f"call it under `if {test}:`"
+        what = WHAT[kind]
         self.report(
             call,
             f"{what[0].upper()}{what[1:]} runs on every process{evidence}: they all write the same files at once; "
@@ -463,47 +328,12 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             fix=fix,
         )
 
-    def _kind(self, receiver: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
-        """ "other" (tokenizer, processor, config), "peft", "model", or None when nothing says."""
-        facts = self.facts
-        if isinstance(receiver, cst.Call) and facts.method_name(receiver) == "unwrap_model" and receiver.args:
-            return self._kind(receiver.args[0].value, at, depth + 1)
-        found = None
-        for origin in facts.origins(receiver, at):
-            node = origin.node
-            if not isinstance(node, cst.Call):
-                continue
-            if facts.method_name(node) == "unwrap_model" and node.args and depth < 2:
-                inner = self._kind(node.args[0].value, node, depth + 1)
-                if inner is not None:
-                    found = found or inner
-                continue
-            names = facts.qualified_names(node.func)
-            if names & PEFT_MAKERS:
-                return "peft"
-            lowered = " ".join(names).lower().replace("_", "")
-            if any(part.replace("_", "") in lowered for part in NON_MODEL_PARTS):
-                found = found or "other"
-            elif any(n.startswith("transformers.") for n in names):
-                found = found or "model"
-        if found:
-            return found
-        last = get_full_name_for_node(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
-        last = (last or "").rsplit(".", 1)[-1].lower()
-        if any(part in last for part in NON_MODEL_PARTS):
-            return "other"
-        if "peft" in last:
-            return "peft"
-        return None  # a model of unknown library (diffusers, timm...) or an unknown object: not reported
-
-    # -- shared -----------------------------------------------------------------------------
-
     def _every_rank(self, call: cst.Call) -> str | None:
         """None unless every process of a distributed run reaches ``call``; else what a message adds as evidence:
         nothing where this module sets the run up, the callers' places where another module does (a helper)."""
         facts = self.facts
         function = facts.enclosing_function(call)
-        if function is not None and self._registered(function):
+        if function is not None and registered(facts, function):
             return None  # a hook (`register_save_state_pre_hook(fn)`): its caller decides which ranks run it
         reach = facts.all_ranks_reach(call, some_path=True)
         if reach.value is not True or rank_tested(facts, call):
@@ -516,83 +346,19 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         places = ", ".join(other.where(site) for other, site in callers)
         return f" (reached on every rank from {places}, a run of several processes)"
 
-    def _registered(self, function: cst.FunctionDef) -> bool:
-        facts = self.facts
-        name = function.name.value
-        for call in facts.calls:
-            method = facts.method_name(call) or ""
-            if method.startswith("register_") and any(
-                isinstance(a.value, cst.Name) and a.value.value == name for a in call.args
-            ):
-                return True
-        return False
-
-    def _loader(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        facts = self.facts
-        if "loader" in (get_full_name_for_node(expr) or "").lower():
-            return True
-        return any(
-            isinstance(o.node, cst.Call)
-            and (facts.callee_is(o.node, DATALOADER_CLASSES) or self.loop.is_accelerate_prepare(o.node))
-            for o in facts.origins(expr, at)
-        )
-
-    def _per_item(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """The path reads the variable of an enclosing loop over items that are not steps or batches
-        (``for image_path in image_paths:``): each item gets its own file, so ranks do not write the same one."""
-        facts = self.facts
-        reads = {n.value for n in facts.within(path, cst.Name)} | (
-            {path.value} if isinstance(path, cst.Name) else set()
-        )
-        for name in list(reads):
-            for binding in facts.bindings(name, at):
-                reads |= {n.value for n in facts.within(binding.value, cst.Name)}
-        for ancestor in facts.ancestors(at):
-            if not isinstance(ancestor, cst.For):
-                continue
-            targets = {n.value for n in facts.within(ancestor.target, cst.Name)}
-            if isinstance(ancestor.target, cst.Name):
-                targets.add(ancestor.target.value)
-            if not targets & reads:
-                continue
-            core = ancestor.iter
-            while (
-                isinstance(core, cst.Call)
-                and core.args
-                and ((get_full_name_for_node(core.func) or "").rsplit(".", 1)[-1] in {"enumerate", "tqdm", "iter"})
-            ):
-                core = core.args[0].value
-            if isinstance(core, cst.Call) and (get_full_name_for_node(core.func) or "") in {"range", "trange"}:
-                continue
-            if self._loader(core, ancestor):
-                continue
-            return True
-        return False
-
     def _local_target(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
-        """A per-rank file (the path reads the rank) or an in-memory buffer."""
-        if mentions_rank(self.facts, path, at) or self._per_item(path, at):
-            return True
+        """A per-rank file (the path reads the rank), one file per item of a loop, or an in-memory buffer."""
         facts = self.facts
-        return any(isinstance(o.node, cst.Call) and facts.callee_is(o.node, BUFFERS) for o in facts.origins(path, at))
+        return reads_rank(facts, path, at) or per_item_path(facts, self.loop, path, at) or in_memory(facts, path, at)
 
     def _guard_fix(self, call: cst.Call, saved: cst.CSTNode | None, accelerator: str | None = None) -> Fix | None:
         """Put the call's line under a main-process test, when nothing in it is collective."""
         facts = self.facts
-        line = lone_statement(facts, call)
-        if line is None or gathers(self, call) or gathers(self, saved) or self.loop.backend in SHARDED:
+        line = lone_call_line(facts, call)
+        sharded = self.loop.backend in SHARDED
+        if line is None or sharded or may_gather(facts, call, False) or may_gather(facts, saved, False):
             return None
-        if accelerator is None:
-            accelerator = self.facts.accelerator_at(call)
-        if accelerator is not None:
-            test = f"{accelerator}.is_main_process"
-        else:
-            alias = self.facts.distributed_at(call)
-            if alias is None:
-                return None
-            test = f"not {alias}.is_initialized() or {alias}.get_rank() == 0"
-        return Fix(
-            Applicability.SAFE,
-            f"Run it under `if {test}:`",
-            replacements=((line, guarded_statement(line, test)),),
-        )
+        test = main_process_test(facts, call, accelerator)
+        if test is None:
+            return None
+        return Fix(Applicability.SAFE, f"Run it under `if {test}:`", replacements=((line, guarded_line(line, test)),))

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of
+from lintdist.file_io import TORCH_SAVES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.rules.ld601_save_on_every_rank import TORCH_SAVES, code_of
+from lintdist.state_dicts import loaded_into, prefix_stripped_when_alone, state_dict_calls, unwrapped
 from lintdist.wrappers import is_wrapped, wrapper_kind
 
 COMPILES = frozenset({"torch.compile"})
-# What strips a wrapper: the saved model is already the plain module.
-UNWRAPPING_ATTRIBUTES = frozenset({"module", "_orig_mod"})
 SHARDED = frozenset({"FSDP", "DEEPSPEED"})
 
 
@@ -164,69 +162,21 @@ if torch.distributed.get_rank() == 0:
             return
         seen: set[int] = set()
         for call in facts.calls:
-            if facts.callee_is(call, TORCH_SAVES):
-                pass
-            elif not (
+            accelerator_save = (
                 facts.method_name(call) == "save"
                 and isinstance(call.func, cst.Attribute)
                 and facts.accelerator_like(call.func.value, call)
-            ):
-                continue
+            )
             obj = argument_of(call, "obj", 0)
-            if obj is None:
+            if obj is None or not (accelerator_save or facts.callee_is(call, TORCH_SAVES)):
                 continue
-            for state_dict in self._state_dict_calls(obj, call):
+            for state_dict in state_dict_calls(facts, self.loop, obj, call):
                 if id(state_dict) not in seen:
                     seen.add(id(state_dict))
                     self._check(state_dict, call)
 
-    def _state_dict_calls(self, obj: cst.BaseExpression, at: cst.CSTNode) -> list[cst.Call]:
-        """The ``x.state_dict()`` calls the saved value is made of: in the expression, or in what a name holds."""
-        facts = self.facts
-        places: list[cst.CSTNode] = [obj]
-        if isinstance(obj, cst.Name):
-            binding = self.loop.binding_before(obj, at)
-            if binding is not None and not isinstance(binding, cst.AugAssign) and not binding[1]:
-                places.append(binding[0].value)
-        found = []
-        for place in places:
-            for call in [place, *facts.within(place, cst.Call)]:
-                if (
-                    isinstance(call, cst.Call)
-                    and facts.method_name(call) == "state_dict"
-                    and isinstance(call.func, cst.Attribute)
-                    and not call.args
-                    and call not in found
-                ):
-                    found.append(call)
-        return found
-
-    def _unwrapped(self, model: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> bool:
-        """``model`` is the plain module: ``x.module``, ``unwrap_model(x)``, or a name last bound to one."""
-        facts = self.facts
-        if isinstance(model, cst.Attribute) and model.attr.value in UNWRAPPING_ATTRIBUTES:
-            return True
-        if isinstance(model, cst.IfExp):  # `model.module if ddp else model`
-            return self._unwrapped(model.body, at, depth + 1) or self._unwrapped(model.orelse, at, depth + 1)
-        if isinstance(model, cst.Call):
-            return facts.method_name(model) == "unwrap_model" or (
-                isinstance(model.func, cst.Name) and model.func.value == "unwrap_model"
-            )
-        if isinstance(model, (cst.Name, cst.Attribute)) and depth < 3:
-            binding = self.loop.binding_before(model, at)
-            if binding is not None and not isinstance(binding, cst.AugAssign) and not binding[1]:
-                statement = binding[0]
-                if self._unwrapped(statement.value, statement, depth + 1):
-                    return True
-            # `if distributed: g = generator.module` / `else: g = generator`: a name some branch binds to the
-            # unwrapped module is the plain model on every path (stylegan2's `g_module`)
-            key = get_full_name_for_node(model)
-            bound = facts.bindings(key, at) if key else []
-            return any(b.index is None and self._unwrapped(b.value, b.statement, depth + 1) for b in bound)
-        return False
-
     def _report_loaded_back(self, model: cst.BaseExpression, loaded: str, state_dict: cst.Call) -> None:
-        target = code_of(model)
+        target = _code(model)
         into = f"`{target}` itself" if loaded == target else f"`{loaded}` (the same model as `{target}`)"
         # the file reads checkpoints back into the wrapped model: the prefix is what it expects there
         self.report(
@@ -237,61 +187,16 @@ if torch.distributed.get_rank() == 0:
             "load it into the unwrapped model)",
         )
 
-    def _loaded_back(self, model: cst.BaseExpression, at: cst.CSTNode) -> str | None:
-        """The wrapped model itself is loaded into: ``model.load_state_dict(...)``, or ``model`` handed to a
-        function whose name says it loads (``restart_from_checkpoint(..., state_dict=model)``)."""
-        facts = self.facts
-        keys = self._aliases(model, at)
-        for call in facts.calls:
-            func = call.func
-            if (
-                facts.method_name(call) == "load_state_dict"
-                and isinstance(func, cst.Attribute)
-                and code_of(func.value) in keys
-            ):
-                return code_of(func.value)
-            callee = (code_of(func).rsplit(".", 1)[-1]).lower()
-            if any(word in callee for word in ("load", "restore", "resume", "restart")):
-                for argument in call.args:
-                    if code_of(argument.value) in keys:
-                        return code_of(argument.value)
-        return None
-
-    def _aliases(self, model: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
-        """``model``'s spelling and the names it was plainly copied from (``original_model = model``, kept before
-        ``torch.compile``): a checkpoint loaded into one of them is loaded into the same wrapped model."""
-        keys = {code_of(model)}
-        current = model
-        for _ in range(3):
-            binding = self.loop.binding_before(current, at) if isinstance(current, (cst.Name, cst.Attribute)) else None
-            if binding is None or isinstance(binding, cst.AugAssign) or binding[1]:
-                break
-            statement = binding[0]
-            if not isinstance(statement.value, (cst.Name, cst.Attribute)):
-                break
-            current, at = statement.value, statement
-            keys.add(code_of(current))
-        return keys
-
-    def _prefix_stripped_when_alone(self) -> bool:
-        """The file strips the `module.` prefix from loaded keys only in a one-process run (open_clip's
-        `if not args.distributed and ...: sd = {k[len('module.'):]: v ...}`)."""
-        facts = self.facts
-        return any(
-            string.evaluated_value in {"module.", "module"} and facts.single_process_branch(string) is not None
-            for string in facts.index.nodes(cst.SimpleString)
-        )
-
     def _check(self, state_dict: cst.Call, save: cst.Call) -> None:
         facts = self.facts
         model = state_dict.func.value
-        if self._unwrapped(model, state_dict):
+        if unwrapped(facts, self.loop, model, state_dict):
             return
         compiled = any(facts.callee_is(call, COMPILES) for call in facts.calls)
-        target = code_of(model)
+        target = _code(model)
         if is_wrapped(self.facts, model, state_dict):
-            loaded = self._loaded_back(model, state_dict)
-            if loaded is not None and self._prefix_stripped_when_alone():
+            loaded = loaded_into(facts, self.loop, model, state_dict)
+            if loaded is not None and prefix_stripped_when_alone(facts):
                 return  # saved wrapped on purpose: resumed into the wrapper, stripped for a one-process run
             if loaded is not None:
                 self._report_loaded_back(model, loaded, state_dict)
@@ -317,7 +222,7 @@ if torch.distributed.get_rank() == 0:
             return
         if self.loop.prepared_model(model, state_dict) is None or self.loop.role(model, state_dict) is not None:
             return  # not prepared, or a prepared optimizer or scheduler (its keys carry no prefix)
-        loaded = self._loaded_back(model, state_dict)
+        loaded = loaded_into(facts, self.loop, model, state_dict)
         if loaded is not None:
             self._report_loaded_back(model, loaded, state_dict)
             return
@@ -360,3 +265,7 @@ if torch.distributed.get_rank() == 0:
             f"keys all start with `module.` and will not load into the plain model; save `{replacement}`",
             fix=fix,
         )
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)

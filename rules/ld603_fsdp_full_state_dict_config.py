@@ -5,8 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.facts import argument_of
+from lintdist.file_io import saved_on_main_only
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.value_uses import assigned_reads
 
 FSDP_CLASSES = (
     "torch.distributed.fsdp.FullyShardedDataParallel",
@@ -251,33 +253,13 @@ def save(model, path):
         facts = self.facts
         parent = facts.parent(take)
         if isinstance(parent, cst.Arg):
-            return self._main_only_argument(parent)
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1):
-            return False
-        target = parent.targets[0].target
-        if not isinstance(target, cst.Name):
-            return False
-        function = facts.enclosing_function(take)
-        scope = function if function is not None else facts.index.module
-        reads = facts.reads_of(target.value, scope)
-        if not reads:
-            return False
-        for read in reads:
-            if facts.rank_guard(read) is not None:
-                continue
-            argument = facts.parent(read)
-            if isinstance(argument, cst.Arg) and self._main_only_argument(argument):
-                continue
-            return False
-        return True
-
-    def _main_only_argument(self, argument: cst.Arg) -> bool:
-        """``argument`` is the object of an `accelerator.save(obj, path)`, which writes on the main process."""
-        facts = self.facts
-        call = facts.parent(argument)
-        if not isinstance(call, cst.Call) or facts.method_name(call) != "save" or argument is not call.args[0]:
-            return False
-        return isinstance(call.func, cst.Attribute) and facts.is_accelerator(call.func.value, call)
+            return saved_on_main_only(facts, parent)
+        reads = assigned_reads(facts, take)
+        return bool(reads) and all(
+            facts.rank_guard(read) is not None
+            or (isinstance(argument := facts.parent(read), cst.Arg) and saved_on_main_only(facts, argument))
+            for read in reads
+        )
 
 
 def _method_calls(facts, region: cst.CSTNode, after: cst.Call) -> list[cst.Call]:

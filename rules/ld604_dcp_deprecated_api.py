@@ -6,6 +6,7 @@ import libcst as cst
 
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.spelling import variable_spelled
 
 DCP = "torch.distributed.checkpoint"
 # torch 2.13: `save_state_dict(state_dict, storage_writer, process_group=None, coordinator_rank=0, no_dist=False,
@@ -179,7 +180,7 @@ class DcpDeprecatedApi(Rule):
             func = func.with_changes(attr=cst.Name(new))
         elif isinstance(func, cst.Name):
             func_name = func.value
-            if any(node.value == new and self._binds_or_reads(node) for node in self.facts.index.nodes(cst.Name)):
+            if variable_spelled(self.facts, new):
                 return None  # `from ... import save` would shadow (or be shadowed by) the file's own `save`
             func = cst.Name(new)
             imports = ((DCP, new),)
@@ -194,16 +195,6 @@ class DcpDeprecatedApi(Rule):
             imports=imports,
             stale_imports=stale,
         )
-
-    def _binds_or_reads(self, name: cst.Name) -> bool:
-        """``name`` is a module-level or local name (not an attribute, a keyword, or a method of a class)."""
-        if not self.facts.is_variable(name):
-            return False
-        parent = self.facts.parent(name)
-        if isinstance(parent, cst.FunctionDef) and parent.name is name:
-            body = self.facts.parent(parent)  # a method: the class body's own function
-            return not (body is not None and isinstance(self.facts.parent(body), cst.ClassDef))
-        return True
 
 
 def _failure(call: cst.Call, storage: str) -> str | None:

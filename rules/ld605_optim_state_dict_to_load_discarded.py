@@ -8,6 +8,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.value_uses import discarded
 
 # torch 2.13 `FullyShardedDataParallel.optim_state_dict_to_load(model, optim, optim_state_dict,
 # is_named_optimizer=False, load_directly=False, group=None)`, a staticmethod; the class is exported from
@@ -168,7 +169,7 @@ FSDP.optim_state_dict_to_load(model, make_optimizer(), osd)
                 isinstance(load_directly, cst.Name) and load_directly.value == "False"
             ):
                 continue  # True loads it; anything else is not known here
-            statement = self._discarding_statement(call)
+            statement = discarded(facts, call)
             if statement is None:
                 continue
             optim = argument_of(call, *OPTIM)
@@ -178,27 +179,6 @@ FSDP.optim_state_dict_to_load(model, make_optimizer(), osd)
                 "`optim.load_state_dict(...)` (or give `load_directly=True`)"
             )
             self.report(call, message, fix=_fix(statement, call, optim))
-
-    def _discarding_statement(self, call: cst.Call) -> cst.BaseSmallStatement | None:
-        """The statement that drops ``call``'s value: ``call`` alone, or ``name = call`` never read."""
-        parent = self.facts.parent(call)
-        if isinstance(parent, cst.Expr) and parent.value is call:
-            return parent
-        if isinstance(parent, cst.Assign) and parent.value is call and len(parent.targets) == 1:
-            target = parent.targets[0].target
-            if isinstance(target, cst.Name) and not self._read_anywhere(target, parent):
-                return parent
-        return None
-
-    def _read_anywhere(self, name: cst.Name, assignment: cst.Assign) -> bool:
-        """Whether ``name`` is read anywhere in the function (or module) of ``assignment``, in any order (a loop
-        may read it before the assignment's position)."""
-        facts = self.facts
-        if name.value == "_":
-            return False
-        function = facts.enclosing_function(assignment)
-        scope = function if function is not None else facts.index.module
-        return bool(facts.reads_of(name.value, scope))
 
 
 def _fix(statement: cst.BaseSmallStatement, call: cst.Call, optim: cst.BaseExpression | None) -> Fix | None:

@@ -85,3 +85,23 @@ def test_constructions_running_a_constructor_helper():
     assert constructions_running(facts, _call(facts, "download")) == [_call(facts, "Captions")]
     assert constructions_running(facts, _call(facts, "fetch")) == []  # nothing calls it
     assert constructions_running(facts, _call(facts, "prepare")) == []  # another method calls it too
+
+
+def test_lone_call_line_and_guarded_line() -> None:
+    from lintdist.blocks import guarded_line, lone_call_line
+
+    facts = _facts(
+        """
+        state = {}
+        # keep the weights
+        torch.save(state, "a.pt")
+        x = torch.save(state, "b.pt")
+        torch.save(state, "c.pt"); done = True
+        if ok: torch.save(state, "d.pt")
+        """
+    )
+    saves = [c for c in facts.calls if facts.method_name(c) == "save"]
+    lines = [lone_call_line(facts, s) for s in saves]
+    assert [line is not None for line in lines] == [True, False, False, False]
+    guarded = cst.Module(body=[guarded_line(lines[0], "accelerator.is_main_process")]).code
+    assert guarded == '# keep the weights\nif accelerator.is_main_process:\n    torch.save(state, "a.pt")\n'

@@ -66,3 +66,26 @@ def test_places_reached_from_one_root_run_together():
     assert run_together(facts, facts.index.nodes(cst.If)[0], loop)  # module level runs with anything
     assert id(unit_of(facts, helper)) in reached_units(facts, None)
     assert id(evaluate) not in reached_units(facts, None)
+
+
+def test_registered_hooks_are_handed_to_a_register_call() -> None:
+    from lintdist.callgraph import registered
+
+    index = SyntaxIndex(
+        cst.parse_module(
+            textwrap.dedent(
+                """
+                def save_hook(models, weights, output_dir):
+                    pass
+                def helper():
+                    pass
+                accelerator.register_save_state_pre_hook(save_hook)
+                run(helper)
+                """
+            )
+        )
+    )
+    facts = PythonFacts(index, NameResolver(index))
+    hook, helper = index.nodes(cst.FunctionDef)
+    assert registered(facts, hook)
+    assert not registered(facts, helper)

@@ -48,3 +48,32 @@ def test_unused_name_in_a_scope():
     function = index.nodes(cst.FunctionDef)[0]
     assert unused_name(facts, function, ("token_windows", "loss_windows")) == "loss_windows"
     assert unused_name(facts, function, ("token_windows",)) is None
+
+
+def test_main_process_test_spelled_as_the_script_would() -> None:
+    from lintdist.spelling import main_process_test
+
+    def facts_of(code: str) -> PythonFacts:
+        index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+        return PythonFacts(index, NameResolver(index))
+
+    accelerate = facts_of("from accelerate import Accelerator\naccelerator = Accelerator()\nsave()\n")
+    assert main_process_test(accelerate, accelerate.calls[-1]) == "accelerator.is_main_process"
+    assert main_process_test(accelerate, accelerate.calls[-1], "self.acc") == "self.acc.is_main_process"
+    raw = facts_of("import torch.distributed as dist\nsave()\n")
+    assert main_process_test(raw, raw.calls[-1]) == "not dist.is_initialized() or dist.get_rank() == 0"
+    assert main_process_test(facts_of("save()\n"), facts_of("save()\n").calls[-1]) is None
+
+
+def test_variable_spelled_counts_variables_and_functions_but_not_methods_or_attributes() -> None:
+    from lintdist.spelling import variable_spelled
+
+    def facts_of(code: str) -> PythonFacts:
+        index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+        return PythonFacts(index, NameResolver(index))
+
+    assert variable_spelled(facts_of("save = 1\n"), "save")
+    assert variable_spelled(facts_of("def save():\n    pass\n"), "save")
+    assert not variable_spelled(facts_of("class A:\n    def save(self):\n        pass\n"), "save")
+    assert not variable_spelled(facts_of("torch.save(x, f=save)\n"), "load")
+    assert not variable_spelled(facts_of("obj.save(save_dir=1)\n"), "save")

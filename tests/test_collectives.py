@@ -158,3 +158,27 @@ def test_a_collective_only_one_side_makes_is_not_joined() -> None:
     assert names == ["all_reduce", "all_reduce", "wait_for_everyone", "wait_for_everyone"]
     assert not joined_by_others(facts, main)
     assert not main_joins(facts, others)
+
+
+def test_may_gather_by_name_and_state_dicts_when_sharded() -> None:
+    from lintdist.collectives import may_gather
+
+    facts = _facts(
+        """
+        torch.save(accelerator.get_state_dict(model), "a.pt")
+        torch.save(model.state_dict(), "b.pt")
+        torch.save({"step": step}, "c.pt")
+        """
+    )
+    saves = [c for c in facts.calls if facts.method_name(c) == "save"]
+    assert [may_gather(facts, s, False) for s in saves] == [True, False, False]
+    assert [may_gather(facts, s, True) for s in saves] == [True, True, False]
+    assert not may_gather(facts, None, True)
+    wrapped = _facts(
+        """
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        model = FSDP(net)
+        torch.save(model.state_dict(), "b.pt")
+        """
+    )
+    assert may_gather(wrapped, _last_call(wrapped), False)

@@ -84,3 +84,12 @@ def test_fsdp_evidence_in_order_of_strength() -> None:
 def test_automatic_checkpoint_naming(argument: str, expected: bool) -> None:
     facts = _facts(f"from accelerate.utils import ProjectConfiguration\nconfig = ProjectConfiguration({argument})\n")
     assert automatic_checkpoint_naming(facts) is expected
+
+
+def test_deepspeed_placeholders_say_the_script_runs_deepspeed() -> None:
+    from lintdist.sharding import builds_deepspeed_placeholders
+
+    assert builds_deepspeed_placeholders(
+        _facts("from accelerate.utils import DummyOptim\noptimizer = DummyOptim(model.parameters())\n")
+    )
+    assert not builds_deepspeed_placeholders(_facts("optimizer = DummyOptim(model.parameters())\n"))

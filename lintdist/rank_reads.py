@@ -1,0 +1,66 @@
+"""Whether code reads the process's rank in any form, for the tests ``facts.rank_guard`` does not parse.
+
+``reads_rank`` looks for a rank name, a rank getter or a ``"RANK"`` string in an expression and in what the names it
+reads were bound to (two levels deep); ``rank_tested`` finds an ``if``/``while`` on such a test around a node, or
+around every call of its function in this file (``if args.rank % ngpus_per_node == 0: save_checkpoint(...)``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from lintdist.facts import RANK_GETTERS, RANK_NAMES
+
+if TYPE_CHECKING:
+    from lintdist.facts import PythonFacts
+
+MAX_BINDING_DEPTH = 2
+MAX_CALLER_DEPTH = 3
+
+
+def reads_rank(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode, depth: int = 0) -> bool:
+    """``expr`` reads the process's rank: a rank name, a rank getter, a string holding ``RANK``, or a name bound
+    (up to ``MAX_BINDING_DEPTH`` levels) to such."""
+    if expr is None:
+        return False
+    for node in [expr, *facts.within(expr, cst.Name, cst.Attribute, cst.Call, cst.SimpleString)]:
+        if isinstance(node, cst.Name) and node.value in RANK_NAMES:
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value in RANK_NAMES:
+            return True
+        if isinstance(node, cst.Call) and (
+            facts.method_name(node) in RANK_GETTERS
+            or (isinstance(node.func, cst.Name) and node.func.value in RANK_GETTERS)
+        ):
+            return True
+        if isinstance(node, cst.SimpleString) and "RANK" in node.value:
+            return True
+    if depth >= MAX_BINDING_DEPTH:
+        return False
+    names = {id(n): n for n in [expr, *facts.within(expr, cst.Name)] if isinstance(n, cst.Name)}
+    return any(
+        binding.value is not expr and reads_rank(facts, binding.value, binding.statement, depth + 1)
+        for name in names.values()
+        for binding in facts.bindings(name.value, at)
+    )
+
+
+def rank_tested(facts: PythonFacts, node: cst.CSTNode, depth: int = 0) -> bool:
+    """An ``if``/``while`` whose test reads the rank (its own names only, ``reads_rank`` without following bindings)
+    stands around ``node`` in its function, or around every call of its function in this file (up to
+    ``MAX_CALLER_DEPTH`` levels)."""
+    child = node
+    for ancestor in facts.ancestors(node):
+        if (
+            isinstance(ancestor, (cst.If, cst.While))
+            and child is not ancestor.test
+            and reads_rank(facts, ancestor.test, ancestor, depth=MAX_BINDING_DEPTH)
+        ):
+            return True
+        if isinstance(ancestor, cst.FunctionDef):
+            sites = facts.call_sites(ancestor)
+            return depth < MAX_CALLER_DEPTH and bool(sites) and all(rank_tested(facts, s, depth + 1) for s in sites)
+        child = ancestor
+    return False

@@ -1,0 +1,53 @@
+"""Whether code reads the process's rank in any form (lintdist.rank_reads)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from lintdist.facts import PythonFacts
+from lintdist.names import NameResolver
+from lintdist.rank_reads import rank_tested, reads_rank
+from lintdist.syntax import SyntaxIndex
+
+
+def _facts(code: str) -> PythonFacts:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    return PythonFacts(index, NameResolver(index))
+
+
+def test_reads_rank_in_names_getters_strings_and_bindings() -> None:
+    facts = _facts(
+        """
+        suffix = f"_{dist.get_rank()}"
+        torch.save(a, f"ckpt{args.local_rank}.pt")
+        torch.save(b, "ckpt" + suffix)
+        torch.save(c, os.environ["RANK"] + ".pt")
+        torch.save(d, "ckpt.pt")
+        torch.save(e, name)
+        """
+    )
+    saves = [c for c in facts.calls if facts.method_name(c) == "save"]
+    assert [reads_rank(facts, s.args[1].value, s) for s in saves] == [True, True, True, False, False]
+    assert not reads_rank(facts, None, saves[0])
+
+
+def test_rank_tested_around_the_node_or_every_call_of_its_function() -> None:
+    facts = _facts(
+        """
+        def save():
+            torch.save(state, "a.pt")
+        if args.rank % ngpus_per_node == 0:
+            save()
+        def other():
+            torch.save(state, "b.pt")
+        if args.rank % ngpus_per_node == 0:
+            other()
+        other()
+        if epoch % 2 == 0:
+            torch.save(state, "c.pt")
+        """
+    )
+    saves = [c for c in facts.calls if facts.method_name(c) == "save" and c.args]
+    assert [rank_tested(facts, s) for s in saves] == [True, False, False]
