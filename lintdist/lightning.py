@@ -129,3 +129,104 @@ def returned_loss(returned: cst.BaseExpression) -> cst.BaseExpression | None:
         ),
         None,
     )
+
+
+# Hooks whose `self.log` defaults to `on_epoch=True` (`fx_validator.py`; the `*_epoch_end` methods of Lightning 1.x).
+EPOCH_LEVEL_HOOKS = frozenset(
+    {
+        "validation_step",
+        "test_step",
+        "on_validation_batch_start",
+        "on_validation_batch_end",
+        "on_test_batch_start",
+        "on_test_batch_end",
+        "on_train_start",
+        "on_validation_start",
+        "on_test_start",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_epoch_start",
+        "on_validation_epoch_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+        "training_epoch_end",
+        "validation_epoch_end",
+        "test_epoch_end",
+    }
+)
+# Hooks whose `self.log` defaults to `on_step=True, on_epoch=False`.
+STEP_LEVEL_HOOKS = frozenset(
+    {
+        "training_step",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "optimizer_step",
+        "on_before_zero_grad",
+        "optimizer_zero_grad",
+        "configure_gradient_clipping",
+        "backward",
+    }
+)
+HELPER_DEPTH = 3
+
+
+def running_hooks(
+    facts: PythonFacts, method: cst.FunctionDef, depth: int = 0, seen: frozenset[int] = frozenset()
+) -> set[str]:
+    """The Lightning hooks (of ``EPOCH_LEVEL_HOOKS`` and ``STEP_LEVEL_HOOKS``) that run ``method``: itself, or the
+    hooks of the methods that call it (``self.<name>(...)`` anywhere in the file, since a base class's helper is
+    called from a subclass's hook, and the calls lintdist resolves to it), a few helpers deep."""
+    from lintdist.main_process import outermost_function
+
+    name = method.name.value
+    if name in EPOCH_LEVEL_HOOKS or name in STEP_LEVEL_HOOKS:
+        return {name}
+    if depth >= HELPER_DEPTH or id(method) in seen:
+        return set()
+    sites = [call for call in facts.calls if _self_method_call(call, name)]
+    sites += [site for site in facts.call_sites(method) if site not in sites]
+    found: set[str] = set()
+    for site in sites:
+        caller = outermost_function(facts, site)
+        if caller is not None:
+            found |= running_hooks(facts, caller, depth + 1, seen | {id(method)})
+    return found
+
+
+def _self_method_call(call: cst.Call, name: str) -> bool:
+    func = call.func
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == name
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "self"
+    )
+
+
+def runs_on_one_device(facts: PythonFacts) -> bool:
+    """Every ``Trainer(...)`` of this file runs on one device; False when there is none."""
+    trainers = facts.lightning_trainers
+    return bool(trainers) and all(facts.trainer_devices(call) == "one" for call in trainers)
+
+
+def names_training_stage(expr: cst.BaseExpression | None) -> bool:
+    """A string (or the head of an f-string) that names the training stage: ``"train_loss"``, ``f"train/{k}"``."""
+    if isinstance(expr, cst.SimpleString):
+        return "train" in str(expr.evaluated_value).lower()
+    if isinstance(expr, cst.FormattedString) and expr.parts:
+        head = expr.parts[0]
+        return isinstance(head, cst.FormattedStringText) and "train" in head.value.lower()
+    return False
+
+
+def is_training_stage_test(test: cst.BaseExpression) -> bool:
+    """A test that holds in the training stage: ``self.training``, ``stage == "train"``, ``"train" in mode``."""
+    if isinstance(test, cst.Attribute) and test.attr.value == "training":
+        return True
+    if isinstance(test, cst.Comparison) and all(isinstance(t.operator, (cst.Equal, cst.In)) for t in test.comparisons):
+        strings = [test.left, *(t.comparator for t in test.comparisons)]
+        return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
+    return False

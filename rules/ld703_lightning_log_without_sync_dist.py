@@ -25,53 +25,22 @@ import libcst as cst
 
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
+from lintdist.lightning import (
+    EPOCH_LEVEL_HOOKS,
+    STEP_LEVEL_HOOKS,
+    names_training_stage,
+    running_hooks,
+    runs_on_one_device,
+    is_training_stage_test,
+)
+from lintdist.main_process import outermost_function
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-# Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
-EPOCH_HOOKS = frozenset(
-    {
-        "validation_step",
-        "test_step",
-        "on_validation_batch_start",
-        "on_validation_batch_end",
-        "on_test_batch_start",
-        "on_test_batch_end",
-        "on_train_start",
-        "on_validation_start",
-        "on_test_start",
-        "on_train_epoch_start",
-        "on_train_epoch_end",
-        "on_validation_epoch_start",
-        "on_validation_epoch_end",
-        "on_test_epoch_start",
-        "on_test_epoch_end",
-        "training_epoch_end",
-        "validation_epoch_end",
-        "test_epoch_end",
-    }
-)
-# Hooks whose `self.log` defaults to `on_step=True, on_epoch=False`.
-STEP_HOOKS = frozenset(
-    {
-        "training_step",
-        "on_train_batch_start",
-        "on_train_batch_end",
-        "on_before_backward",
-        "on_after_backward",
-        "on_before_optimizer_step",
-        "optimizer_step",
-        "on_before_zero_grad",
-        "optimizer_zero_grad",
-        "configure_gradient_clipping",
-        "backward",
-    }
-)
 # Values that are the same on every rank: syncing them changes nothing.
 RANK_INVARIANT = frozenset(
     {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
 )
-MAX_HELPER_DEPTH = 3
 
 
 class LightningLogWithoutSyncDist(Rule):
@@ -325,7 +294,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
         facts = self.facts
         modules = [cls for cls in facts.classes if facts.is_lightning_module(cls)]
-        if not modules or self._single_device():
+        if not modules or runs_on_one_device(facts):
             return
         for call in facts.calls:
             func = call.func
@@ -336,49 +305,10 @@ trainer = L.Trainer(devices=4, strategy="ddp")
                 and func.value.value == "self"
             ):
                 continue
-            method = self._method(call)
+            method = outermost_function(facts, call)
             if method is None or facts.enclosing_class(method) not in modules:
                 continue
             self._check(call, method, func.attr.value)
-
-    # -- where the call logs ----------------------------------------------------------------
-
-    def _method(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The class method the call is written in (through nested functions)."""
-        facts = self.facts
-        function = facts.enclosing_function(call)
-        while function is not None and facts.enclosing_function(function) is not None:
-            function = facts.enclosing_function(function)
-        return function
-
-    def _hooks(self, method: cst.FunctionDef, depth: int = 0, seen: frozenset[int] = frozenset()) -> set[str]:
-        """The Lightning hooks that run ``method``: itself, or the hooks of the methods that call it."""
-        name = method.name.value
-        if name in EPOCH_HOOKS or name in STEP_HOOKS:
-            return {name}
-        if depth >= MAX_HELPER_DEPTH or id(method) in seen:
-            return set()
-        found: set[str] = set()
-        for site in self._callers(method):
-            caller = self._method(site)
-            if caller is not None:
-                found |= self._hooks(caller, depth + 1, seen | {id(method)})
-        return found
-
-    def _callers(self, method: cst.FunctionDef) -> list[cst.Call]:
-        """``self.<method>(...)`` calls in the file's LightningModule classes (a base class's helper is called
-        from a subclass's hook), and the calls lintdist resolves to it."""
-        facts = self.facts
-        name = method.name.value
-        found = [
-            call
-            for call in facts.calls
-            if isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == name
-            and isinstance(call.func.value, cst.Name)
-            and call.func.value.value == "self"
-        ]
-        return found + [site for site in facts.call_sites(method) if site not in found]
 
     def _check(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> None:
         facts = self.facts
@@ -387,16 +317,16 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         sync = argument_of(call, "sync_dist", None)
         on_epoch = _literal(argument_of(call, "on_epoch", None))
         on_step = _literal(argument_of(call, "on_step", None))
-        hooks = self._hooks(method)
-        if hooks & STEP_HOOKS and self._training_path(call, method, kind):
-            hooks &= STEP_HOOKS  # a helper shared by the hooks, on its training branch
+        hooks = running_hooks(facts, method)
+        if hooks & STEP_LEVEL_HOOKS and self._training_path(call, method, kind):
+            hooks &= STEP_LEVEL_HOOKS  # a helper shared by the hooks, on its training branch
         if sync is not None:
             if (
                 _literal(sync) is True
                 and on_epoch is not True
                 and on_step is not False
                 and hooks
-                and hooks <= STEP_HOOKS
+                and hooks <= STEP_LEVEL_HOOKS
             ):
                 self.report(
                     call,
@@ -407,7 +337,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return
         if on_epoch is False or (on_epoch is None and argument_of(call, "on_epoch", None) is not None):
             return  # off, or decided at run time
-        if on_epoch is None and not (hooks & EPOCH_HOOKS):
+        if on_epoch is None and not (hooks & EPOCH_LEVEL_HOOKS):
             return
         if _literal(argument_of(call, "rank_zero_only", None)) is True or facts.rank_split(call) is not None:
             return
@@ -416,7 +346,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return
         name = argument_of(call, "name", 0) if kind == "log" else None
         shown = name.value if isinstance(name, cst.SimpleString) else "'<name>'"
-        where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_HOOKS)}`"
+        where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_LEVEL_HOOKS)}`"
         message = (
             f"`self.{kind}` {where} logs on epoch level without `sync_dist=True`: each rank averages only its own "
             "batches and the value is never reduced across devices (the logger records rank 0's shard; "
@@ -439,18 +369,13 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         """The call logs a training value in a helper that every stage calls: its key says `train`
         (`self.log("train_loss", ...)`, `f"train/{k}"`), or it sits in the body of an `if` that tests for the
         training stage (`if stage == "train":`, `if self.training:`)."""
-        name = argument_of(call, "name", 0) if kind == "log" else None
-        if isinstance(name, cst.SimpleString) and "train" in str(name.evaluated_value).lower():
+        if kind == "log" and names_training_stage(argument_of(call, "name", 0)):
             return True
-        if isinstance(name, cst.FormattedString):
-            head = name.parts[0] if name.parts else None
-            if isinstance(head, cst.FormattedStringText) and "train" in head.value.lower():
-                return True
         child: cst.CSTNode = call
         for ancestor in self.facts.ancestors(call):
             if ancestor is method:
                 return False
-            if isinstance(ancestor, cst.If) and child is ancestor.body and _tests_training(self.facts, ancestor.test):
+            if isinstance(ancestor, cst.If) and child is ancestor.body and is_training_stage_test(ancestor.test):
                 return True
             child = ancestor
         return False
@@ -502,14 +427,6 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return ".functional" in next(iter(facts.qualified_names(value.func)))
         return True
 
-    # -- one device --------------------------------------------------------------------------
-
-    def _single_device(self) -> bool:
-        """Every `Trainer(...)` of this file runs on one device; False when there is none."""
-        trainers = self.facts.lightning_trainers
-        return bool(trainers) and all(self.facts.trainer_devices(call) == "one" for call in trainers)
-
-
 def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
         return {"True": True, "False": False, "None": None}[expr.value]
@@ -518,16 +435,6 @@ def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value
     return None
-
-
-def _tests_training(facts, test: cst.BaseExpression) -> bool:
-    """``stage == "train"``, ``"train" in mode``, ``self.training``."""
-    if isinstance(test, cst.Attribute) and test.attr.value == "training":
-        return True
-    if isinstance(test, cst.Comparison) and all(isinstance(t.operator, (cst.Equal, cst.In)) for t in test.comparisons):
-        strings = [test.left, *(t.comparator for t in test.comparisons)]
-        return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
-    return False
 
 
 def _mentions(facts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:

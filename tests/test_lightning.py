@@ -7,7 +7,14 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.lightning import fitting_trainers, returned_loss
+from lintdist.lightning import (
+    fitting_trainers,
+    names_training_stage,
+    returned_loss,
+    running_hooks,
+    runs_on_one_device,
+    is_training_stage_test,
+)
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -54,3 +61,50 @@ def test_returned_loss():
     code = cst.Module([]).code_for_node
     assert code(returned_loss(cst.parse_expression('{"log": x, "loss": total / n}'))) == "total / n"
     assert returned_loss(cst.parse_expression('{"log": x, key: y}')) is None
+
+
+def _method(facts: PythonFacts, name: str) -> cst.FunctionDef:
+    return facts.functions[name][0]
+
+
+def test_the_hooks_that_run_a_helper_method():
+    facts = _facts(
+        """
+        import lightning as L
+        class Base(L.LightningModule):
+            def _shared(self, batch):
+                return self._deeper(batch)
+            def _deeper(self, batch):
+                return batch
+            def _unused(self):
+                pass
+        class Model(Base):
+            def validation_step(self, batch, i):
+                return self._shared(batch)
+            def training_step(self, batch, i):
+                def inner():
+                    return self._shared(batch)
+                return inner()
+        """
+    )
+    assert running_hooks(facts, _method(facts, "validation_step")) == {"validation_step"}
+    assert running_hooks(facts, _method(facts, "_deeper")) == {"validation_step", "training_step"}
+    assert running_hooks(facts, _method(facts, "_unused")) == set()
+
+
+def test_one_device_only_when_every_trainer_says_so():
+    assert runs_on_one_device(_facts("import lightning as L\nL.Trainer(devices=1)\nL.Trainer(accelerator='cpu')\n"))
+    assert not runs_on_one_device(_facts("import lightning as L\nL.Trainer(devices=1)\nL.Trainer(devices=2)\n"))
+    assert not runs_on_one_device(_facts("import lightning as L\n"))
+
+
+def test_the_training_stage_by_name_and_by_test():
+    assert names_training_stage(cst.parse_expression('"Train_loss"'))
+    assert names_training_stage(cst.parse_expression('f"train/{k}"'))
+    assert not names_training_stage(cst.parse_expression('f"{stage}_train"'))
+    assert not names_training_stage(cst.parse_expression("name"))
+    assert is_training_stage_test(cst.parse_expression("self.training"))
+    assert is_training_stage_test(cst.parse_expression('stage == "train"'))
+    assert is_training_stage_test(cst.parse_expression('"train" in mode'))
+    assert not is_training_stage_test(cst.parse_expression('stage != "train"'))
+    assert not is_training_stage_test(cst.parse_expression('stage == "val"'))
