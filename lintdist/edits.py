@@ -246,3 +246,26 @@ def replace_nodes(tree: cst.CSTNode, replacements) -> cst.CSTNode:
     How the engine applies a fix's replacements; a rule uses it to make several edits inside one node it
     replaces (``deep_replace`` copies the tree, so a second original node would no longer be found)."""
     return tree.visit(_ReplaceNodes({id(old): new for old, new in replacements}))
+
+
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """A keyword argument ``name=value`` written without spaces around ``=``."""
+    return cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def with_last_item(node: cst.Call | cst.List | cst.Set, item: cst.Arg | cst.Element):
+    """A call, list or set with ``item`` (an ``Arg`` or ``Element``) after its others: the last one takes the
+    separator of the two before it (``", "`` after a lone one) and ``item`` takes a trailing comma."""
+    field = "args" if isinstance(node, cst.Call) else "elements"
+    items = list(getattr(node, field))
+    if not items:
+        return node.with_changes(**{field: [item]})
+    last = items[-1]
+    between = items[-2].comma if len(items) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    items[-1] = last.with_changes(comma=between)
+    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
+    return node.with_changes(**{field: [*items, item.with_changes(comma=trailing)]})

@@ -168,3 +168,19 @@ def unused_name(facts: PythonFacts, scope: cst.CSTNode, candidates: tuple[str, .
     """The first of ``candidates`` that no name in ``scope`` spells, for a variable a fix adds; None if all are."""
     used = {name.value for name in facts.within(scope, cst.Name)}
     return next((c for c in candidates if c not in used), None)
+
+
+def name_taken(facts: PythonFacts, name: str, imported_from: frozenset[str] = frozenset()) -> bool:
+    """``name`` is bound anywhere in the file (an assignment, a parameter, a ``from`` import, a ``def`` or a class),
+    other than by ``from <one of imported_from> import <name>``: a fix cannot add a binding of that name."""
+    if facts._bindings.get(name) or any(p.name.value == name for p in facts.index.nodes(cst.Param)):
+        return True
+    for statement in facts.index.nodes(cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        module = get_full_name_for_node(statement.module) if statement.module is not None else ""
+        for alias in statement.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if get_full_name_for_node(bound) == name and module not in imported_from:
+                return True
+    return bool(facts.functions.get(name)) or name in {c.name.value for c in facts.classes}

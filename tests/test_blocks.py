@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.blocks import constructions_running, simple_statement, statement_run, with_block
+from lintdist.blocks import constructions_running, literal_binding, simple_statement, statement_run, with_block
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -85,3 +85,30 @@ def test_constructions_running_a_constructor_helper():
     assert constructions_running(facts, _call(facts, "download")) == [_call(facts, "Captions")]
     assert constructions_running(facts, _call(facts, "fetch")) == []  # nothing calls it
     assert constructions_running(facts, _call(facts, "prepare")) == []  # another method calls it too
+
+
+def test_literal_binding_before_the_statement_in_its_block():
+    facts = _facts(
+        """
+        def train():
+            dims = [1, 1]
+            bufs = [ids]
+            later = [2]
+            if flag:
+                twice = [0]
+            else:
+                twice = [1]
+            with ctx(bufs, dims, later, twice, [3], other):
+                pass
+            later = [2]
+        """
+    )
+    block = facts.index.nodes(cst.With)[0]
+    bufs, dims, later, twice, inline, other = [a.value for a in _call(facts, "ctx").args]
+    literal, line = literal_binding(facts, dims, block, cst.List)
+    assert facts.index.module.code_for_node(literal) == "[1, 1]" and isinstance(line, cst.SimpleStatementLine)
+    assert literal_binding(facts, bufs, block, cst.Set) == (None, None)
+    assert literal_binding(facts, later, block, cst.List) == (None, None)
+    assert literal_binding(facts, twice, block, cst.List) == (None, None)
+    assert literal_binding(facts, inline, block, cst.List) == (inline, None)
+    assert literal_binding(facts, other, block, cst.List) == (None, None)

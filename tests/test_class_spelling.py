@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import SAMPLER_CLASSES, PythonFacts
 from lintdist.names import NameResolver
-from lintdist.spelling import class_spelling, unused_name
+from lintdist.spelling import class_spelling, name_taken, unused_name
 from lintdist.syntax import SyntaxIndex
 
 MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -48,3 +48,18 @@ def test_unused_name_in_a_scope():
     function = index.nodes(cst.FunctionDef)[0]
     assert unused_name(facts, function, ("token_windows", "loss_windows")) == "loss_windows"
     assert unused_name(facts, function, ("token_windows",)) is None
+
+
+def test_a_name_taken_anywhere_but_by_an_allowed_import():
+    index = SyntaxIndex(
+        cst.parse_module(
+            "from lintdist.runtime import shift_labels\n"
+            "def helper(param):\n    local = 1\n"
+            "class Model:\n    pass\n"
+        )
+    )
+    facts = PythonFacts(index, NameResolver(index))
+    for taken in ("helper", "param", "local", "Model", "shift_labels"):
+        assert name_taken(facts, taken), taken
+    assert not name_taken(facts, "shift_labels", frozenset({"lintdist.runtime"}))
+    assert not name_taken(facts, "shifted_labels")

@@ -1,0 +1,26 @@
+"""lintdist/edits.py: keyword arguments and items appended in the layout of a call or literal."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from lintdist.edits import keyword_arg, with_last_item
+
+
+def _appended(code: str, item: cst.Arg | cst.Element) -> str:
+    return cst.Module([]).code_for_node(with_last_item(cst.parse_expression(code), item))
+
+
+def test_an_argument_after_the_others_with_their_separator():
+    new = keyword_arg("shift_labels", cst.Name("s"))
+    assert _appended("f()", new) == "f(shift_labels=s)"
+    assert _appended("f(a)", new) == "f(a, shift_labels=s)"
+    assert _appended("f(a,)", new) == "f(a, shift_labels=s,)"
+    assert _appended("f(a,b)", new) == "f(a,b,shift_labels=s)"
+    assert _appended("f(\n    a,\n    b,\n)", new) == "f(\n    a,\n    b,\n    shift_labels=s,\n)"
+
+
+def test_an_element_after_the_others_in_a_list_or_set():
+    assert _appended("[]", cst.Element(cst.Name("x"))) == "[x]"
+    assert _appended("[a, b]", cst.Element(cst.Name("x"))) == "[a, b, x]"
+    assert _appended("{a}", cst.Element(cst.Name("x"))) == "{a, x}"
