@@ -269,3 +269,43 @@ def with_last_item(node: cst.Call | cst.List | cst.Set, item: cst.Arg | cst.Elem
     items[-1] = last.with_changes(comma=between)
     trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
     return node.with_changes(**{field: [*items, item.with_changes(comma=trailing)]})
+
+
+# Tensor methods a fix may repeat (`labels.to(device)` twice gives the same tensor twice).
+REPEATABLE_METHODS = frozenset({"to", "cuda", "cpu", "long", "contiguous"})
+
+
+def repeatable(expr: cst.BaseExpression) -> bool:
+    """An expression a fix may write twice: names, attributes, subscripts by literals, names and slices, and
+    ``REPEATABLE_METHODS`` calls on those."""
+    if isinstance(expr, cst.Name):
+        return True
+    if isinstance(expr, cst.Attribute):
+        return repeatable(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return repeatable(expr.value) and all(_repeatable_slice(element.slice) for element in expr.slice)
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in REPEATABLE_METHODS
+    ):
+        return repeatable(expr.func.value) and all(not arg.star and _repeatable_index(arg.value) for arg in expr.args)
+    return False
+
+
+def _repeatable_slice(part: cst.BaseSlice) -> bool:
+    if isinstance(part, cst.Index):
+        return _repeatable_index(part.value)
+    return all(bound is None or _repeatable_index(bound) for bound in (part.lower, part.upper, part.step))
+
+
+def _repeatable_index(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.SimpleString, cst.Integer, cst.Ellipsis)):
+        return True
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return repeatable(expr)
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+    )

@@ -934,3 +934,37 @@ def _mentions_ignore_index(facts: PythonFacts, function: cst.CSTNode) -> bool:
         for call in facts.calls_within(function)
         for arg in call.args
     )
+
+
+# Trainer methods whose override computes the loss itself (not with the model's own loss).
+OWN_LOSS_METHODS = frozenset({"compute_loss", "training_step"})
+
+
+def model_loss_trainer(facts: PythonFacts, call: cst.Call) -> bool:
+    """``call`` builds a transformers (or TRL) Trainer that trains on its model's own loss: the library class, or
+    a subclass of this file that overrides neither ``compute_loss`` nor ``training_step``."""
+    name = facts.method_name(call) or ""
+    if "Trainer" not in name and name not in facts.local_classes():
+        return False  # (a cheap test first: resolving every call's name is the expensive part)
+    if facts.callee_is(call, TRAINERS):
+        return True
+    if not facts.is_instance_of(call, TRAINERS):
+        return False
+    name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
+    classes = [c for c in facts.classes if c.name.value == name]
+    return not any(
+        facts.enclosing_class(f) in classes for method in OWN_LOSS_METHODS for f in facts.functions.get(method, ())
+    )
+
+
+def hands_labels(call: cst.Call) -> bool:
+    """A call that can hand a model its labels: a ``labels=`` keyword or a ``**batch``."""
+    return any(arg.star == "**" or (arg.keyword is not None and arg.keyword.value == "labels") for arg in call.args)
+
+
+def called_head(facts: PythonFacts, call: cst.Call) -> Head | None:
+    """The head of the model a call runs: ``model(...)`` or ``model.forward(...)`` (see ``model_head``)."""
+    callee = call.func
+    if isinstance(callee, cst.Attribute) and callee.attr.value == "forward":
+        callee = callee.value
+    return model_head(facts, callee, call)

@@ -10,8 +10,9 @@ from lintdist.batch_keys import key_quote, keyed, mentions_key
 from lintdist.blocks import literal_binding
 from lintdist.edits import keyword_arg, replace_nodes, with_last_item
 from lintdist.facts import argument_of, string_key
-from lintdist.labels import LabelFacts, model_head
+from lintdist.labels import LabelFacts, called_head, hands_labels, model_head
 from lintdist.loop import is_loss_field
+from lintdist.model import Applicability, Fix, Severity
 from lintdist.parallelism import (
     TORCH_CONTEXT_PARALLEL,
     Size,
@@ -19,7 +20,6 @@ from lintdist.parallelism import (
     context_parallel_call,
     parallelism_size,
 )
-from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import name_taken
 
@@ -269,7 +269,9 @@ def train(model, loader, args):
         facts = self.facts
         sites: list[_Site] = []
         for block in facts.index.nodes(cst.With):
-            context = next((c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None)
+            context = next(
+                (c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None
+            )
             if context is None:
                 continue
             direct = facts.calls_within(block.body)
@@ -285,10 +287,10 @@ def train(model, loader, args):
         return self.context.span(node).line
 
     def _site(self, call: cst.Call, block: cst.With, context: cst.Call) -> _Site | None:
+        if not hands_labels(call):
+            return None
         labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
         batch = next((a.value for a in call.args if a.star == "**"), None)
-        if labels is None and batch is None:
-            return None
         if isinstance(labels, cst.Name) and labels.value == "None":
             return None
         if any(a.keyword is not None and a.keyword.value == "shift_labels" for a in call.args):
@@ -315,8 +317,7 @@ def train(model, loader, args):
         names = facts.qualified_names(func)
         if any(n.startswith(LIBRARY_ROOTS) for n in names):
             return False  # `dict(**batch)`, `torch.nn.functional.cross_entropy(...)`
-        target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
-        head = model_head(facts, target, call)
+        head = called_head(facts, call)
         return head is None or head.shifts
 
     def _holds_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:

@@ -28,10 +28,10 @@ from lintdist.facts import argument_of
 from lintdist.lightning import (
     EPOCH_LEVEL_HOOKS,
     STEP_LEVEL_HOOKS,
+    is_training_stage_test,
     names_training_stage,
     running_hooks,
     runs_on_one_device,
-    is_training_stage_test,
 )
 from lintdist.main_process import outermost_function
 from lintdist.model import Applicability, Fix, Severity
@@ -426,6 +426,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
             return ".functional" in next(iter(facts.qualified_names(value.func)))
         return True
+
 
 def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:

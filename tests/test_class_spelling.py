@@ -53,9 +53,7 @@ def test_unused_name_in_a_scope():
 def test_a_name_taken_anywhere_but_by_an_allowed_import():
     index = SyntaxIndex(
         cst.parse_module(
-            "from lintdist.runtime import shift_labels\n"
-            "def helper(param):\n    local = 1\n"
-            "class Model:\n    pass\n"
+            "from lintdist.runtime import shift_labels\ndef helper(param):\n    local = 1\nclass Model:\n    pass\n"
         )
     )
     facts = PythonFacts(index, NameResolver(index))

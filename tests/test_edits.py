@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.edits import keyword_arg, with_last_item
+from lintdist.edits import keyword_arg, repeatable, with_last_item
 
 
 def _appended(code: str, item: cst.Arg | cst.Element) -> str:
@@ -24,3 +24,10 @@ def test_an_element_after_the_others_in_a_list_or_set():
     assert _appended("[]", cst.Element(cst.Name("x"))) == "[x]"
     assert _appended("[a, b]", cst.Element(cst.Name("x"))) == "[a, b, x]"
     assert _appended("{a}", cst.Element(cst.Name("x"))) == "{a, x}"
+
+
+def test_expressions_a_fix_may_write_twice():
+    for code in ("ids", "batch['labels']", "x[:, 1:]", "x[..., :-1]", "self.ids[i].to(device)", "y.long().cuda()"):
+        assert repeatable(cst.parse_expression(code)), code
+    for code in ("make()", "x[f(i)]", "x.to(next(devices))", "x.clone()", "x[i + 1]", "x.to(*args)"):
+        assert not repeatable(cst.parse_expression(code)), code

@@ -9,11 +9,11 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.lightning import (
     fitting_trainers,
+    is_training_stage_test,
     names_training_stage,
     returned_loss,
     running_hooks,
     runs_on_one_device,
-    is_training_stage_test,
 )
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
