@@ -61,7 +61,10 @@ def _after_early_choice(
     for earlier in block.body:
         if earlier is statement:
             return False
-        if isinstance(earlier, cst.If) and facts.within(earlier.body, cst.Return, cst.Raise):
-            if _tests_choice(facts, earlier.test) or names_any(facts, earlier.body, new_names):
-                return True
+        if (
+            isinstance(earlier, cst.If)
+            and facts.within(earlier.body, cst.Return, cst.Raise)
+            and (_tests_choice(facts, earlier.test) or names_any(facts, earlier.body, new_names))
+        ):
+            return True
     return False
