@@ -139,3 +139,17 @@ def context_parallel_call(facts: PythonFacts, expr: cst.BaseExpression, at: cst.
         elif facts.callee_is(node, TORCH_CONTEXT_PARALLEL):
             return node
     return None
+
+
+# Tensor, context, sequence or pipeline parallelism named in a script: ranks that share a batch.
+MODEL_PARALLEL_WORDS = ("ParallelismConfig", "parallelism_config", "SequenceParallel", "tp_size", "cp_size", "sp_size")
+
+
+def model_parallel(text: str, settings: LaunchSettings | None) -> bool:
+    """The script's text names tensor, context or sequence parallelism, or its launch settings configure it
+    (``parallelism_config_*``, ``tp_*``, ``cp_*``, ``sp_*``): some ranks share a batch."""
+    if any(word in text for word in MODEL_PARALLEL_WORDS):
+        return True
+    return settings is not None and any(
+        name.startswith(("parallelism_config", "tp_", "cp_", "sp_")) for name in settings.values
+    )

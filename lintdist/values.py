@@ -58,3 +58,16 @@ def parses_as_bool(value: object) -> bool:
 def shell_expansion(value: object) -> bool:
     """A flag or variable value the shell fills in (``$RESHARD``, ``${R:-true}``, a backquote): unknown here."""
     return isinstance(value, str) and ("$" in value or "`" in value)
+
+
+def number_literal(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+    """The number an expression is, as written in the script: a literal, or a name whose every binding is the
+    same number literal; None otherwise."""
+    if isinstance(expr, (cst.Float, cst.Integer)):
+        return expr.value
+    if isinstance(expr, cst.Name):
+        origins = facts.origins(expr, at)
+        if origins and all(isinstance(o.node, (cst.Float, cst.Integer)) for o in origins):
+            values = {o.node.value for o in origins}
+            return values.pop() if len(values) == 1 else None
+    return None

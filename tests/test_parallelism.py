@@ -9,7 +9,14 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings, Setting
 from lintdist.names import NameResolver
-from lintdist.parallelism import Size, accelerator_configs, context_parallel_call, launch_size, parallelism_size
+from lintdist.parallelism import (
+    Size,
+    accelerator_configs,
+    context_parallel_call,
+    launch_size,
+    model_parallel,
+    parallelism_size,
+)
 from lintdist.syntax import SyntaxIndex
 
 
@@ -95,3 +102,11 @@ def test_context_parallel_calls_by_accelerator_torch_or_a_bound_name():
         "context_parallel",
         None,
     ]
+
+
+def test_model_parallelism_named_in_the_text_or_set_at_launch():
+    assert model_parallel("config = ParallelismConfig(tp_size=2)", None)
+    assert model_parallel("model = parallelize(model, plan={'x': SequenceParallel()})", None)
+    assert not model_parallel("accelerator = Accelerator()", None)
+    assert model_parallel("", _settings(Setting("parallelism_config_cp_size", 2, "cfg.yaml", 3, 0, "yaml")))
+    assert not model_parallel("", _settings(Setting("mixed_precision", "bf16", "cfg.yaml", 3, 0, "yaml")))

@@ -9,7 +9,7 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
-from lintdist.values import enum_member, known_value, parses_as_bool, python_value, shell_expansion
+from lintdist.values import enum_member, known_value, number_literal, parses_as_bool, python_value, shell_expansion
 
 MIXED = frozenset({"torch.distributed.fsdp.MixedPrecision"})
 
@@ -77,3 +77,27 @@ def test_launch_words():
     assert not parses_as_bool("FULL_SHARD") and not parses_as_bool(2)
     assert shell_expansion("$RESHARD") and shell_expansion("${R:-true}") and shell_expansion("`cat f`")
     assert not shell_expansion("true") and not shell_expansion(True)
+
+
+def test_a_number_written_in_the_script():
+    facts = _facts(
+        """
+        if flag:
+            same = 1e-3
+        else:
+            same = 1e-3
+        if flag:
+            differs = 1e-3
+        else:
+            differs = 1e-4
+        computed = base * 2
+        f(3e-4, same, differs, computed, unknown)
+        """
+    )
+    call = facts.calls[-1]
+    literal, same, differs, computed, unknown = (a.value for a in call.args)
+    assert number_literal(facts, literal, call) == "3e-4"
+    assert number_literal(facts, same, call) == "1e-3"
+    assert number_literal(facts, differs, call) is None
+    assert number_literal(facts, computed, call) is None
+    assert number_literal(facts, unknown, call) is None
