@@ -230,3 +230,54 @@ def is_training_stage_test(test: cst.BaseExpression) -> bool:
         strings = [test.left, *(t.comparator for t in test.comparisons)]
         return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
     return False
+
+
+# Values that are the same on every rank: syncing them changes nothing.
+RANK_INVARIANT_LOGS = frozenset(
+    {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
+)
+
+
+def per_rank_log_value(
+    facts: PythonFacts, value: cst.BaseExpression, at: cst.CSTNode, mapping: bool = False, depth: int = 0
+) -> bool:
+    """A value handed to ``self.log`` (``mapping``: to ``self.log_dict``) may differ between ranks and is not a
+    torchmetrics object or result (which sync themselves), nor a value that is the same on every rank."""
+    if depth > 3 or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+        return False
+    if _mentions(facts, value, RANK_INVARIANT_LOGS) or any(
+        # torchmetrics' `Metric.compute()` takes no argument and returns the synced value; HF `evaluate`'s
+        # `metric.compute(predictions=..., references=...)` scores this rank's data only
+        facts.method_name(c) == "compute" and not c.args
+        for c in [value, *facts.within(value, cst.Call)]
+        if isinstance(c, cst.Call)
+    ):
+        return False
+    if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
+        return False  # `self.val_acc`: a Metric (or MetricCollection) attribute; Lightning syncs it itself
+    if mapping and isinstance(value, cst.Dict):
+        return any(
+            isinstance(e, cst.DictElement) and per_rank_log_value(facts, e.value, at, False, depth + 1)
+            for e in value.elements
+        )
+    if mapping and isinstance(value, cst.DictComp):
+        return per_rank_log_value(facts, value.value, at, False, depth + 1)
+    if isinstance(value, cst.Name):
+        origins = facts.origins(value, at)
+        if not origins or any(isinstance(o.node, cst.Param) for o in origins):
+            return False  # a parameter: lintdist cannot say what it is
+        return any(
+            o.node is not value and per_rank_log_value(facts, o.node, o.node, mapping, depth + 1)
+            for o in origins
+            if isinstance(o.node, cst.BaseExpression)
+        )
+    if isinstance(value, cst.Call) and any(n.startswith("torchmetrics.") for n in facts.qualified_names(value.func)):
+        # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
+        return ".functional" in next(iter(facts.qualified_names(value.func)))
+    return True
+
+
+def _mentions(facts: PythonFacts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
+    names = [expr] if isinstance(expr, (cst.Name,)) else []
+    names += facts.within(expr, cst.Name)
+    return any(isinstance(n, cst.Name) and n.value in words for n in names)

@@ -30,17 +30,13 @@ from lintdist.lightning import (
     STEP_LEVEL_HOOKS,
     is_training_stage_test,
     names_training_stage,
+    per_rank_log_value,
     running_hooks,
     runs_on_one_device,
 )
 from lintdist.main_process import outermost_function
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-
-# Values that are the same on every rank: syncing them changes nothing.
-RANK_INVARIANT = frozenset(
-    {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
-)
 
 
 class LightningLogWithoutSyncDist(Rule):
@@ -342,7 +338,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         if _literal(argument_of(call, "rank_zero_only", None)) is True or facts.rank_split(call) is not None:
             return
         value = argument_of(call, "dictionary", 0) if kind == "log_dict" else argument_of(call, "value", 1)
-        if value is None or not self._per_rank(value, call, kind == "log_dict"):
+        if value is None or not per_rank_log_value(facts, value, call, kind == "log_dict"):
             return
         name = argument_of(call, "name", 0) if kind == "log" else None
         shown = name.value if isinstance(name, cst.SimpleString) else "'<name>'"
@@ -390,43 +386,6 @@ trainer = L.Trainer(devices=4, strategy="ddp")
 
     # -- what is logged ---------------------------------------------------------------------
 
-    def _per_rank(self, value: cst.BaseExpression, at: cst.CSTNode, mapping: bool, depth: int = 0) -> bool:
-        """The value may differ between ranks and is not a torchmetrics object or result."""
-        facts = self.facts
-        if depth > 3 or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
-            return False
-        if _mentions(facts, value, RANK_INVARIANT) or any(
-            # torchmetrics' `Metric.compute()` takes no argument and returns the synced value; HF `evaluate`'s
-            # `metric.compute(predictions=..., references=...)` scores this rank's data only
-            facts.method_name(c) == "compute" and not c.args
-            for c in [value, *facts.within(value, cst.Call)]
-            if isinstance(c, cst.Call)
-        ):
-            return False
-        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
-            return False  # `self.val_acc`: a Metric (or MetricCollection) attribute; Lightning syncs it itself
-        if mapping and isinstance(value, cst.Dict):
-            return any(
-                isinstance(e, cst.DictElement) and self._per_rank(e.value, at, False, depth + 1) for e in value.elements
-            )
-        if mapping and isinstance(value, cst.DictComp):
-            return self._per_rank(value.value, at, False, depth + 1)
-        if isinstance(value, cst.Name):
-            origins = facts.origins(value, at)
-            if not origins or any(isinstance(o.node, cst.Param) for o in origins):
-                return False  # a parameter: lintdist cannot say what it is
-            return any(
-                o.node is not value and self._per_rank(o.node, o.node, mapping, depth + 1)
-                for o in origins
-                if isinstance(o.node, cst.BaseExpression)
-            )
-        if isinstance(value, cst.Call) and any(
-            n.startswith("torchmetrics.") for n in facts.qualified_names(value.func)
-        ):
-            # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
-            return ".functional" in next(iter(facts.qualified_names(value.func)))
-        return True
-
 
 def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
@@ -436,9 +395,3 @@ def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value
     return None
-
-
-def _mentions(facts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
-    names = [expr] if isinstance(expr, (cst.Name,)) else []
-    names += facts.within(expr, cst.Name)
-    return any(isinstance(n, cst.Name) and n.value in words for n in names)

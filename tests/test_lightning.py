@@ -11,6 +11,7 @@ from lintdist.lightning import (
     fitting_trainers,
     is_training_stage_test,
     names_training_stage,
+    per_rank_log_value,
     returned_loss,
     running_hooks,
     runs_on_one_device,
@@ -108,3 +109,22 @@ def test_the_training_stage_by_name_and_by_test():
     assert is_training_stage_test(cst.parse_expression('"train" in mode'))
     assert not is_training_stage_test(cst.parse_expression('stage != "train"'))
     assert not is_training_stage_test(cst.parse_expression('stage == "val"'))
+
+
+def test_which_logged_values_differ_between_ranks():
+    facts = _facts(
+        """
+        import torchmetrics
+        from torchmetrics.functional import accuracy
+        def step(self, batch, param):
+            loss = self(batch).mean()
+            acc = accuracy(self(batch), batch)
+            metric = torchmetrics.Accuracy(task="binary")
+            log(loss, loss.item(), acc, metric, self.val_acc, self.val_acc.compute(), float(self.current_epoch), param, 3)
+            log({"a": loss, "b": 1}, {"e": self.current_epoch})
+        """
+    )
+    first, second = [c for c in facts.calls if facts.method_name(c) == "log"]
+    values = [per_rank_log_value(facts, a.value, first) for a in first.args]
+    assert values == [True, True, True, False, False, False, False, False, False]
+    assert [per_rank_log_value(facts, a.value, second, mapping=True) for a in second.args] == [True, False]
