@@ -968,3 +968,19 @@ def called_head(facts: PythonFacts, call: cst.Call) -> Head | None:
     if isinstance(callee, cst.Attribute) and callee.attr.value == "forward":
         callee = callee.value
     return model_head(facts, callee, call)
+
+
+# Callee roots of library functions, which take a `**batch` without being a model (`dict(**batch)`).
+LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
+MAPPING_METHODS = frozenset({"update", "get", "format", "items", "copy"})
+
+
+def may_call_model(facts: PythonFacts, call: cst.Call) -> bool:
+    """``call`` may run a model: it is not a call of this file's functions, a dict or string method, or a library
+    function (``torch.nn.functional.cross_entropy(...)``)."""
+    if facts.local_functions(call):
+        return False
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in MAPPING_METHODS:
+        return False
+    return not any(n.startswith(LIBRARY_ROOTS) for n in facts.qualified_names(func))

@@ -7,8 +7,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from lintdist.loop import is_loss_field
+
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
+    from lintdist.loop import TrainingLoop
 
 # Fields of a transformers model output that are not the loss.
 OTHER_OUTPUT_FIELDS = frozenset(
@@ -56,3 +59,12 @@ def reads_loss_field(read: cst.Attribute | cst.Subscript) -> bool:
     if isinstance(key, cst.SimpleString):
         return key.evaluated_value not in OTHER_OUTPUT_FIELDS
     return not (isinstance(key, cst.Integer) and key.value != "0")
+
+
+def loss_read_in(facts: PythonFacts, loop: TrainingLoop, call: cst.Call, scope: cst.CSTNode) -> bool:
+    """``scope`` reads the ``.loss`` (or ``["loss"]``) of the call's output: inline, or through the name last bound
+    to it."""
+    return any(
+        is_loss_field(node) and (node.value is call or loop.model_call(node) is call)
+        for node in facts.within(scope, cst.Attribute, cst.Subscript)
+    )

@@ -10,9 +10,9 @@ from lintdist.batch_keys import key_quote, keyed, mentions_key
 from lintdist.blocks import literal_binding
 from lintdist.edits import keyword_arg, replace_nodes, with_last_item
 from lintdist.facts import argument_of, string_key
-from lintdist.labels import LabelFacts, called_head, hands_labels, model_head
-from lintdist.loop import is_loss_field
+from lintdist.labels import LabelFacts, called_head, hands_labels, may_call_model, model_head
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.model_outputs import loss_read_in
 from lintdist.parallelism import (
     TORCH_CONTEXT_PARALLEL,
     Size,
@@ -25,7 +25,6 @@ from lintdist.spelling import name_taken
 
 RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
 RUNTIME_MODULES = frozenset({"lintdist.runtime", "lintdist.runtime.tokens"})
-LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
 
 
 # -- the rule ---------------------------------------------------------------------------------------------
@@ -274,10 +273,7 @@ def train(model, loader, args):
             )
             if context is None:
                 continue
-            direct = facts.calls_within(block.body)
-            seen = {id(call) for call in direct}
-            reached = [call for call in facts.reachable_calls(block.body) if id(call) not in seen]
-            for call in [*direct, *reached]:
+            for call in {id(call): call for call in facts.reachable_calls(block.body)}.values():
                 site = self._site(call, block, context)
                 if site is not None:
                     sites.append(site)
@@ -306,18 +302,10 @@ def train(model, loader, args):
         return _Site(call, block, context, labels, batch)
 
     def _model_like(self, call: cst.Call) -> bool:
-        """A call of a model: not a library function or a function of this file, and not a head that keeps
-        its labels unshifted."""
-        facts = self.facts
-        if facts.local_functions(call):
+        """A call of a model, and not of a head that keeps its labels unshifted."""
+        if not may_call_model(self.facts, call):
             return False
-        func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value in {"update", "get", "format", "items", "copy"}:
-            return False
-        names = facts.qualified_names(func)
-        if any(n.startswith(LIBRARY_ROOTS) for n in names):
-            return False  # `dict(**batch)`, `torch.nn.functional.cross_entropy(...)`
-        head = called_head(facts, call)
+        head = called_head(self.facts, call)
         return head is None or head.shifts
 
     def _holds_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
@@ -330,7 +318,7 @@ def train(model, loader, args):
         labels_facts = LabelFacts.of(facts)
         if any(labels_facts.built_stores(b, "labels") for b in labels_facts.received(call).builders):
             return True
-        return self._loss_read(call, scope)
+        return loss_read_in(facts, self.loop, call, scope)
 
     def _gets_shift_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
         facts = self.facts
@@ -338,14 +326,6 @@ def train(model, loader, args):
             return True
         scope = facts.enclosing_function(call) or facts.index.module
         return keyed(facts, scope, batch, "shift_labels") or mentions_key(facts, scope, "shift_labels")
-
-    def _loss_read(self, call: cst.Call, scope: cst.CSTNode) -> bool:
-        facts = self.facts
-        loop = self.loop
-        for node in facts.within(scope, cst.Attribute, cst.Subscript):
-            if is_loss_field(node) and (node.value is call or loop.model_call(node) is call):
-                return True
-        return False
 
     # -- reporting -----------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.labels import called_head, hands_labels, model_loss_trainer
+from lintdist.labels import called_head, hands_labels, may_call_model, model_loss_trainer
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -67,3 +67,28 @@ def test_the_head_a_call_or_its_forward_runs():
     assert called_head(facts, _call(facts, "lm.forward")).kind == "causal"
     assert called_head(facts, _call(facts, "classifier")).kind == "sequence"
     assert called_head(facts, _call(facts, "other")) is None
+
+
+def test_calls_that_may_run_a_model():
+    facts = _facts(
+        """
+        import torch.nn.functional as F
+        def helper(**kw):
+            return kw
+        model(**batch)
+        self.model(**batch)
+        helper(**batch)
+        batch.update(**extra)
+        dict(**batch)
+        F.cross_entropy(**kw)
+        """
+    )
+    module = facts.index.module
+    assert {module.code_for_node(c.func): may_call_model(facts, c) for c in facts.calls} == {
+        "model": True,
+        "self.model": True,
+        "helper": False,
+        "batch.update": False,
+        "dict": False,
+        "F.cross_entropy": False,
+    }

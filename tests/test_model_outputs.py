@@ -7,7 +7,8 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.model_outputs import reads_loss_field, reads_model_loss
+from lintdist.loop import TrainingLoop
+from lintdist.model_outputs import loss_read_in, reads_loss_field, reads_model_loss
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -58,3 +59,21 @@ def test_which_fields_may_be_the_loss():
     assert reads_loss_field(cst.parse_expression("out[0]"))
     assert not reads_loss_field(cst.parse_expression("out[2]"))
     assert reads_loss_field(cst.parse_expression("out[1:]"))
+
+
+def test_the_loss_read_inline_or_through_the_last_binding():
+    facts = _facts(
+        """
+        def train(batch):
+            out = model(**batch)
+            out.loss.backward()
+            logits = model(**batch).logits
+            inline = model(**batch)["loss"]
+        """
+    )
+    loop = TrainingLoop(facts, None)
+    scope = facts.functions["train"][0]
+    bound, logits, inline = [c for c in facts.calls if facts.method_name(c) == "model"]
+    assert loss_read_in(facts, loop, bound, scope)
+    assert not loss_read_in(facts, loop, logits, scope)
+    assert loss_read_in(facts, loop, inline, scope)
