@@ -309,3 +309,25 @@ def _repeatable_index(expr: cst.BaseExpression) -> bool:
         and isinstance(expr.operator, cst.Minus)
         and isinstance(expr.expression, cst.Integer)
     )
+
+
+def with_arg_appended(call: cst.Call, added: cst.Arg) -> cst.Call:
+    """``call`` with ``added`` after its last argument: after ``", "``, or on a line of its own when the arguments
+    are one per line with a trailing comma (the last argument keeps its comment; ``added`` takes the trailing
+    comma)."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[added])
+    last = args[-1]
+    if not isinstance(last.comma, cst.Comma):
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return call.with_changes(args=[*args, added])
+    after = last.comma.whitespace_after
+    indent = call.whitespace_before_args
+    if isinstance(after, cst.ParenthesizedWhitespace) and isinstance(indent, cst.ParenthesizedWhitespace):
+        between = after.with_changes(empty_lines=[], last_line=indent.last_line)
+        closing = after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=between))
+        return call.with_changes(args=[*args, added.with_changes(comma=cst.Comma(whitespace_after=closing))])
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, added.with_changes(comma=last.comma)])

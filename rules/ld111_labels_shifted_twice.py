@@ -6,7 +6,7 @@ import re
 
 import libcst as cst
 
-from lintdist.edits import keyword_arg, repeatable
+from lintdist.edits import keyword_arg, repeatable, with_arg_appended
 from lintdist.facts import argument_of
 from lintdist.labels import Head, LabelFacts, Received, Shift, called_head, hands_labels, model_head, model_loss_trainer
 from lintdist.model import Applicability, Fix, Severity
@@ -367,22 +367,7 @@ def _with_shift_labels(call: cst.Call) -> cst.Call | None:
     if not (isinstance(value, cst.Call) and _is_method(value, "contiguous")):
         # `ForCausalLMLoss` flattens `shift_labels` with `.view(-1)`, which fails on a slice such as `ids[:, 1:]`
         value = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("contiguous")))
-    added = keyword_arg("shift_labels", value)
-    args = list(call.args)
-    last = args[-1]
-    if not isinstance(last.comma, cst.Comma):
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(args=[*args, added])
-    after = last.comma.whitespace_after
-    indent = call.whitespace_before_args
-    if isinstance(after, cst.ParenthesizedWhitespace) and isinstance(indent, cst.ParenthesizedWhitespace):
-        # one argument per line with a trailing comma: the new one goes on its own line, the comment stays put
-        between = after.with_changes(empty_lines=[], last_line=indent.last_line)
-        closing = after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
-        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=between))
-        return call.with_changes(args=[*args, added.with_changes(comma=cst.Comma(whitespace_after=closing))])
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=[*args, added.with_changes(comma=last.comma)])
+    return with_arg_appended(call, keyword_arg("shift_labels", value))
 
 
 def _is_method(call: cst.Call, name: str) -> bool:

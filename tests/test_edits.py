@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.edits import keyword_arg, repeatable, with_last_item
+from lintdist.edits import keyword_arg, repeatable, with_arg_appended, with_last_item
 
 
 def _appended(code: str, item: cst.Arg | cst.Element) -> str:
@@ -31,3 +31,17 @@ def test_expressions_a_fix_may_write_twice():
         assert repeatable(cst.parse_expression(code)), code
     for code in ("make()", "x[f(i)]", "x.to(next(devices))", "x.clone()", "x[i + 1]", "x.to(*args)"):
         assert not repeatable(cst.parse_expression(code)), code
+
+
+def test_an_argument_appended_on_its_own_line_when_one_per_line():
+    new = keyword_arg("shift_labels", cst.Name("s"))
+    one = cst.Module([]).code_for_node
+
+    def appended(code: str) -> str:
+        return one(with_arg_appended(cst.parse_expression(code), new))
+
+    assert appended("f()") == "f(shift_labels=s)"
+    assert appended("f(a,b)") == "f(a,b, shift_labels=s)"
+    assert appended("f(a, b,)") == "f(a, b, shift_labels=s,)"
+    assert appended("f(\n    a,  # keep\n    b,\n)") == "f(\n    a,  # keep\n    b,\n    shift_labels=s,\n)"
+    assert appended("f(\n    a,\n    b,  # last\n)") == "f(\n    a,\n    b,  # last\n    shift_labels=s,\n)"
