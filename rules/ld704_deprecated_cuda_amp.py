@@ -5,50 +5,13 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
 from lintdist.api_choice import chooses_api
 from lintdist.edits import keyword_arg
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import binding_import, import_reads
 
-# The deprecated classes and functions (torch 2.13 `torch/cuda/amp/autocast_mode.py`, `grad_scaler.py`,
-# `torch/cpu/amp/*.py`: each carries `@deprecated(..., category=FutureWarning)`), by qualified name ->
-# (kind, device type). The `torch.amp` replacements have the same names.
-DEPRECATED: dict[str, tuple[str, str]] = {}
-for _device in ("cuda", "cpu"):
-    for _path, _kind in (
-        ("autocast", "autocast"),
-        ("autocast_mode.autocast", "autocast"),
-        ("GradScaler", "GradScaler"),
-        ("grad_scaler.GradScaler", "GradScaler"),
-    ):
-        DEPRECATED[f"torch.{_device}.amp.{_path}"] = (_kind, _device)
-for _kind in ("custom_fwd", "custom_bwd"):
-    DEPRECATED[f"torch.cuda.amp.{_kind}"] = (_kind, "cuda")
-    DEPRECATED[f"torch.cuda.amp.autocast_mode.{_kind}"] = (_kind, "cuda")
-DEPRECATED_NAMES = frozenset(DEPRECATED)
-OLD_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
-# The replacements, and the other spellings of them (`torch.autocast`, `torch.GradScaler`): a script that
-# names one of them next to the deprecated call is choosing between them for old torch versions.
-NEW_NAMES = frozenset(
-    {
-        "torch.amp.autocast",
-        "torch.amp.autocast_mode.autocast",
-        "torch.autocast",
-        "torch.amp.GradScaler",
-        "torch.amp.grad_scaler.GradScaler",
-        "torch.GradScaler",
-        "torch.amp.custom_fwd",
-        "torch.amp.custom_bwd",
-        "torch.amp.autocast_mode.custom_fwd",
-        "torch.amp.autocast_mode.custom_bwd",
-    }
-)
-# What `torch.amp` exports under the old names (torch 2.13 `torch/amp/__init__.py`).
-KINDS = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
-# The first torch release with each replacement: `torch.amp.autocast(device_type, ...)` 1.10,
-# `torch.amp.GradScaler(device, ...)` 2.3, `torch.amp.custom_fwd/custom_bwd(..., device_type=)` 2.4.
-SINCE = {"autocast": "1.10", "GradScaler": "2.3", "custom_fwd": "2.4", "custom_bwd": "2.4"}
 DEPRECATED_SINCE = "2.4"
 # `torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True)` against
 # `torch.amp.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`: positions differ.
@@ -253,13 +216,13 @@ class Scale(torch.autograd.Function):
         facts = self.facts
         uses: list[tuple[cst.CSTNode, cst.BaseExpression, str, str]] = []  # (reported node, callee, kind, device)
         for call in facts.calls:
-            found = self._deprecated(call.func)
+            found = deprecated_amp(facts, call.func)
             if found is not None:
                 uses.append((call, call.func, *found))
         for decorator in facts.index.nodes(cst.Decorator):
             expr = decorator.decorator
             if isinstance(expr, (cst.Name, cst.Attribute)):
-                found = self._deprecated(expr)
+                found = deprecated_amp(facts, expr)
                 if found is not None and found[0] in ("custom_fwd", "custom_bwd"):
                     uses.append((expr, expr, *found))
         uses = [use for use in uses if not chooses_api(facts, use[0], NEW_NAMES)]
@@ -281,16 +244,6 @@ class Scale(torch.autograd.Function):
                 self.report(node, message, fix=fix)
 
     # -- what is called ------------------------------------------------------------------------
-
-    def _deprecated(self, callee: cst.BaseExpression) -> tuple[str, str] | None:
-        if isinstance(callee, cst.Attribute) and callee.attr.value not in KINDS:
-            return None
-        if isinstance(callee, cst.Name) and callee.value not in KINDS and callee.value not in self.facts.imported_names:
-            return None
-        names = self.facts.qualified_names(callee)
-        if not names & DEPRECATED_NAMES or names & NEW_NAMES:
-            return None  # not deprecated, or a name bound to the old or the new API depending on the version
-        return DEPRECATED[min(names & DEPRECATED_NAMES)]
 
     # -- imports -----------------------------------------------------------------------------------
 
