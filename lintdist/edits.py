@@ -77,16 +77,7 @@ def with_arg_changes(call: cst.Call, changes: dict[int, cst.Arg | None]) -> cst.
 
 def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """``call`` with a new keyword argument ``name=value`` first, spaced as the call's arguments are."""
-    new_arg = cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    if call.args:
-        spacing = call.whitespace_before_args
-        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-        new_arg = new_arg.with_changes(comma=cst.Comma(whitespace_after=after))
-    return call.with_changes(args=(new_arg, *call.args))
+    return with_arg_first(call, keyword_arg(name, value))
 
 
 def with_keyword_last(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
@@ -331,3 +322,12 @@ def with_arg_appended(call: cst.Call, added: cst.Arg) -> cst.Call:
         return call.with_changes(args=[*args, added.with_changes(comma=cst.Comma(whitespace_after=closing))])
     args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return call.with_changes(args=[*args, added.with_changes(comma=last.comma)])
+
+
+def with_arg_first(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    """``call`` with ``arg`` before its arguments, followed by ``", "`` (or the line break the call opens with)."""
+    if call.args:
+        spacing = call.whitespace_before_args
+        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
+        arg = arg.with_changes(comma=cst.Comma(whitespace_after=after))
+    return call.with_changes(args=(arg, *call.args))

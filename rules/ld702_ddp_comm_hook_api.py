@@ -27,13 +27,9 @@ from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-
-def _classes(name: str, *modules: str) -> frozenset[str]:
-    return frozenset(f"{module}.{name}" for module in modules)
-
-
-KWARGS_HANDLER = _classes("KwargsHandler", "accelerate.utils", "accelerate.utils.dataclasses")
-DDP_KWARGS = _classes("DistributedDataParallelKwargs", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses")
+KWARGS_HANDLER_HOMES = ("accelerate.utils", "accelerate.utils.dataclasses")
+KWARGS_HANDLER = frozenset(f"{m}.KwargsHandler" for m in KWARGS_HANDLER_HOMES)
+DDP_KWARGS = frozenset(f"{m}.DistributedDataParallelKwargs" for m in ("accelerate", *KWARGS_HANDLER_HOMES))
 ENUM_IMPORT = ("accelerate.utils", HOOK_ENUM)
 DDP_KWARGS_IMPORT = ("accelerate.utils", "DistributedDataParallelKwargs")
 # Keywords people write for the hook, and the field accelerate names it.

@@ -7,7 +7,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
 from lintdist.api_choice import chooses_api
-from lintdist.edits import keyword_arg
+from lintdist.edits import keyword_arg, with_arg_first
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import binding_import, import_reads
@@ -352,12 +352,7 @@ def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNo
                         whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
                     ),
                 )
-    first = cst.Arg(value=device_string)
-    if args:
-        spacing = node.whitespace_before_args
-        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-        first = first.with_changes(comma=cst.Comma(whitespace_after=after))
-    return node.with_changes(func=new_callee, args=[first, *args])
+    return with_arg_first(node.with_changes(func=new_callee, args=args), cst.Arg(value=device_string))
 
 
 def _appended(call: cst.Call, new: cst.Arg) -> list[cst.Arg]:

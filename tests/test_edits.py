@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.edits import keyword_arg, repeatable, with_arg_appended, with_last_item
+from lintdist.edits import keyword_arg, repeatable, with_arg_appended, with_arg_first, with_last_item
 
 
 def _appended(code: str, item: cst.Arg | cst.Element) -> str:
@@ -45,3 +45,11 @@ def test_an_argument_appended_on_its_own_line_when_one_per_line():
     assert appended("f(a, b,)") == "f(a, b, shift_labels=s,)"
     assert appended("f(\n    a,  # keep\n    b,\n)") == "f(\n    a,  # keep\n    b,\n    shift_labels=s,\n)"
     assert appended("f(\n    a,\n    b,  # last\n)") == "f(\n    a,\n    b,  # last\n    shift_labels=s,\n)"
+
+
+def test_an_argument_first_spaced_as_the_call_opens():
+    first = cst.Arg(value=cst.SimpleString('"cuda"'))
+    one = cst.Module([]).code_for_node
+    assert one(with_arg_first(cst.parse_expression("f()"), first)) == 'f("cuda")'
+    assert one(with_arg_first(cst.parse_expression("f(a)"), first)) == 'f("cuda", a)'
+    assert one(with_arg_first(cst.parse_expression("f(\n    a,\n)"), first)) == 'f(\n    "cuda",\n    a,\n)'
