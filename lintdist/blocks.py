@@ -115,3 +115,13 @@ def literal_binding(
     body = list(block.body)
     before = next(i for i, s in enumerate(body) if s is line) < next(i for i, s in enumerate(body) if s is at)
     return (binding.value, line) if before else (None, None)
+
+
+def statement_before(
+    old: cst.BaseStatement, new: cst.BaseStatement, statement: cst.BaseStatement
+) -> cst.FlattenSentinel:
+    """The replacement of ``old`` by ``new`` with ``statement`` put before it; ``statement`` takes over ``old``'s
+    leading comments and blank lines."""
+    return cst.FlattenSentinel(
+        [statement.with_changes(leading_lines=old.leading_lines), new.with_changes(leading_lines=())]
+    )

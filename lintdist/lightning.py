@@ -281,3 +281,16 @@ def _mentions(facts: PythonFacts, expr: cst.BaseExpression, words: frozenset[str
     names = [expr] if isinstance(expr, (cst.Name,)) else []
     names += facts.within(expr, cst.Name)
     return any(isinstance(n, cst.Name) and n.value in words for n in names)
+
+
+def in_training_branch(facts: PythonFacts, node: cst.CSTNode, within: cst.CSTNode) -> bool:
+    """``node`` sits in the body of an ``if`` inside ``within`` that tests for the training stage (``if stage ==
+    "train":``, ``if self.training:``)."""
+    child = node
+    for ancestor in facts.ancestors(node):
+        if ancestor is within:
+            return False
+        if isinstance(ancestor, cst.If) and child is ancestor.body and is_training_stage_test(ancestor.test):
+            return True
+        child = ancestor
+    return False

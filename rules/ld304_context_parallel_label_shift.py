@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from lintdist.batch_keys import key_quote, keyed, mentions_key
-from lintdist.blocks import literal_binding
+from lintdist.blocks import literal_binding, statement_before
 from lintdist.edits import keyword_arg, replace_nodes, with_last_item
 from lintdist.facts import argument_of, string_key
 from lintdist.labels import LabelFacts, called_head, hands_labels, may_call_model, model_head
@@ -426,22 +426,10 @@ def train(model, loader, args):
         new_block = replace_nodes(site.block, inside)
         # the shift goes before the first statement that reads it: the buffers' binding, else the block
         first = buffers_line if buffers_line is not None else site.block
-        replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = []
-        for old, new in outside:
-            if old is first:
-                new = new.with_changes(leading_lines=())
-                new = cst.FlattenSentinel([statement.with_changes(leading_lines=first.leading_lines), new])
-            replacements.append((old, new))
-        if first is site.block:
-            new_block = new_block.with_changes(leading_lines=())
-            replacements.append(
-                (
-                    site.block,
-                    cst.FlattenSentinel([statement.with_changes(leading_lines=site.block.leading_lines), new_block]),
-                )
-            )
-        else:
-            replacements.append((site.block, new_block))
+        replacements = [
+            (old, statement_before(old, new, statement) if old is first else new)
+            for old, new in [*outside, (site.block, new_block)]
+        ]
         return Fix(
             Applicability.UNSAFE,
             "Shift the labels once before sharding and pass them as `shift_labels`, sharded with the other buffers",

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import libcst as cst
 
+from lintdist.branches import conditional_within
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.lightning import (
     EPOCH_LEVEL_HOOKS,
     STEP_LEVEL_HOOKS,
-    is_training_stage_test,
+    in_training_branch,
     names_training_stage,
     per_rank_log_value,
     running_hooks,
@@ -314,7 +315,10 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         on_epoch = _literal(argument_of(call, "on_epoch", None))
         on_step = _literal(argument_of(call, "on_step", None))
         hooks = running_hooks(facts, method)
-        if hooks & STEP_LEVEL_HOOKS and self._training_path(call, method, kind):
+        # a helper shared by the stages logs a training value: its key says `train` (`f"train/{k}"`), or it sits
+        # in the body of an `if` that tests for the training stage (`if stage == "train":`, `if self.training:`)
+        training = kind == "log" and names_training_stage(argument_of(call, "name", 0))
+        if hooks & STEP_LEVEL_HOOKS and (training or in_training_branch(facts, call, method)):
             hooks &= STEP_LEVEL_HOOKS  # a helper shared by the hooks, on its training branch
         if sync is not None:
             if (
@@ -351,7 +355,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             f'`self.log({shown}, ..., sync_dist=True)` when logging on epoch level in distributed setting"'
         )
         fix = None
-        if self._conditional(call, method):
+        if conditional_within(facts, call, method):
             message += "; the call is under a condition: add `sync_dist=True` only if every rank reaches it"
         else:
             fix = Fix(
@@ -360,29 +364,6 @@ trainer = L.Trainer(devices=4, strategy="ddp")
                 replacements=((call, with_keyword_last(call, "sync_dist", cst.Name("True"))),),
             )
         self.report(call, message, fix=fix)
-
-    def _training_path(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> bool:
-        """The call logs a training value in a helper that every stage calls: its key says `train`
-        (`self.log("train_loss", ...)`, `f"train/{k}"`), or it sits in the body of an `if` that tests for the
-        training stage (`if stage == "train":`, `if self.training:`)."""
-        if kind == "log" and names_training_stage(argument_of(call, "name", 0)):
-            return True
-        child: cst.CSTNode = call
-        for ancestor in self.facts.ancestors(call):
-            if ancestor is method:
-                return False
-            if isinstance(ancestor, cst.If) and child is ancestor.body and is_training_stage_test(ancestor.test):
-                return True
-            child = ancestor
-        return False
-
-    def _conditional(self, call: cst.Call, method: cst.FunctionDef) -> bool:
-        for ancestor in self.facts.ancestors(call):
-            if ancestor is method:
-                return False
-            if isinstance(ancestor, (cst.If, cst.While, cst.IfExp, cst.Try)):
-                return True
-        return False
 
     # -- what is logged ---------------------------------------------------------------------
 

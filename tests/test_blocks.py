@@ -6,7 +6,14 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.blocks import constructions_running, literal_binding, simple_statement, statement_run, with_block
+from lintdist.blocks import (
+    constructions_running,
+    literal_binding,
+    simple_statement,
+    statement_before,
+    statement_run,
+    with_block,
+)
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -112,3 +119,12 @@ def test_literal_binding_before_the_statement_in_its_block():
     assert literal_binding(facts, twice, block, cst.List) == (None, None)
     assert literal_binding(facts, inline, block, cst.List) == (inline, None)
     assert literal_binding(facts, other, block, cst.List) == (None, None)
+
+
+def test_a_statement_before_takes_over_the_leading_comments():
+    module = cst.parse_module("x = 1\n\n# the loop\nfor i in y:\n    pass\n")
+    loop = module.body[1]
+    new = loop.with_changes(body=cst.parse_statement("for j in y:\n    pass\n").body)
+    added = cst.parse_statement("z = 2\n")
+    result = module.deep_replace(loop, statement_before(loop, new, added))
+    assert result.code == "x = 1\n\n# the loop\nz = 2\nfor i in y:\n    pass\n"

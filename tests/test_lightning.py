@@ -9,6 +9,7 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.lightning import (
     fitting_trainers,
+    in_training_branch,
     is_training_stage_test,
     names_training_stage,
     per_rank_log_value,
@@ -128,3 +129,22 @@ def test_which_logged_values_differ_between_ranks():
     values = [per_rank_log_value(facts, a.value, first) for a in first.args]
     assert values == [True, True, True, False, False, False, False, False, False]
     assert [per_rank_log_value(facts, a.value, second, mapping=True) for a in second.args] == [True, False]
+
+
+def test_the_training_branch_inside_a_method():
+    facts = _facts(
+        """
+        def shared(self, batch, stage):
+            if stage == "train":
+                log("a")
+            else:
+                log("b")
+            if self.training:
+                if x:
+                    log("c")
+            log("d")
+        """
+    )
+    method = _method(facts, "shared")
+    logs = {c.args[0].value.evaluated_value: in_training_branch(facts, c, method) for c in facts.calls}
+    assert logs == {"a": True, "b": False, "c": True, "d": False}
