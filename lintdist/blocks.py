@@ -107,3 +107,38 @@ def guarded_line(statement: cst.SimpleStatementLine, test: str) -> cst.If:
         body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
         leading_lines=statement.leading_lines,
     )
+
+
+def literal_binding(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, kind: type
+) -> tuple[cst.CSTNode | None, cst.SimpleStatementLine | None]:
+    """(the literal, the statement binding it) for ``expr`` when it is a literal of type ``kind`` (no statement),
+    or a name bound once, to one, by a one-statement line of ``at``'s function that comes before ``at`` in the
+    same block; (None, None) otherwise."""
+    if isinstance(expr, kind):
+        return expr, None
+    if not isinstance(expr, cst.Name):
+        return None, None
+    bindings = facts.bindings(expr.value, at)
+    if len(bindings) != 1 or bindings[0].index is not None or bindings[0].function is not facts.enclosing_function(at):
+        return None, None
+    binding = bindings[0]
+    line = facts.parent(binding.statement)
+    if not isinstance(binding.value, kind) or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None, None
+    block = facts.parent(at)
+    if facts.parent(line) is not block:
+        return None, None
+    body = list(block.body)
+    before = next(i for i, s in enumerate(body) if s is line) < next(i for i, s in enumerate(body) if s is at)
+    return (binding.value, line) if before else (None, None)
+
+
+def statement_before(
+    old: cst.BaseStatement, new: cst.BaseStatement, statement: cst.BaseStatement
+) -> cst.FlattenSentinel:
+    """The replacement of ``old`` by ``new`` with ``statement`` put before it; ``statement`` takes over ``old``'s
+    leading comments and blank lines."""
+    return cst.FlattenSentinel(
+        [statement.with_changes(leading_lines=old.leading_lines), new.with_changes(leading_lines=())]
+    )

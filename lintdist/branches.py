@@ -64,3 +64,14 @@ def constant_int(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) 
         if any(item.name.value == name for item in statement.names):
             return None
     return values.pop()
+
+
+def conditional_within(facts: PythonFacts, node: cst.CSTNode, within: cst.CSTNode) -> bool:
+    """``node`` sits under an ``if``, ``while``, conditional expression or ``try`` inside ``within``: it may not run
+    whenever ``within`` does."""
+    for ancestor in facts.ancestors(node):
+        if ancestor is within:
+            return False
+        if isinstance(ancestor, (cst.If, cst.While, cst.IfExp, cst.Try)):
+            return True
+    return False

@@ -77,16 +77,7 @@ def with_arg_changes(call: cst.Call, changes: dict[int, cst.Arg | None]) -> cst.
 
 def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """``call`` with a new keyword argument ``name=value`` first, spaced as the call's arguments are."""
-    new_arg = cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    if call.args:
-        spacing = call.whitespace_before_args
-        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-        new_arg = new_arg.with_changes(comma=cst.Comma(whitespace_after=after))
-    return call.with_changes(args=(new_arg, *call.args))
+    return with_arg_first(call, keyword_arg(name, value))
 
 
 def with_keyword_last(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
@@ -296,3 +287,97 @@ def module_import(module_bindings: list, module: str) -> tuple[tuple[str, None],
         for b in module_bindings
     )
     return () if plain else None
+
+
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """A keyword argument ``name=value`` written without spaces around ``=``."""
+    return cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def with_last_item(node: cst.Call | cst.List | cst.Set, item: cst.Arg | cst.Element):
+    """A call, list or set with ``item`` (an ``Arg`` or ``Element``) after its others: the last one takes the
+    separator of the two before it (``", "`` after a lone one) and ``item`` takes a trailing comma."""
+    field = "args" if isinstance(node, cst.Call) else "elements"
+    items = list(getattr(node, field))
+    if not items:
+        return node.with_changes(**{field: [item]})
+    last = items[-1]
+    between = items[-2].comma if len(items) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    items[-1] = last.with_changes(comma=between)
+    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
+    return node.with_changes(**{field: [*items, item.with_changes(comma=trailing)]})
+
+
+# Tensor methods a fix may repeat (`labels.to(device)` twice gives the same tensor twice).
+REPEATABLE_METHODS = frozenset({"to", "cuda", "cpu", "long", "contiguous"})
+
+
+def repeatable(expr: cst.BaseExpression) -> bool:
+    """An expression a fix may write twice: names, attributes, subscripts by literals, names and slices, and
+    ``REPEATABLE_METHODS`` calls on those."""
+    if isinstance(expr, cst.Name):
+        return True
+    if isinstance(expr, cst.Attribute):
+        return repeatable(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return repeatable(expr.value) and all(_repeatable_slice(element.slice) for element in expr.slice)
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in REPEATABLE_METHODS
+    ):
+        return repeatable(expr.func.value) and all(not arg.star and _repeatable_index(arg.value) for arg in expr.args)
+    return False
+
+
+def _repeatable_slice(part: cst.BaseSlice) -> bool:
+    if isinstance(part, cst.Index):
+        return _repeatable_index(part.value)
+    return all(bound is None or _repeatable_index(bound) for bound in (part.lower, part.upper, part.step))
+
+
+def _repeatable_index(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.SimpleString, cst.Integer, cst.Ellipsis)):
+        return True
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return repeatable(expr)
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+    )
+
+
+def with_arg_appended(call: cst.Call, added: cst.Arg) -> cst.Call:
+    """``call`` with ``added`` after its last argument: after ``", "``, or on a line of its own when the arguments
+    are one per line with a trailing comma (the last argument keeps its comment; ``added`` takes the trailing
+    comma)."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[added])
+    last = args[-1]
+    if not isinstance(last.comma, cst.Comma):
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return call.with_changes(args=[*args, added])
+    after = last.comma.whitespace_after
+    indent = call.whitespace_before_args
+    if isinstance(after, cst.ParenthesizedWhitespace) and isinstance(indent, cst.ParenthesizedWhitespace):
+        between = after.with_changes(empty_lines=[], last_line=indent.last_line)
+        closing = after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=between))
+        return call.with_changes(args=[*args, added.with_changes(comma=cst.Comma(whitespace_after=closing))])
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, added.with_changes(comma=last.comma)])
+
+
+def with_arg_first(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    """``call`` with ``arg`` before its arguments, followed by ``", "`` (or the line break the call opens with)."""
+    if call.args:
+        spacing = call.whitespace_before_args
+        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
+        arg = arg.with_changes(comma=cst.Comma(whitespace_after=after))
+    return call.with_changes(args=(arg, *call.args))

@@ -934,3 +934,52 @@ def _mentions_ignore_index(facts: PythonFacts, function: cst.CSTNode) -> bool:
         for call in facts.calls_within(function)
         for arg in call.args
     )
+
+
+# Trainer methods whose override computes the loss itself (not with the model's own loss).
+OWN_LOSS_METHODS = frozenset({"compute_loss", "training_step"})
+
+
+def model_loss_trainer(facts: PythonFacts, call: cst.Call) -> bool:
+    """``call`` builds a transformers (or TRL) Trainer that trains on its model's own loss: the library class, or
+    a subclass of this file that overrides neither ``compute_loss`` nor ``training_step``."""
+    name = facts.method_name(call) or ""
+    if "Trainer" not in name and name not in facts.local_classes():
+        return False  # (a cheap test first: resolving every call's name is the expensive part)
+    if facts.callee_is(call, TRAINERS):
+        return True
+    if not facts.is_instance_of(call, TRAINERS):
+        return False
+    name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
+    classes = [c for c in facts.classes if c.name.value == name]
+    return not any(
+        facts.enclosing_class(f) in classes for method in OWN_LOSS_METHODS for f in facts.functions.get(method, ())
+    )
+
+
+def hands_labels(call: cst.Call) -> bool:
+    """A call that can hand a model its labels: a ``labels=`` keyword or a ``**batch``."""
+    return any(arg.star == "**" or (arg.keyword is not None and arg.keyword.value == "labels") for arg in call.args)
+
+
+def called_head(facts: PythonFacts, call: cst.Call) -> Head | None:
+    """The head of the model a call runs: ``model(...)`` or ``model.forward(...)`` (see ``model_head``)."""
+    from lintdist.wrappers import forward_target
+
+    return model_head(facts, forward_target(call), call)
+
+
+# Callee roots of library functions, which take a `**batch` without being a model (`dict(**batch)`).
+LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
+MAPPING_METHODS = frozenset({"update", "get", "format", "items", "copy"})
+
+
+def may_call_model(facts: PythonFacts, call: cst.Call) -> bool:
+    """``call`` may run a model: it is not a call of this file's functions, a dict or string method, or a library
+    function (``torch.nn.functional.cross_entropy(...)``)."""
+    if facts.local_functions(call):
+        return False
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in MAPPING_METHODS:
+        return False
+    return not any(n.startswith(LIBRARY_ROOTS) for n in facts.qualified_names(func))

@@ -167,3 +167,168 @@ def scales_loss(facts: PythonFacts) -> bool:
         if isinstance(strategy, str) and strategy.startswith("deepspeed"):
             return True
     return False
+
+
+# Hooks whose `self.log` defaults to `on_epoch=True` (`fx_validator.py`; the `*_epoch_end` methods of Lightning 1.x).
+EPOCH_LEVEL_HOOKS = frozenset(
+    {
+        "validation_step",
+        "test_step",
+        "on_validation_batch_start",
+        "on_validation_batch_end",
+        "on_test_batch_start",
+        "on_test_batch_end",
+        "on_train_start",
+        "on_validation_start",
+        "on_test_start",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_epoch_start",
+        "on_validation_epoch_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+        "training_epoch_end",
+        "validation_epoch_end",
+        "test_epoch_end",
+    }
+)
+# Hooks whose `self.log` defaults to `on_step=True, on_epoch=False`.
+STEP_LEVEL_HOOKS = frozenset(
+    {
+        "training_step",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "optimizer_step",
+        "on_before_zero_grad",
+        "optimizer_zero_grad",
+        "configure_gradient_clipping",
+        "backward",
+    }
+)
+HELPER_DEPTH = 3
+
+
+def running_hooks(
+    facts: PythonFacts, method: cst.FunctionDef, depth: int = 0, seen: frozenset[int] = frozenset()
+) -> set[str]:
+    """The Lightning hooks (of ``EPOCH_LEVEL_HOOKS`` and ``STEP_LEVEL_HOOKS``) that run ``method``: itself, or the
+    hooks of the methods that call it (``self.<name>(...)`` anywhere in the file, since a base class's helper is
+    called from a subclass's hook, and the calls lintdist resolves to it), a few helpers deep."""
+    from lintdist.main_process import outermost_function
+
+    name = method.name.value
+    if name in EPOCH_LEVEL_HOOKS or name in STEP_LEVEL_HOOKS:
+        return {name}
+    if depth >= HELPER_DEPTH or id(method) in seen:
+        return set()
+    sites = [call for call in facts.calls if _self_method_call(call, name)]
+    sites += [site for site in facts.call_sites(method) if site not in sites]
+    found: set[str] = set()
+    for site in sites:
+        caller = outermost_function(facts, site)
+        if caller is not None:
+            found |= running_hooks(facts, caller, depth + 1, seen | {id(method)})
+    return found
+
+
+def _self_method_call(call: cst.Call, name: str) -> bool:
+    func = call.func
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == name
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "self"
+    )
+
+
+def runs_on_one_device(facts: PythonFacts) -> bool:
+    """Every ``Trainer(...)`` of this file runs on one device; False when there is none."""
+    trainers = facts.lightning_trainers
+    return bool(trainers) and all(facts.trainer_devices(call) == "one" for call in trainers)
+
+
+def names_training_stage(expr: cst.BaseExpression | None) -> bool:
+    """A string (or the head of an f-string) that names the training stage: ``"train_loss"``, ``f"train/{k}"``."""
+    if isinstance(expr, cst.SimpleString):
+        return "train" in str(expr.evaluated_value).lower()
+    if isinstance(expr, cst.FormattedString) and expr.parts:
+        head = expr.parts[0]
+        return isinstance(head, cst.FormattedStringText) and "train" in head.value.lower()
+    return False
+
+
+def is_training_stage_test(test: cst.BaseExpression) -> bool:
+    """A test that holds in the training stage: ``self.training``, ``stage == "train"``, ``"train" in mode``."""
+    if isinstance(test, cst.Attribute) and test.attr.value == "training":
+        return True
+    if isinstance(test, cst.Comparison) and all(isinstance(t.operator, (cst.Equal, cst.In)) for t in test.comparisons):
+        strings = [test.left, *(t.comparator for t in test.comparisons)]
+        return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
+    return False
+
+
+# Values that are the same on every rank: syncing them changes nothing.
+RANK_INVARIANT_LOGS = frozenset(
+    {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
+)
+
+
+def per_rank_log_value(
+    facts: PythonFacts, value: cst.BaseExpression, at: cst.CSTNode, mapping: bool = False, depth: int = 0
+) -> bool:
+    """A value handed to ``self.log`` (``mapping``: to ``self.log_dict``) may differ between ranks and is not a
+    torchmetrics object or result (which sync themselves), nor a value that is the same on every rank."""
+    if depth > 3 or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+        return False
+    if _mentions(facts, value, RANK_INVARIANT_LOGS) or any(
+        # torchmetrics' `Metric.compute()` takes no argument and returns the synced value; HF `evaluate`'s
+        # `metric.compute(predictions=..., references=...)` scores this rank's data only
+        facts.method_name(c) == "compute" and not c.args
+        for c in [value, *facts.within(value, cst.Call)]
+        if isinstance(c, cst.Call)
+    ):
+        return False
+    if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
+        return False  # `self.val_acc`: a Metric (or MetricCollection) attribute; Lightning syncs it itself
+    if mapping and isinstance(value, cst.Dict):
+        return any(
+            isinstance(e, cst.DictElement) and per_rank_log_value(facts, e.value, at, False, depth + 1)
+            for e in value.elements
+        )
+    if mapping and isinstance(value, cst.DictComp):
+        return per_rank_log_value(facts, value.value, at, False, depth + 1)
+    if isinstance(value, cst.Name):
+        origins = facts.origins(value, at)
+        if not origins or any(isinstance(o.node, cst.Param) for o in origins):
+            return False  # a parameter: lintdist cannot say what it is
+        return any(
+            o.node is not value and per_rank_log_value(facts, o.node, o.node, mapping, depth + 1)
+            for o in origins
+            if isinstance(o.node, cst.BaseExpression)
+        )
+    if isinstance(value, cst.Call) and any(n.startswith("torchmetrics.") for n in facts.qualified_names(value.func)):
+        # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
+        return ".functional" in next(iter(facts.qualified_names(value.func)))
+    return True
+
+
+def _mentions(facts: PythonFacts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
+    names = [expr] if isinstance(expr, (cst.Name,)) else []
+    names += facts.within(expr, cst.Name)
+    return any(isinstance(n, cst.Name) and n.value in words for n in names)
+
+
+def in_training_branch(facts: PythonFacts, node: cst.CSTNode, within: cst.CSTNode) -> bool:
+    """``node`` sits in the body of an ``if`` inside ``within`` that tests for the training stage (``if stage ==
+    "train":``, ``if self.training:``)."""
+    child = node
+    for ancestor in facts.ancestors(node):
+        if ancestor is within:
+            return False
+        if isinstance(ancestor, cst.If) and child is ancestor.body and is_training_stage_test(ancestor.test):
+            return True
+        child = ancestor
+    return False

@@ -167,3 +167,17 @@ def _mesh_owner(facts: PythonFacts, expr: cst.CSTNode, at: cst.CSTNode) -> cst.B
     if expr.attr.value == "device_mesh" and isinstance(state, cst.Attribute) and state.attr.value == "state":
         return state.value if facts.accelerator_like(state.value, at) else None
     return None
+
+
+# Tensor, context, sequence or pipeline parallelism named in a script: ranks that share a batch.
+MODEL_PARALLEL_WORDS = ("ParallelismConfig", "parallelism_config", "SequenceParallel", "tp_size", "cp_size", "sp_size")
+
+
+def model_parallel(text: str, settings: LaunchSettings | None) -> bool:
+    """The script's text names tensor, context or sequence parallelism, or its launch settings configure it
+    (``parallelism_config_*``, ``tp_*``, ``cp_*``, ``sp_*``): some ranks share a batch."""
+    if any(word in text for word in MODEL_PARALLEL_WORDS):
+        return True
+    return settings is not None and any(
+        name.startswith(("parallelism_config", "tp_", "cp_", "sp_")) for name in settings.values
+    )

@@ -213,3 +213,44 @@ def variable_spelled(facts: PythonFacts, name: str) -> bool:
         if not (body is not None and isinstance(facts.parent(body), cst.ClassDef)):
             return True
     return False
+
+
+def name_taken(facts: PythonFacts, name: str, imported_from: frozenset[str] = frozenset()) -> bool:
+    """``name`` is bound anywhere in the file (an assignment, a parameter, a ``from`` import, a ``def`` or a class),
+    other than by ``from <one of imported_from> import <name>``: a fix cannot add a binding of that name."""
+    if facts._bindings.get(name) or any(p.name.value == name for p in facts.index.nodes(cst.Param)):
+        return True
+    for statement in facts.index.nodes(cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        module = get_full_name_for_node(statement.module) if statement.module is not None else ""
+        for alias in statement.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if get_full_name_for_node(bound) == name and module not in imported_from:
+                return True
+    return bool(facts.functions.get(name)) or name in {c.name.value for c in facts.classes}
+
+
+def binding_import(facts: PythonFacts, name: str) -> cst.Import | cst.ImportFrom | None:
+    """The first import statement of the file that binds ``name`` (``import a.b as name``, ``from m import
+    name``); None when no import binds it."""
+    for statement in facts.index.nodes(cst.Import, cst.ImportFrom):
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        for alias in statement.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if isinstance(bound, cst.Name) and bound.value == name:
+                return statement
+    return None
+
+
+def import_reads(facts: PythonFacts, statement: cst.Import | cst.ImportFrom) -> list[cst.Name]:
+    """The reads of the names an import statement binds, outside it (not ``x.<name>`` nor a keyword ``<name>=``)."""
+    if isinstance(statement.names, cst.ImportStar):
+        return []
+    bound = {get_full_name_for_node(a.asname.name if a.asname is not None else a.name) for a in statement.names}
+    return [
+        name
+        for name in facts.index.nodes(cst.Name)
+        if name.value in bound and not facts.is_within(name, statement) and facts.is_variable(name)
+    ]

@@ -119,3 +119,16 @@ def truth(
         return None
     truths = {truth(facts, value, where, parameters=parameters, depth=depth + 1) for value, where in values}
     return truths.pop() if len(truths) == 1 else None
+
+
+def number_literal(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+    """The number an expression is, as written in the script: a literal, or a name whose every binding is the
+    same number literal; None otherwise."""
+    if isinstance(expr, (cst.Float, cst.Integer)):
+        return expr.value
+    if isinstance(expr, cst.Name):
+        origins = facts.origins(expr, at)
+        if origins and all(isinstance(o.node, (cst.Float, cst.Integer)) for o in origins):
+            values = {o.node.value for o in origins}
+            return values.pop() if len(values) == 1 else None
+    return None

@@ -5,22 +5,13 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
+from lintdist.edits import keyword_arg, repeatable, with_arg_appended
 from lintdist.facts import argument_of
-from lintdist.labels import TRAINERS, Head, LabelFacts, Received, Shift, model_head
+from lintdist.labels import Head, LabelFacts, Received, Shift, called_head, hands_labels, model_head, model_loss_trainer
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.model_outputs import reads_model_loss
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-from lintdist.wrappers import forward_target
-
-# Methods a Trainer subclass overrides when it computes the loss itself (then the labels may be used as they are).
-OWN_LOSS_METHODS = frozenset({"compute_loss", "training_step"})
-# Tensor methods the fix may repeat (`labels.to(device)` twice gives the same tensor twice).
-PURE_METHODS = frozenset({"to", "cuda", "cpu", "long", "contiguous"})
-# Fields of a model output that are not the loss.
-OTHER_OUTPUT_FIELDS = frozenset(
-    {"logits", "hidden_states", "attentions", "past_key_values", "last_hidden_state", "aux_loss", "router_logits"}
-)
 
 
 class LabelsShiftedTwice(Rule):
@@ -281,19 +272,19 @@ trainer.train()
         labels = LabelFacts.of(facts)
         found: dict[int, tuple[Shift, list[tuple[cst.Call, Head, bool]]]] = {}
         for call in facts.calls:
-            if self._is_trainer(call):
+            if model_loss_trainer(facts, call):
                 model = argument_of(call, "model", 0)
                 head = model_head(facts, model, call) if model is not None else None
                 if head is None or head.kind != "causal" or not head.shifts:
                     continue
                 received = labels.trainer_received(call)
                 trainer = True
-            elif _model_call_shape(call):
-                head = model_head(facts, forward_target(call), call)
+            elif hands_labels(call):
+                head = called_head(facts, call)
                 if head is None or head.kind != "causal" or not head.shifts:
                     continue
                 received = labels.received(call)
-                if received.shifts and not self._loss_read(call):
+                if received.shifts and not reads_model_loss(facts, call):
                     continue  # the loss is computed by hand on the logits
                 trainer = False
             else:
@@ -303,53 +294,6 @@ trainer.train()
         claimed: set[int] = set()
         for shift, uses in found.values():
             self._report(shift, uses, claimed)
-
-    def _is_trainer(self, call: cst.Call) -> bool:
-        facts = self.facts
-        name = facts.method_name(call) or ""
-        if "Trainer" not in name and name not in facts.local_classes():
-            return False  # (a cheap test first: resolving every call's name is the expensive part)
-        if facts.callee_is(call, TRAINERS):
-            return True
-        if not facts.is_instance_of(call, TRAINERS):
-            return False
-        name = (get_full_name_for_node(call.func) or "").rsplit(".", 1)[-1]
-        classes = [c for c in facts.classes if c.name.value == name]
-        return not any(
-            facts.enclosing_class(f) in classes for method in OWN_LOSS_METHODS for f in facts.functions.get(method, ())
-        )
-
-    def _loss_read(self, call: cst.Call) -> bool:
-        """The model's own loss is used: ``.loss``, ``["loss"]``/``[0]``, or an output that goes somewhere lintdist
-        cannot see; False when every read of the output takes another field (``.logits``)."""
-        facts = self.facts
-        parent = facts.parent(call)
-        if isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is call:
-            return _reads_loss(parent)
-        statement = parent
-        if not (
-            isinstance(statement, cst.Assign)
-            and len(statement.targets) == 1
-            and isinstance(statement.targets[0].target, cst.Name)
-        ):
-            return True
-        target = statement.targets[0].target
-        function = facts.enclosing_function(call)
-        names = facts.within(function, cst.Name) if function is not None else facts.index.nodes(cst.Name)
-        for name in names:
-            if name.value != target.value or name is target:
-                continue
-            if function is None and facts.enclosing_function(name) is not None:
-                continue
-            read = facts.parent(name)
-            if isinstance(read, (cst.Attribute, cst.Subscript)) and read.value is name:
-                if _reads_loss(read):
-                    return True
-                continue
-            if isinstance(read, cst.AssignTarget):
-                continue  # rebound
-            return True
-        return False
 
     def _report(self, shift: Shift, uses: list[tuple[cst.Call, Head, bool]], claimed: set[int]) -> None:
         code = self.context.module.code_for_node
@@ -407,87 +351,24 @@ def _reported(received: Received) -> tuple[Shift, ...]:
     return () if received.shift_labels else received.shifts
 
 
-def _model_call_shape(call: cst.Call) -> bool:
-    """A call that can hand a model its labels: a ``labels=`` keyword or a ``**batch``."""
-    return any(arg.star == "**" or (arg.keyword is not None and arg.keyword.value == "labels") for arg in call.args)
-
-
-def _reads_loss(read: cst.Attribute | cst.Subscript) -> bool:
-    if isinstance(read, cst.Attribute):
-        return read.attr.value not in OTHER_OUTPUT_FIELDS
-    if len(read.slice) != 1 or not isinstance(read.slice[0].slice, cst.Index):
-        return True
-    key = read.slice[0].slice.value
-    if isinstance(key, cst.SimpleString):
-        return key.evaluated_value not in OTHER_OUTPUT_FIELDS
-    return not (isinstance(key, cst.Integer) and key.value != "0")
-
-
 def _with_shift_labels(call: cst.Call) -> cst.Call | None:
     """The call with ``shift_labels=<its labels>`` added after its last argument, in the call's own layout."""
     labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
     if labels is not None:
-        if not _plain(labels):
+        if not repeatable(labels):
             return None
         value = labels.deep_clone()
     else:
         stars = [a.value for a in call.args if a.star == "**"]
-        if len(stars) != 1 or not _plain(stars[0]):
+        if len(stars) != 1 or not repeatable(stars[0]):
             return None
         key = cst.SubscriptElement(cst.Index(cst.SimpleString('"labels"')))
         value = cst.Subscript(value=stars[0].deep_clone(), slice=[key])
     if not (isinstance(value, cst.Call) and _is_method(value, "contiguous")):
         # `ForCausalLMLoss` flattens `shift_labels` with `.view(-1)`, which fails on a slice such as `ids[:, 1:]`
         value = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("contiguous")))
-    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-    added = cst.Arg(value=value, keyword=cst.Name("shift_labels"), equal=equal)
-    args = list(call.args)
-    last = args[-1]
-    if not isinstance(last.comma, cst.Comma):
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(args=[*args, added])
-    after = last.comma.whitespace_after
-    indent = call.whitespace_before_args
-    if isinstance(after, cst.ParenthesizedWhitespace) and isinstance(indent, cst.ParenthesizedWhitespace):
-        # one argument per line with a trailing comma: the new one goes on its own line, the comment stays put
-        between = after.with_changes(empty_lines=[], last_line=indent.last_line)
-        closing = after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
-        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=between))
-        return call.with_changes(args=[*args, added.with_changes(comma=cst.Comma(whitespace_after=closing))])
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=[*args, added.with_changes(comma=last.comma)])
+    return with_arg_appended(call, keyword_arg("shift_labels", value))
 
 
 def _is_method(call: cst.Call, name: str) -> bool:
     return isinstance(call.func, cst.Attribute) and call.func.attr.value == name
-
-
-def _plain(expr: cst.BaseExpression) -> bool:
-    """An expression the fix may write twice: names, attributes and subscripts by literals, names and slices."""
-    if isinstance(expr, cst.Name):
-        return True
-    if isinstance(expr, cst.Attribute):
-        return _plain(expr.value)
-    if isinstance(expr, cst.Subscript):
-        return _plain(expr.value) and all(_plain_slice(element.slice) for element in expr.slice)
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in PURE_METHODS:
-        return _plain(expr.func.value) and all(not arg.star and _plain_index(arg.value) for arg in expr.args)
-    return False
-
-
-def _plain_slice(part: cst.BaseSlice) -> bool:
-    if isinstance(part, cst.Index):
-        return _plain_index(part.value)
-    return all(bound is None or _plain_index(bound) for bound in (part.lower, part.upper, part.step))
-
-
-def _plain_index(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, (cst.SimpleString, cst.Integer, cst.Ellipsis)):
-        return True
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        return _plain(expr)
-    return (
-        isinstance(expr, cst.UnaryOperation)
-        and isinstance(expr.operator, cst.Minus)
-        and isinstance(expr.expression, cst.Integer)
-    )

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.edits import replace_nodes
-from lintdist.facts import PythonFacts, argument_of, string_key
-from lintdist.labels import LabelFacts, model_head
-from lintdist.loop import is_loss_field
+from lintdist.batch_keys import key_quote, keyed, mentions_key
+from lintdist.blocks import literal_binding, statement_before
+from lintdist.edits import keyword_arg, replace_nodes, with_last_item
+from lintdist.facts import argument_of, string_key
+from lintdist.labels import LabelFacts, called_head, hands_labels, may_call_model, model_head
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.model_outputs import loss_read_in
 from lintdist.parallelism import (
     TORCH_CONTEXT_PARALLEL,
     Size,
@@ -18,11 +20,11 @@ from lintdist.parallelism import (
     context_parallel_call,
     parallelism_size,
 )
-from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.spelling import name_taken
 
 RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
-LIBRARY_ROOTS = ("torch.", "builtins.", "numpy.", "accelerate.", "datasets.", "deepspeed.")
+RUNTIME_MODULES = frozenset({"lintdist.runtime", "lintdist.runtime.tokens"})
 
 
 # -- the rule ---------------------------------------------------------------------------------------------
@@ -266,13 +268,12 @@ def train(model, loader, args):
         facts = self.facts
         sites: list[_Site] = []
         for block in facts.index.nodes(cst.With):
-            context = next((c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None)
+            context = next(
+                (c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None
+            )
             if context is None:
                 continue
-            direct = facts.calls_within(block.body)
-            seen = {id(call) for call in direct}
-            reached = [call for call in facts.reachable_calls(block.body) if id(call) not in seen]
-            for call in [*direct, *reached]:
+            for call in {id(call): call for call in facts.reachable_calls(block.body)}.values():
                 site = self._site(call, block, context)
                 if site is not None:
                     sites.append(site)
@@ -282,10 +283,10 @@ def train(model, loader, args):
         return self.context.span(node).line
 
     def _site(self, call: cst.Call, block: cst.With, context: cst.Call) -> _Site | None:
+        if not hands_labels(call):
+            return None
         labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
         batch = next((a.value for a in call.args if a.star == "**"), None)
-        if labels is None and batch is None:
-            return None
         if isinstance(labels, cst.Name) and labels.value == "None":
             return None
         if any(a.keyword is not None and a.keyword.value == "shift_labels" for a in call.args):
@@ -295,76 +296,36 @@ def train(model, loader, args):
         if labels is None:
             if not self._holds_labels(batch, call):
                 return None
-            if self._gets_shift_labels(batch, call) or self._mentions_shift_labels(facts_scope(self.facts, block)):
+            block_scope = self.facts.enclosing_function(block) or self.facts.index.module
+            if self._gets_shift_labels(batch, call) or mentions_key(self.facts, block_scope, "shift_labels"):
                 return None
         return _Site(call, block, context, labels, batch)
 
     def _model_like(self, call: cst.Call) -> bool:
-        """A call of a model: not a library function or a function of this file, and not a head that keeps
-        its labels unshifted."""
-        facts = self.facts
-        if facts.local_functions(call):
+        """A call of a model, and not of a head that keeps its labels unshifted."""
+        if not may_call_model(self.facts, call):
             return False
-        func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value in {"update", "get", "format", "items", "copy"}:
-            return False
-        names = facts.qualified_names(func)
-        if any(n.startswith(LIBRARY_ROOTS) for n in names):
-            return False  # `dict(**batch)`, `torch.nn.functional.cross_entropy(...)`
-        target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
-        head = model_head(facts, target, call)
+        head = called_head(self.facts, call)
         return head is None or head.shifts
 
     def _holds_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
         """The ``**batch`` mapping holds ``"labels"``: read or written as ``batch["labels"]`` in the function,
         built with them, or the call's ``.loss`` is read (a transformers model computes one only from labels)."""
         facts = self.facts
-        key = get_full_name_for_node(batch)
-        function = facts.enclosing_function(call)
-        scope = function if function is not None else facts.index.module
-        if key and self._keyed(scope, key, "labels"):
+        scope = facts.enclosing_function(call) or facts.index.module
+        if keyed(facts, scope, batch, "labels"):
             return True
         labels_facts = LabelFacts.of(facts)
         if any(labels_facts.built_stores(b, "labels") for b in labels_facts.received(call).builders):
             return True
-        return self._loss_read(call, scope)
+        return loss_read_in(facts, self.loop, call, scope)
 
     def _gets_shift_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
         facts = self.facts
         if LabelFacts.of(facts).received(call).shift_labels:
             return True
-        key = get_full_name_for_node(batch)
-        function = facts.enclosing_function(call)
-        scope = function if function is not None else facts.index.module
-        if key and self._keyed(scope, key, "shift_labels"):
-            return True
-        return self._mentions_shift_labels(scope)
-
-    def _mentions_shift_labels(self, scope: cst.CSTNode) -> bool:
-        """`batch.update(shift_labels=...)`, `if "shift_labels" not in batch: ...`: the script deals with them."""
-        facts = self.facts
-        return any(
-            isinstance(node, cst.SimpleString) and string_value_of(node) == "shift_labels"
-            for node in facts.within(scope, cst.SimpleString)
-        ) or any(
-            a.keyword is not None and a.keyword.value == "shift_labels"
-            for c in facts.within(scope, cst.Call)
-            for a in c.args
-        )
-
-    def _keyed(self, scope: cst.CSTNode, key: str, name: str) -> bool:
-        return any(
-            string_key(node) == name and get_full_name_for_node(node.value) == key
-            for node in self.facts.within(scope, cst.Subscript)
-        )
-
-    def _loss_read(self, call: cst.Call, scope: cst.CSTNode) -> bool:
-        facts = self.facts
-        loop = self.loop
-        for node in facts.within(scope, cst.Attribute, cst.Subscript):
-            if is_loss_field(node) and (node.value is call or loop.model_call(node) is call):
-                return True
-        return False
+        scope = facts.enclosing_function(call) or facts.index.module
+        return keyed(facts, scope, batch, "shift_labels") or mentions_key(facts, scope, "shift_labels")
 
     # -- reporting -----------------------------------------------------------------------------------
 
@@ -406,7 +367,7 @@ def train(model, loader, args):
 
     def _fix(self, site: _Site) -> Fix | None:
         facts = self.facts
-        if self._name_taken("shift_labels", site.block):
+        if name_taken(self.facts, "shift_labels", RUNTIME_MODULES):
             return None
         code = facts.index.module.code_for_node
         accelerate = not facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
@@ -415,8 +376,8 @@ def train(model, loader, args):
         keep = argument_of(site.context, "no_restore_buffers", 2 if accelerate else None)
         if buffers is None or dims is None or not facts.is_within(site.context, site.block):
             return None  # (a context made before the block, `with cp_context:`, would need its own edit)
-        buffers_list, buffers_line = self._literal(buffers, site.block, cst.List)
-        dims_list, dims_line = self._literal(dims, site.block, cst.List)
+        buffers_list, buffers_line = literal_binding(facts, buffers, site.block, cst.List)
+        dims_list, dims_line = literal_binding(facts, dims, site.block, cst.List)
         if buffers_list is None or dims_list is None or buffers_line is not None and buffers_line is dims_line:
             return None
         if len(buffers_list.elements) != len(dims_list.elements) or any(
@@ -428,20 +389,20 @@ def train(model, loader, args):
         new_call = site.call
         if site.labels is None:
             base = code(site.batch)
-            quote = self._quote(site.batch)
+            quote = key_quote(facts, site.batch)
             labels_text = f"{base}[{quote}labels{quote}]"
             shifted_text = f"{base}[{quote}shift_labels{quote}]"
         elif string_key(site.labels) == "labels":
             labels_text = code(site.labels)
             quote = site.labels.slice[0].slice.value.quote
             shifted_text = f"{code(site.labels.value)}[{quote}shift_labels{quote}]"
-            new_call = _with_last_keyword(site.call, "shift_labels", cst.parse_expression(shifted_text))
+            new_call = with_last_item(site.call, keyword_arg("shift_labels", cst.parse_expression(shifted_text)))
         elif isinstance(site.labels, cst.Name):
             labels_text = site.labels.value
             shifted_text = "shifted_labels" if labels_text == "labels" else f"shifted_{labels_text}"
-            if self._name_taken(shifted_text, site.block):
+            if name_taken(facts, shifted_text):
                 return None
-            new_call = _with_last_keyword(site.call, "shift_labels", cst.Name(shifted_text))
+            new_call = with_last_item(site.call, keyword_arg("shift_labels", cst.Name(shifted_text)))
         else:
             return None
 
@@ -449,12 +410,12 @@ def train(model, loader, args):
         if dim is None:
             return None
         shifted = cst.parse_expression(shifted_text)
-        new_buffers = _append(buffers_list, shifted)
-        new_dims = _append(dims_list, dim.deep_clone())
+        new_buffers = with_last_item(buffers_list, cst.Element(shifted))
+        new_dims = with_last_item(dims_list, cst.Element(dim.deep_clone()))
         inside = [(site.call, new_call)] if new_call is not site.call else []
         keep_set = keep if isinstance(keep, cst.Set) else None
         if keep_set is not None:
-            inside.append((keep_set, _append(keep_set, shifted.deep_clone())))
+            inside.append((keep_set, with_last_item(keep_set, cst.Element(shifted.deep_clone()))))
         outside: list[tuple[cst.CSTNode, cst.CSTNode]] = []
         for literal, line, new in ((buffers_list, buffers_line, new_buffers), (dims_list, dims_line, new_dims)):
             if line is None:
@@ -465,52 +426,16 @@ def train(model, loader, args):
         new_block = replace_nodes(site.block, inside)
         # the shift goes before the first statement that reads it: the buffers' binding, else the block
         first = buffers_line if buffers_line is not None else site.block
-        replacements: list[tuple[cst.CSTNode, cst.CSTNode]] = []
-        for old, new in outside:
-            if old is first:
-                new = new.with_changes(leading_lines=())
-                new = cst.FlattenSentinel([statement.with_changes(leading_lines=first.leading_lines), new])
-            replacements.append((old, new))
-        if first is site.block:
-            new_block = new_block.with_changes(leading_lines=())
-            replacements.append(
-                (
-                    site.block,
-                    cst.FlattenSentinel([statement.with_changes(leading_lines=site.block.leading_lines), new_block]),
-                )
-            )
-        else:
-            replacements.append((site.block, new_block))
+        replacements = [
+            (old, statement_before(old, new, statement) if old is first else new)
+            for old, new in [*outside, (site.block, new_block)]
+        ]
         return Fix(
             Applicability.UNSAFE,
             "Shift the labels once before sharding and pass them as `shift_labels`, sharded with the other buffers",
             replacements=tuple(replacements),
             imports=(RUNTIME_IMPORT,),
         )
-
-    def _literal(
-        self, expr: cst.BaseExpression, block: cst.With, kind: type
-    ) -> tuple[cst.CSTNode | None, cst.SimpleStatementLine | None]:
-        """(the literal, the statement binding it) for a literal in the call or a name bound once to one in the
-        same function before the block; (None, None) otherwise."""
-        if isinstance(expr, kind):
-            return expr, None
-        if not isinstance(expr, cst.Name):
-            return None, None
-        facts = self.facts
-        bindings = facts.bindings(expr.value, block)
-        function = facts.enclosing_function(block)
-        if len(bindings) != 1 or bindings[0].index is not None or bindings[0].function is not function:
-            return None, None
-        binding = bindings[0]
-        line = facts.parent(binding.statement)
-        if not isinstance(binding.value, kind) or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-            return None, None
-        if self.context.span(line).line > self.context.span(block).line:
-            return None, None
-        if facts.parent(line) is not facts.parent(block):
-            return None, None  # the shift must run before it, in the same block of statements
-        return binding.value, line
 
     def _dim(self, buffers: cst.List, dims: cst.List, labels_text: str) -> cst.BaseExpression | None:
         """The sequence dimension the labels are sharded on: theirs in `buffer_seq_dims`, else the input ids',
@@ -524,70 +449,3 @@ def train(model, loader, args):
                 return dims.elements[index].value
         values = {code(e.value) for e in dims.elements}
         return dims.elements[0].value if len(values) == 1 else None
-
-    def _quote(self, batch: cst.BaseExpression) -> str:
-        """The quote the script writes its batch keys with."""
-        key = get_full_name_for_node(batch)
-        for node in self.facts.within(self.facts.index.module, cst.Subscript):
-            if string_key(node) is not None and get_full_name_for_node(node.value) == key:
-                return node.slice[0].slice.value.quote
-        return '"'
-
-    def _name_taken(self, name: str, at: cst.CSTNode) -> bool:
-        """``name`` is bound in the file otherwise than by ``from lintdist.runtime import shift_labels``."""
-        facts = self.facts
-        if facts._bindings.get(name):
-            return True
-        if any(p.name.value == name for p in facts.index.nodes(cst.Param)):
-            return True
-        for statement in facts.index.nodes(cst.ImportFrom):
-            if isinstance(statement.names, cst.ImportStar):
-                continue
-            module = get_full_name_for_node(statement.module) if statement.module is not None else ""
-            for alias in statement.names:
-                bound = alias.asname.name if alias.asname is not None else alias.name
-                if get_full_name_for_node(bound) == name and not (
-                    module in {"lintdist.runtime", "lintdist.runtime.tokens"} and name == "shift_labels"
-                ):
-                    return True
-        return any(
-            isinstance(f, cst.FunctionDef) and f.name.value == name for f in facts.functions.get(name, ())
-        ) or name in {c.name.value for c in facts.classes}
-
-
-def facts_scope(facts: PythonFacts, node: cst.CSTNode) -> cst.CSTNode:
-    """The function around ``node``, or the module."""
-    return facts.enclosing_function(node) or facts.index.module
-
-
-def string_value_of(node: cst.SimpleString) -> str | None:
-    value = node.evaluated_value
-    return value if isinstance(value, str) else None
-
-
-def _append(node, value: cst.BaseExpression):
-    """A list or set literal with one more element, laid out as its others are."""
-    elements = list(node.elements)
-    if not elements:
-        return node.with_changes(elements=[cst.Element(value)])
-    last = elements[-1]
-    between = elements[-2].comma if len(elements) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    elements[-1] = last.with_changes(comma=between)
-    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
-    elements.append(cst.Element(value, comma=trailing))
-    return node.with_changes(elements=elements)
-
-
-def _with_last_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
-    """``call`` with ``name=value`` as its last argument, laid out as its others are."""
-    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-    new_arg = cst.Arg(keyword=cst.Name(name), value=value, equal=equal)
-    args = list(call.args)
-    if not args:
-        return call.with_changes(args=[new_arg])
-    last = args[-1]
-    between = args[-2].comma if len(args) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    args[-1] = last.with_changes(comma=between)
-    trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
-    args.append(new_arg.with_changes(comma=trailing))
-    return call.with_changes(args=args)

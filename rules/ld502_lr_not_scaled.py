@@ -7,13 +7,14 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
+from lintdist.facts import argument_of
+from lintdist.global_batch import batch_grows_with_processes
 from lintdist.model import Severity
+from lintdist.optimizers import optimizer_class, stepped
+from lintdist.parallelism import model_parallel
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.values import number_literal
 
-OPTIMIZERS = frozenset(
-    {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Adafactor"}
-)
 LINEAR_RULE = frozenset({"SGD", "ASGD"})  # the linear scaling heuristic is an SGD result (Goyal et al. 2017)
 # Names that say the script scales (or deliberately fixes) its learning rate for the global batch.
 SCALING_WORDS = re.compile(
@@ -22,8 +23,6 @@ SCALING_WORDS = re.compile(
     re.IGNORECASE,
 )
 WORLD = re.compile(r"(?:num_processes|world_size|num_replicas|n_?gpus?|num_gpus|num_devices|nprocs?)$", re.IGNORECASE)
-# Tensor, context, sequence or pipeline parallelism: ranks that share a batch.
-PARALLEL_WORDS = ("ParallelismConfig", "parallelism_config", "SequenceParallel", "tp_size", "cp_size", "sp_size")
 LR_NAME = re.compile(r"(?:^|_)(?:lr|learning_rate)(?:$|_)", re.IGNORECASE)
 
 
@@ -193,72 +192,26 @@ for batch in loader:
     def finish(self) -> None:
         if self.context.is_test_module or self.loop.surely_single or self._mentions_scaling():
             return
-        if self._model_parallel():
+        if model_parallel(self.context.text, self.context.settings):
             return  # tensor, context or sequence parallel ranks share a batch: the data-parallel size is not W
         facts = self.facts
         grows = None
         for call in facts.calls:
-            optimizer = self._optimizer_name(call)
+            optimizer = optimizer_class(facts, call)
             if optimizer is None:
                 continue
             lr = argument_of(call, "lr", 1)
             if lr is None:
                 continue
-            value = self._literal(lr, call)
+            value = number_literal(facts, lr, call)
             if value is None:
                 continue
             if grows is None:
-                grows = self._batch_grows_with_processes()
+                grows = batch_grows_with_processes(facts)
             if not grows:
                 return
-            if self._stepped(call):
+            if stepped(facts, call):
                 self._report(lr, value, optimizer, grows)
-
-    def _stepped(self, constructor: cst.Call) -> bool:
-        """The script trains with this optimizer: it calls ``step()`` on it, or on what ``prepare`` made of it."""
-        facts = self.facts
-        for call in facts.calls:
-            if facts.method_name(call) != "step" or not isinstance(call.func, cst.Attribute) or call.args:
-                continue
-            for origin in facts.origins(call.func.value, call):
-                node = origin.node
-                if node is constructor:
-                    return True
-                if isinstance(node, cst.Call) and origin.index is not None and facts.is_prepare_call(node):
-                    positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
-                    if origin.index < len(positional) and any(
-                        o.node is constructor for o in facts.origins(positional[origin.index], node)
-                    ):
-                        return True
-        return False
-
-    def _optimizer_name(self, call: cst.Call) -> str | None:
-        if not isinstance(call.func, (cst.Name, cst.Attribute)):
-            return None
-        for name in self.facts.qualified_names(call.func):
-            parts = name.split(".")
-            if parts[:2] == ["torch", "optim"] and parts[-1] in OPTIMIZERS:
-                return parts[-1]
-        return None
-
-    def _literal(self, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
-        """The number an expression is, written in the script: a literal, or a name bound only to one."""
-        if isinstance(expr, (cst.Float, cst.Integer)):
-            return expr.value
-        if isinstance(expr, cst.Name):
-            origins = self.facts.origins(expr, at)
-            if origins and all(isinstance(o.node, (cst.Float, cst.Integer)) for o in origins):
-                values = {o.node.value for o in origins}
-                return values.pop() if len(values) == 1 else None
-        return None
-
-    def _model_parallel(self) -> bool:
-        if any(word in self.context.text for word in PARALLEL_WORDS):
-            return True
-        settings = self.context.settings
-        return settings is not None and any(
-            name.startswith(("parallelism_config", "tp_", "cp_", "sp_")) for name in settings.values
-        )
 
     def _mentions_scaling(self) -> bool:
         """A name of a scaling rule, or a learning rate multiplied or divided by the number of processes or a
@@ -273,50 +226,6 @@ for batch in loader:
             last = [n.rsplit(".", 1)[-1] for n in names]
             if any(LR_NAME.search(n) for n in last) and any(WORLD.search(n) or "batch" in n.lower() for n in last):
                 return True
-        return False
-
-    def _batch_grows_with_processes(self) -> str | None:
-        """How the global batch grows with the processes: "accelerate" (a loader goes through ``prepare`` without
-        ``split_batches``) or "ddp" (a ``DistributedSampler`` beside a DDP/FSDP model); None otherwise."""
-        facts = self.facts
-        prepares = [c for c in facts.calls if facts.is_prepare_call(c) and facts.method_name(c) == "prepare"]
-        for call in prepares:
-            for arg in call.args:
-                if arg.keyword is not None or arg.star:
-                    continue
-                named = "loader" in (get_full_name_for_node(arg.value) or "").rsplit(".", 1)[-1].lower()
-                built = any(
-                    isinstance(o.node, cst.Call) and facts.is_instance_of(o.node, DATALOADER_CLASSES, "DataLoader")
-                    for o in facts.origins(arg.value, call)
-                )
-                if (named or built) and not self._splits_batches(call):
-                    return "accelerate"
-        if facts.wrapped_models() and any(
-            facts.is_instance_of(c, SAMPLER_CLASSES, "DistributedSampler") for c in facts.calls
-        ):
-            return "ddp"
-        return None
-
-    def _splits_batches(self, prepare: cst.Call) -> bool:
-        facts = self.facts
-        if not isinstance(prepare.func, cst.Attribute):
-            return False
-        for origin in facts.origins(prepare.func.value, prepare):
-            accelerator = origin.node
-            if not isinstance(accelerator, cst.Call) or not facts.callee_is(accelerator, ACCELERATOR_CLASSES):
-                continue
-            if any(arg.star for arg in accelerator.args):
-                return True
-            config = argument_of(accelerator, "dataloader_config", None)
-            if config is None:
-                continue
-            for inner in facts.origins(config, accelerator):
-                node = inner.node
-                if not isinstance(node, cst.Call):
-                    return True
-                split = argument_of(node, "split_batches", 0)
-                if split is not None and not (isinstance(split, cst.Name) and split.value == "False"):
-                    return True
         return False
 
     def _report(self, lr: cst.BaseExpression, value: str, optimizer: str, grows: str) -> None:

@@ -21,43 +21,17 @@ from __future__ import annotations
 
 import libcst as cst
 
+from lintdist.comm_hooks import HOOK_ENUM, MEMBERS, WRAPPER_MEMBERS, hook_value
 from lintdist.edits import with_arg_changes
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
-
-def _classes(name: str, *modules: str) -> frozenset[str]:
-    return frozenset(f"{module}.{name}" for module in modules)
-
-
-KWARGS_HANDLER = _classes("KwargsHandler", "accelerate.utils", "accelerate.utils.dataclasses")
-DDP_KWARGS = _classes("DistributedDataParallelKwargs", "accelerate", "accelerate.utils", "accelerate.utils.dataclasses")
-HOOK_ENUM = "DDPCommunicationHookType"
-HOOK_ENUM_NAMES = _classes(HOOK_ENUM, "accelerate", "accelerate.utils", "accelerate.utils.dataclasses")
+KWARGS_HANDLER_HOMES = ("accelerate.utils", "accelerate.utils.dataclasses")
+KWARGS_HANDLER = frozenset(f"{m}.KwargsHandler" for m in KWARGS_HANDLER_HOMES)
+DDP_KWARGS = frozenset(f"{m}.DistributedDataParallelKwargs" for m in ("accelerate", *KWARGS_HANDLER_HOMES))
 ENUM_IMPORT = ("accelerate.utils", HOOK_ENUM)
 DDP_KWARGS_IMPORT = ("accelerate.utils", "DistributedDataParallelKwargs")
-# `DDPCommunicationHookType` values -> member names (accelerate 1.15)
-MEMBERS = {
-    "no": "NO",
-    "fp16": "FP16",
-    "bf16": "BF16",
-    "power_sgd": "POWER_SGD",
-    "batched_power_sgd": "BATCHED_POWER_SGD",
-}
-WRAPPER_MEMBERS = frozenset({"NO", "FP16", "BF16"})  # the `comm_wrapper` Literal
-_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
-# torch's own hook functions -> the member that makes accelerate register that same function
-TORCH_HOOKS = {
-    **{f"{_HOOKS}.{m}.fp16_compress_hook": "FP16" for m in ("default_hooks", "default")},
-    **{f"{_HOOKS}.{m}.bf16_compress_hook": "BF16" for m in ("default_hooks", "default")},
-    **{f"{_HOOKS}.{m}.powerSGD_hook": "POWER_SGD" for m in ("powerSGD_hook", "powerSGD")},
-    **{f"{_HOOKS}.{m}.batched_powerSGD_hook": "BATCHED_POWER_SGD" for m in ("powerSGD_hook", "powerSGD")},
-}
-TORCH_WRAPPERS = {
-    **{f"{_HOOKS}.{m}.fp16_compress_wrapper": "FP16" for m in ("default_hooks", "default")},
-    **{f"{_HOOKS}.{m}.bf16_compress_wrapper": "BF16" for m in ("default_hooks", "default")},
-}
 # Keywords people write for the hook, and the field accelerate names it.
 HOOK_SPELLINGS = frozenset({"ddp_communication_hook", "communication_hook", "ddp_comm_hook", "comm_hook"})
 DDP_FIELDS = frozenset(
@@ -309,7 +283,7 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
         self._unused_backend(call)
 
     def _hook_value(self, call: cst.Call, arg: cst.Arg, wrapper: bool) -> None:
-        kind, member = self._classify(arg.value, call, wrapper)
+        kind, member = hook_value(self.facts, arg.value, call, wrapper)
         keyword = arg.keyword.value
         if kind in {"enum", "unknown"}:
             return
@@ -339,40 +313,11 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
             message += f"; use one of `{HOOK_ENUM}` {', '.join(members)}"
         self.report(arg, message, fix=fix)
 
-    def _classify(self, value: cst.BaseExpression, at: cst.CSTNode, wrapper: bool) -> tuple[str, str | None]:
-        """What the value is ("enum", "string", "torch", "local", "unknown") and the member it stands for."""
-        facts = self.facts
-        table = TORCH_WRAPPERS if wrapper else TORCH_HOOKS
-        names = facts.qualified_names(value) if isinstance(value, (cst.Name, cst.Attribute)) else frozenset()
-        if any(name.rsplit(".", 1)[0] in HOOK_ENUM_NAMES for name in names):
-            return "enum", None
-        found = next((table[name] for name in names if name in table), None)
-        if found is not None:
-            return "torch", found
-        if isinstance(value, cst.Name) and facts.functions.get(value.value) and not facts.bindings(value.value, at):
-            return "local", None  # a `def` of this file
-        origins = facts.origins(value, at)
-        if len(origins) != 1 or origins[0].index is not None:
-            return "unknown", None
-        node = origins[0].node
-        if isinstance(node, cst.SimpleString):
-            text = node.evaluated_value
-            text = text.decode() if isinstance(text, bytes) else text
-            member = MEMBERS.get(text.lower())
-            if wrapper and member not in WRAPPER_MEMBERS:
-                member = None
-            return "string", member
-        if isinstance(node, (cst.Name, cst.Attribute)) and node is not value:
-            return self._classify(node, at, wrapper)
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            return "local", None
-        return "unknown", None
-
     def _hook_changes(
         self, call: cst.Call, arg: cst.Arg, wrapper: bool
     ) -> tuple[dict[int, cst.Arg | None] | None, tuple[tuple[str, str], ...]]:
         """The argument rewritten as `comm_hook=`/`comm_wrapper=` with a member value, or None if unknown."""
-        kind, member = self._classify(arg.value, call, wrapper)
+        kind, member = hook_value(self.facts, arg.value, call, wrapper)
         keyword = "comm_wrapper" if wrapper else "comm_hook"
         if kind == "enum" or (kind == "unknown" and not wrapper and arg.keyword.value != "comm_hook"):
             # an enum member, or a value lintdist cannot read: only the keyword is wrong
@@ -388,7 +333,7 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
         hook = argument_of(call, "comm_hook", None)
         if hook is None:
             return
-        kind, _ = self._classify(hook, call, wrapper=False)
+        kind, _ = hook_value(self.facts, hook, call, wrapper=False)
         if kind != "enum" or (isinstance(hook, cst.Attribute) and hook.attr.value == "NO"):
             return
         backend = self.settings.backend
@@ -416,8 +361,8 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
         if len(positional) != 2 or len(call.args) != 2:
             return
         first, second = positional
-        kind, _ = self._classify(first.value, call, wrapper=False)
-        second_kind, _ = self._classify(second.value, call, wrapper=False)
+        kind, _ = hook_value(self.facts, first.value, call, wrapper=False)
+        second_kind, _ = hook_value(self.facts, second.value, call, wrapper=False)
         if kind in {"torch", "local"} and second_kind not in {"torch", "local"}:
             swapped = with_arg_changes(
                 call,

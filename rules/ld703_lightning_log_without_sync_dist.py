@@ -23,55 +23,21 @@ from __future__ import annotations
 
 import libcst as cst
 
+from lintdist.branches import conditional_within
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
+from lintdist.lightning import (
+    EPOCH_LEVEL_HOOKS,
+    STEP_LEVEL_HOOKS,
+    in_training_branch,
+    names_training_stage,
+    per_rank_log_value,
+    running_hooks,
+    runs_on_one_device,
+)
+from lintdist.main_process import outermost_function
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-
-# Hooks whose `self.log` defaults to `on_epoch=True` (fx_validator.py; the `*_epoch_end` methods of Lightning 1.x too).
-EPOCH_HOOKS = frozenset(
-    {
-        "validation_step",
-        "test_step",
-        "on_validation_batch_start",
-        "on_validation_batch_end",
-        "on_test_batch_start",
-        "on_test_batch_end",
-        "on_train_start",
-        "on_validation_start",
-        "on_test_start",
-        "on_train_epoch_start",
-        "on_train_epoch_end",
-        "on_validation_epoch_start",
-        "on_validation_epoch_end",
-        "on_test_epoch_start",
-        "on_test_epoch_end",
-        "training_epoch_end",
-        "validation_epoch_end",
-        "test_epoch_end",
-    }
-)
-# Hooks whose `self.log` defaults to `on_step=True, on_epoch=False`.
-STEP_HOOKS = frozenset(
-    {
-        "training_step",
-        "on_train_batch_start",
-        "on_train_batch_end",
-        "on_before_backward",
-        "on_after_backward",
-        "on_before_optimizer_step",
-        "optimizer_step",
-        "on_before_zero_grad",
-        "optimizer_zero_grad",
-        "configure_gradient_clipping",
-        "backward",
-    }
-)
-# Values that are the same on every rank: syncing them changes nothing.
-RANK_INVARIANT = frozenset(
-    {"current_epoch", "global_step", "param_groups", "get_last_lr", "lr", "learning_rate", "trainer", "epoch"}
-)
-MAX_HELPER_DEPTH = 3
 
 
 class LightningLogWithoutSyncDist(Rule):
@@ -325,7 +291,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
         facts = self.facts
         modules = [cls for cls in facts.classes if facts.is_lightning_module(cls)]
-        if not modules or self._single_device():
+        if not modules or runs_on_one_device(facts):
             return
         for call in facts.calls:
             func = call.func
@@ -336,49 +302,10 @@ trainer = L.Trainer(devices=4, strategy="ddp")
                 and func.value.value == "self"
             ):
                 continue
-            method = self._method(call)
+            method = outermost_function(facts, call)
             if method is None or facts.enclosing_class(method) not in modules:
                 continue
             self._check(call, method, func.attr.value)
-
-    # -- where the call logs ----------------------------------------------------------------
-
-    def _method(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The class method the call is written in (through nested functions)."""
-        facts = self.facts
-        function = facts.enclosing_function(call)
-        while function is not None and facts.enclosing_function(function) is not None:
-            function = facts.enclosing_function(function)
-        return function
-
-    def _hooks(self, method: cst.FunctionDef, depth: int = 0, seen: frozenset[int] = frozenset()) -> set[str]:
-        """The Lightning hooks that run ``method``: itself, or the hooks of the methods that call it."""
-        name = method.name.value
-        if name in EPOCH_HOOKS or name in STEP_HOOKS:
-            return {name}
-        if depth >= MAX_HELPER_DEPTH or id(method) in seen:
-            return set()
-        found: set[str] = set()
-        for site in self._callers(method):
-            caller = self._method(site)
-            if caller is not None:
-                found |= self._hooks(caller, depth + 1, seen | {id(method)})
-        return found
-
-    def _callers(self, method: cst.FunctionDef) -> list[cst.Call]:
-        """``self.<method>(...)`` calls in the file's LightningModule classes (a base class's helper is called
-        from a subclass's hook), and the calls lintdist resolves to it."""
-        facts = self.facts
-        name = method.name.value
-        found = [
-            call
-            for call in facts.calls
-            if isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == name
-            and isinstance(call.func.value, cst.Name)
-            and call.func.value.value == "self"
-        ]
-        return found + [site for site in facts.call_sites(method) if site not in found]
 
     def _check(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> None:
         facts = self.facts
@@ -387,16 +314,19 @@ trainer = L.Trainer(devices=4, strategy="ddp")
         sync = argument_of(call, "sync_dist", None)
         on_epoch = _literal(argument_of(call, "on_epoch", None))
         on_step = _literal(argument_of(call, "on_step", None))
-        hooks = self._hooks(method)
-        if hooks & STEP_HOOKS and self._training_path(call, method, kind):
-            hooks &= STEP_HOOKS  # a helper shared by the hooks, on its training branch
+        hooks = running_hooks(facts, method)
+        # a helper shared by the stages logs a training value: its key says `train` (`f"train/{k}"`), or it sits
+        # in the body of an `if` that tests for the training stage (`if stage == "train":`, `if self.training:`)
+        training = kind == "log" and names_training_stage(argument_of(call, "name", 0))
+        if hooks & STEP_LEVEL_HOOKS and (training or in_training_branch(facts, call, method)):
+            hooks &= STEP_LEVEL_HOOKS  # a helper shared by the hooks, on its training branch
         if sync is not None:
             if (
                 _literal(sync) is True
                 and on_epoch is not True
                 and on_step is not False
                 and hooks
-                and hooks <= STEP_HOOKS
+                and hooks <= STEP_LEVEL_HOOKS
             ):
                 self.report(
                     call,
@@ -407,16 +337,16 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return
         if on_epoch is False or (on_epoch is None and argument_of(call, "on_epoch", None) is not None):
             return  # off, or decided at run time
-        if on_epoch is None and not (hooks & EPOCH_HOOKS):
+        if on_epoch is None and not (hooks & EPOCH_LEVEL_HOOKS):
             return
         if _literal(argument_of(call, "rank_zero_only", None)) is True or facts.rank_split(call) is not None:
             return
         value = argument_of(call, "dictionary", 0) if kind == "log_dict" else argument_of(call, "value", 1)
-        if value is None or not self._per_rank(value, call, kind == "log_dict"):
+        if value is None or not per_rank_log_value(facts, value, call, kind == "log_dict"):
             return
         name = argument_of(call, "name", 0) if kind == "log" else None
         shown = name.value if isinstance(name, cst.SimpleString) else "'<name>'"
-        where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_HOOKS)}`"
+        where = "with `on_epoch=True`" if on_epoch is True else f"in `{min(hooks & EPOCH_LEVEL_HOOKS)}`"
         message = (
             f"`self.{kind}` {where} logs on epoch level without `sync_dist=True`: each rank averages only its own "
             "batches and the value is never reduced across devices (the logger records rank 0's shard; "
@@ -425,7 +355,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             f'`self.log({shown}, ..., sync_dist=True)` when logging on epoch level in distributed setting"'
         )
         fix = None
-        if self._conditional(call, method):
+        if conditional_within(facts, call, method):
             message += "; the call is under a condition: add `sync_dist=True` only if every rank reaches it"
         else:
             fix = Fix(
@@ -435,79 +365,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             )
         self.report(call, message, fix=fix)
 
-    def _training_path(self, call: cst.Call, method: cst.FunctionDef, kind: str) -> bool:
-        """The call logs a training value in a helper that every stage calls: its key says `train`
-        (`self.log("train_loss", ...)`, `f"train/{k}"`), or it sits in the body of an `if` that tests for the
-        training stage (`if stage == "train":`, `if self.training:`)."""
-        name = argument_of(call, "name", 0) if kind == "log" else None
-        if isinstance(name, cst.SimpleString) and "train" in str(name.evaluated_value).lower():
-            return True
-        if isinstance(name, cst.FormattedString):
-            head = name.parts[0] if name.parts else None
-            if isinstance(head, cst.FormattedStringText) and "train" in head.value.lower():
-                return True
-        child: cst.CSTNode = call
-        for ancestor in self.facts.ancestors(call):
-            if ancestor is method:
-                return False
-            if isinstance(ancestor, cst.If) and child is ancestor.body and _tests_training(self.facts, ancestor.test):
-                return True
-            child = ancestor
-        return False
-
-    def _conditional(self, call: cst.Call, method: cst.FunctionDef) -> bool:
-        for ancestor in self.facts.ancestors(call):
-            if ancestor is method:
-                return False
-            if isinstance(ancestor, (cst.If, cst.While, cst.IfExp, cst.Try)):
-                return True
-        return False
-
     # -- what is logged ---------------------------------------------------------------------
-
-    def _per_rank(self, value: cst.BaseExpression, at: cst.CSTNode, mapping: bool, depth: int = 0) -> bool:
-        """The value may differ between ranks and is not a torchmetrics object or result."""
-        facts = self.facts
-        if depth > 3 or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
-            return False
-        if _mentions(facts, value, RANK_INVARIANT) or any(
-            # torchmetrics' `Metric.compute()` takes no argument and returns the synced value; HF `evaluate`'s
-            # `metric.compute(predictions=..., references=...)` scores this rank's data only
-            facts.method_name(c) == "compute" and not c.args
-            for c in [value, *facts.within(value, cst.Call)]
-            if isinstance(c, cst.Call)
-        ):
-            return False
-        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
-            return False  # `self.val_acc`: a Metric (or MetricCollection) attribute; Lightning syncs it itself
-        if mapping and isinstance(value, cst.Dict):
-            return any(
-                isinstance(e, cst.DictElement) and self._per_rank(e.value, at, False, depth + 1) for e in value.elements
-            )
-        if mapping and isinstance(value, cst.DictComp):
-            return self._per_rank(value.value, at, False, depth + 1)
-        if isinstance(value, cst.Name):
-            origins = facts.origins(value, at)
-            if not origins or any(isinstance(o.node, cst.Param) for o in origins):
-                return False  # a parameter: lintdist cannot say what it is
-            return any(
-                o.node is not value and self._per_rank(o.node, o.node, mapping, depth + 1)
-                for o in origins
-                if isinstance(o.node, cst.BaseExpression)
-            )
-        if isinstance(value, cst.Call) and any(
-            n.startswith("torchmetrics.") for n in facts.qualified_names(value.func)
-        ):
-            # `torchmetrics.Accuracy(...)` object: syncs itself; a functional metric is a batch value
-            return ".functional" in next(iter(facts.qualified_names(value.func)))
-        return True
-
-    # -- one device --------------------------------------------------------------------------
-
-    def _single_device(self) -> bool:
-        """Every `Trainer(...)` of this file runs on one device; False when there is none."""
-        trainers = self.facts.lightning_trainers
-        return bool(trainers) and all(self.facts.trainer_devices(call) == "one" for call in trainers)
 
 
 def _literal(expr: cst.BaseExpression | None) -> object:
@@ -518,19 +376,3 @@ def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value
     return None
-
-
-def _tests_training(facts, test: cst.BaseExpression) -> bool:
-    """``stage == "train"``, ``"train" in mode``, ``self.training``."""
-    if isinstance(test, cst.Attribute) and test.attr.value == "training":
-        return True
-    if isinstance(test, cst.Comparison) and all(isinstance(t.operator, (cst.Equal, cst.In)) for t in test.comparisons):
-        strings = [test.left, *(t.comparator for t in test.comparisons)]
-        return any(isinstance(e, cst.SimpleString) and "train" in str(e.evaluated_value).lower() for e in strings)
-    return False
-
-
-def _mentions(facts, expr: cst.BaseExpression, words: frozenset[str]) -> bool:
-    names = [expr] if isinstance(expr, (cst.Name,)) else []
-    names += facts.within(expr, cst.Name)
-    return any(isinstance(n, cst.Name) and n.value in words for n in names)

@@ -5,47 +5,13 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
+from lintdist.api_choice import chooses_api
+from lintdist.edits import keyword_arg, with_arg_first
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.spelling import binding_import, import_reads
 
-# The deprecated classes and functions (torch 2.13 `torch/cuda/amp/autocast_mode.py`, `grad_scaler.py`,
-# `torch/cpu/amp/*.py`: each carries `@deprecated(..., category=FutureWarning)`), by qualified name ->
-# (kind, device type). The `torch.amp` replacements have the same names.
-DEPRECATED: dict[str, tuple[str, str]] = {}
-for _device in ("cuda", "cpu"):
-    for _path, _kind in (
-        ("autocast", "autocast"),
-        ("autocast_mode.autocast", "autocast"),
-        ("GradScaler", "GradScaler"),
-        ("grad_scaler.GradScaler", "GradScaler"),
-    ):
-        DEPRECATED[f"torch.{_device}.amp.{_path}"] = (_kind, _device)
-for _kind in ("custom_fwd", "custom_bwd"):
-    DEPRECATED[f"torch.cuda.amp.{_kind}"] = (_kind, "cuda")
-    DEPRECATED[f"torch.cuda.amp.autocast_mode.{_kind}"] = (_kind, "cuda")
-DEPRECATED_NAMES = frozenset(DEPRECATED)
-OLD_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
-# The replacements, and the other spellings of them (`torch.autocast`, `torch.GradScaler`): a script that
-# names one of them next to the deprecated call is choosing between them for old torch versions.
-NEW_NAMES = frozenset(
-    {
-        "torch.amp.autocast",
-        "torch.amp.autocast_mode.autocast",
-        "torch.autocast",
-        "torch.amp.GradScaler",
-        "torch.amp.grad_scaler.GradScaler",
-        "torch.GradScaler",
-        "torch.amp.custom_fwd",
-        "torch.amp.custom_bwd",
-        "torch.amp.autocast_mode.custom_fwd",
-        "torch.amp.autocast_mode.custom_bwd",
-    }
-)
-# What `torch.amp` exports under the old names (torch 2.13 `torch/amp/__init__.py`).
-KINDS = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
-# The first torch release with each replacement: `torch.amp.autocast(device_type, ...)` 1.10,
-# `torch.amp.GradScaler(device, ...)` 2.3, `torch.amp.custom_fwd/custom_bwd(..., device_type=)` 2.4.
-SINCE = {"autocast": "1.10", "GradScaler": "2.3", "custom_fwd": "2.4", "custom_bwd": "2.4"}
 DEPRECATED_SINCE = "2.4"
 # `torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True)` against
 # `torch.amp.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`: positions differ.
@@ -250,16 +216,16 @@ class Scale(torch.autograd.Function):
         facts = self.facts
         uses: list[tuple[cst.CSTNode, cst.BaseExpression, str, str]] = []  # (reported node, callee, kind, device)
         for call in facts.calls:
-            found = self._deprecated(call.func)
+            found = deprecated_amp(facts, call.func)
             if found is not None:
                 uses.append((call, call.func, *found))
         for decorator in facts.index.nodes(cst.Decorator):
             expr = decorator.decorator
             if isinstance(expr, (cst.Name, cst.Attribute)):
-                found = self._deprecated(expr)
+                found = deprecated_amp(facts, expr)
                 if found is not None and found[0] in ("custom_fwd", "custom_bwd"):
                     uses.append((expr, expr, *found))
-        uses = [use for use in uses if not self._chooses_version(use[0])]
+        uses = [use for use in uses if not chooses_api(facts, use[0], NEW_NAMES)]
         if not uses:
             return
         groups: dict[int, list] = {}
@@ -279,57 +245,6 @@ class Scale(torch.autograd.Function):
 
     # -- what is called ------------------------------------------------------------------------
 
-    def _deprecated(self, callee: cst.BaseExpression) -> tuple[str, str] | None:
-        if isinstance(callee, cst.Attribute) and callee.attr.value not in KINDS:
-            return None
-        if isinstance(callee, cst.Name) and callee.value not in KINDS and callee.value not in self.facts.imported_names:
-            return None
-        names = self.facts.qualified_names(callee)
-        if not names & DEPRECATED_NAMES or names & NEW_NAMES:
-            return None  # not deprecated, or a name bound to the old or the new API depending on the version
-        return DEPRECATED[min(names & DEPRECATED_NAMES)]
-
-    def _chooses_version(self, node: cst.CSTNode) -> bool:
-        """``node`` sits in one branch of a choice between the old and the new API (by version, by ``hasattr``,
-        or by trying the new one first)."""
-        facts, module = self.facts, self.context.module
-        child = node
-        for ancestor in facts.ancestors(node):
-            if isinstance(ancestor, (cst.If, cst.IfExp)):
-                test = module.code_for_node(ancestor.test).lower()
-                if any(word in test for word in ("version", "hasattr")):
-                    return True
-                branches = (ancestor.body, ancestor.orelse)
-                if any(b is not None and b is not child and self._names_new_api(b) for b in branches):
-                    return True
-            elif isinstance(ancestor, cst.Try) and any(child is handler for handler in ancestor.handlers):
-                if self._names_new_api(ancestor.body):
-                    return True
-            elif isinstance(ancestor, (cst.IndentedBlock, cst.Module)) and self._after_early_choice(ancestor, child):
-                return True
-            child = ancestor
-        return False
-
-    def _after_early_choice(self, block: cst.IndentedBlock | cst.Module, statement: cst.CSTNode) -> bool:
-        """An earlier ``if`` of the block tests the version (or names the new API) and returns: ``if
-        hasattr(torch, "autocast"): return torch.autocast("cuda")`` followed by the old call."""
-        module = self.context.module
-        for earlier in block.body:
-            if earlier is statement:
-                return False
-            if isinstance(earlier, cst.If) and self.facts.within(earlier.body, cst.Return, cst.Raise):
-                test = module.code_for_node(earlier.test).lower()
-                if any(word in test for word in ("version", "hasattr")) or self._names_new_api(earlier.body):
-                    return True
-        return False
-
-    def _names_new_api(self, tree: cst.CSTNode) -> bool:
-        return any(
-            self.facts.qualified_names(n) & NEW_NAMES
-            for n in self.facts.within(tree, cst.Attribute, cst.Name)
-            if isinstance(n, cst.Attribute) or n.value in KINDS or n.value in self.facts.imported_names
-        )
-
     # -- imports -----------------------------------------------------------------------------------
 
     def _import_of(self, callee: cst.BaseExpression) -> cst.Import | cst.ImportFrom | None:
@@ -339,14 +254,7 @@ class Scale(torch.autograd.Function):
             root = root.value
         if not isinstance(root, cst.Name) or self.facts.qualified_names(root) == {"torch"}:
             return None
-        for statement in self.facts.index.nodes(cst.Import, cst.ImportFrom):
-            if isinstance(statement.names, cst.ImportStar):
-                continue
-            for alias in statement.names:
-                bound = alias.asname.name if alias.asname is not None else alias.name
-                if isinstance(bound, cst.Name) and bound.value == root.value:
-                    return statement
-        return None
+        return binding_import(self.facts, root.value)
 
     # -- the fix ------------------------------------------------------------------------------------
 
@@ -374,7 +282,6 @@ class Scale(torch.autograd.Function):
     def _new_import(self, statement: cst.Import | cst.ImportFrom, group: list) -> cst.CSTNode | None:
         """The import rebound to ``torch.amp`` when every use of its names is one of ``group``'s callees."""
         callees = {id(callee) for _, callee, _, _ in group}
-        bound: set[str] = set()
         if isinstance(statement, cst.ImportFrom):
             if statement.relative or statement.module is None:
                 return None
@@ -400,17 +307,9 @@ class Scale(torch.autograd.Function):
                 return None
             new = statement.with_changes(names=[alias.with_changes(name=cst.parse_expression("torch.amp"))])
             attribute_uses = True
-        for alias in statement.names:
-            target = alias.asname.name if alias.asname is not None else alias.name
-            bound.add(get_full_name_for_node(target))
         # every reading of a bound name must be a fixed callee (or, for a module, the receiver of one)
-        for name in self.facts.index.nodes(cst.Name):
-            if name.value not in bound or self.facts.is_within(name, statement):
-                continue
-            if not self.facts.is_variable(name):
-                continue  # `x.autocast` or a keyword `autocast=`: not the name
-            parent = self.facts.parent(name)
-            used = parent if attribute_uses else name
+        for name in import_reads(self.facts, statement):
+            used = self.facts.parent(name) if attribute_uses else name
             if id(used) not in callees:
                 return None
         return new
@@ -436,12 +335,12 @@ def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNo
         new_callee = cst.Attribute(value=cst.Attribute(value=root, attr=cst.Name("amp")), attr=cst.Name(kind))
     device_string = cst.SimpleString(f'"{device}"')
     if not isinstance(node, cst.Call):  # a bare `@custom_fwd`
-        return cst.Call(func=new_callee, args=[_keyword("device_type", device_string)])
+        return cst.Call(func=new_callee, args=[keyword_arg("device_type", device_string)])
     args = list(node.args)
     if any(arg.star == "*" for arg in args):
         return None
     if kind in ("custom_fwd", "custom_bwd"):
-        return node.with_changes(func=new_callee, args=_appended(node, _keyword("device_type", device_string)))
+        return node.with_changes(func=new_callee, args=_appended(node, keyword_arg("device_type", device_string)))
     if kind == "autocast":
         for index, arg in enumerate(args):
             if arg.keyword is None and not arg.star:
@@ -453,20 +352,7 @@ def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNo
                         whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
                     ),
                 )
-    first = cst.Arg(value=device_string)
-    if args:
-        spacing = node.whitespace_before_args
-        after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
-        first = first.with_changes(comma=cst.Comma(whitespace_after=after))
-    return node.with_changes(func=new_callee, args=[first, *args])
-
-
-def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
+    return with_arg_first(node.with_changes(func=new_callee, args=args), cst.Arg(value=device_string))
 
 
 def _appended(call: cst.Call, new: cst.Arg) -> list[cst.Arg]:

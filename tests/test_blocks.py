@@ -6,7 +6,14 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.blocks import constructions_running, simple_statement, statement_run, with_block
+from lintdist.blocks import (
+    constructions_running,
+    literal_binding,
+    simple_statement,
+    statement_before,
+    statement_run,
+    with_block,
+)
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -105,3 +112,39 @@ def test_lone_call_line_and_guarded_line() -> None:
     assert [line is not None for line in lines] == [True, False, False, False]
     guarded = cst.Module(body=[guarded_line(lines[0], "accelerator.is_main_process")]).code
     assert guarded == '# keep the weights\nif accelerator.is_main_process:\n    torch.save(state, "a.pt")\n'
+
+
+def test_literal_binding_before_the_statement_in_its_block():
+    facts = _facts(
+        """
+        def train():
+            dims = [1, 1]
+            bufs = [ids]
+            later = [2]
+            if flag:
+                twice = [0]
+            else:
+                twice = [1]
+            with ctx(bufs, dims, later, twice, [3], other):
+                pass
+            later = [2]
+        """
+    )
+    block = facts.index.nodes(cst.With)[0]
+    bufs, dims, later, twice, inline, other = [a.value for a in _call(facts, "ctx").args]
+    literal, line = literal_binding(facts, dims, block, cst.List)
+    assert facts.index.module.code_for_node(literal) == "[1, 1]" and isinstance(line, cst.SimpleStatementLine)
+    assert literal_binding(facts, bufs, block, cst.Set) == (None, None)
+    assert literal_binding(facts, later, block, cst.List) == (None, None)
+    assert literal_binding(facts, twice, block, cst.List) == (None, None)
+    assert literal_binding(facts, inline, block, cst.List) == (inline, None)
+    assert literal_binding(facts, other, block, cst.List) == (None, None)
+
+
+def test_a_statement_before_takes_over_the_leading_comments():
+    module = cst.parse_module("x = 1\n\n# the loop\nfor i in y:\n    pass\n")
+    loop = module.body[1]
+    new = loop.with_changes(body=cst.parse_statement("for j in y:\n    pass\n").body)
+    added = cst.parse_statement("z = 2\n")
+    result = module.deep_replace(loop, statement_before(loop, new, added))
+    assert result.code == "x = 1\n\n# the loop\nz = 2\nfor i in y:\n    pass\n"

@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.branches import never_runs
+from lintdist.branches import conditional_within, never_runs
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -71,3 +71,29 @@ def test_a_name_bound_to_two_values_is_no_constant():
             wrap(2)
         """
     ) == [False, True]
+
+
+def test_conditional_within_a_function_only():
+    index = SyntaxIndex(
+        cst.parse_module(
+            textwrap.dedent(
+                """
+                if flag:
+                    def step():
+                        wrap(0)
+                        for x in y:
+                            wrap(1)
+                        value = wrap(2) if ok else None
+                        try:
+                            wrap(3)
+                        except E:
+                            pass
+                        while go:
+                            wrap(4)
+                """
+            )
+        )
+    )
+    facts = PythonFacts(index, NameResolver(index))
+    step = facts.functions["step"][0]
+    assert [conditional_within(facts, c, step) for c in facts.calls] == [False, False, True, True, True]

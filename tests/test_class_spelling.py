@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import SAMPLER_CLASSES, PythonFacts
 from lintdist.names import NameResolver
-from lintdist.spelling import class_spelling, unused_name
+from lintdist.spelling import binding_import, class_spelling, import_reads, name_taken, unused_name
 from lintdist.syntax import SyntaxIndex
 
 MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -77,3 +77,34 @@ def test_variable_spelled_counts_variables_and_functions_but_not_methods_or_attr
     assert not variable_spelled(facts_of("class A:\n    def save(self):\n        pass\n"), "save")
     assert not variable_spelled(facts_of("torch.save(x, f=save)\n"), "load")
     assert not variable_spelled(facts_of("obj.save(save_dir=1)\n"), "save")
+
+
+def test_a_name_taken_anywhere_but_by_an_allowed_import():
+    index = SyntaxIndex(
+        cst.parse_module(
+            "from lintdist.runtime import shift_labels\ndef helper(param):\n    local = 1\nclass Model:\n    pass\n"
+        )
+    )
+    facts = PythonFacts(index, NameResolver(index))
+    for taken in ("helper", "param", "local", "Model", "shift_labels"):
+        assert name_taken(facts, taken), taken
+    assert not name_taken(facts, "shift_labels", frozenset({"lintdist.runtime"}))
+    assert not name_taken(facts, "shifted_labels")
+
+
+def test_the_import_that_binds_a_name_and_its_reads():
+    index = SyntaxIndex(
+        cst.parse_module(
+            "import torch.cuda.amp as amp\nfrom torch.cuda.amp import autocast, GradScaler as GS\nfrom x import *\n"
+            "with amp.autocast():\n    f(autocast=1, y=x.autocast)\nautocast()\nGS()\n"
+        )
+    )
+    facts = PythonFacts(index, NameResolver(index))
+    first, second, star = (line.body[0] for line in index.module.body[:3])
+    assert binding_import(facts, "amp") is first
+    assert binding_import(facts, "GS") is second
+    assert binding_import(facts, "GradScaler") is None
+    assert binding_import(facts, "torch") is None
+    assert [index.module.code_for_node(facts.parent(n)) for n in import_reads(facts, first)] == ["amp.autocast"]
+    assert sorted(n.value for n in import_reads(facts, second)) == ["GS", "autocast"]
+    assert import_reads(facts, star) == []

@@ -7,7 +7,18 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.lightning import fitting_trainers, optimizes_manually, returned_loss, scales_loss
+from lintdist.lightning import (
+    fitting_trainers,
+    in_training_branch,
+    is_training_stage_test,
+    names_training_stage,
+    optimizes_manually,
+    per_rank_log_value,
+    returned_loss,
+    running_hooks,
+    runs_on_one_device,
+    scales_loss,
+)
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -90,3 +101,88 @@ def test_a_trainer_scales_the_loss_under_fp16_or_deepspeed():
     assert scaled('L.Trainer(strategy="deepspeed_stage_2")')
     assert scaled("L.Trainer(strategy=DeepSpeedStrategy(stage=3))")
     assert not scaled('L.Trainer(precision="bf16-mixed", strategy="ddp")')
+
+
+def _method(facts: PythonFacts, name: str) -> cst.FunctionDef:
+    return facts.functions[name][0]
+
+
+def test_the_hooks_that_run_a_helper_method():
+    facts = _facts(
+        """
+        import lightning as L
+        class Base(L.LightningModule):
+            def _shared(self, batch):
+                return self._deeper(batch)
+            def _deeper(self, batch):
+                return batch
+            def _unused(self):
+                pass
+        class Model(Base):
+            def validation_step(self, batch, i):
+                return self._shared(batch)
+            def training_step(self, batch, i):
+                def inner():
+                    return self._shared(batch)
+                return inner()
+        """
+    )
+    assert running_hooks(facts, _method(facts, "validation_step")) == {"validation_step"}
+    assert running_hooks(facts, _method(facts, "_deeper")) == {"validation_step", "training_step"}
+    assert running_hooks(facts, _method(facts, "_unused")) == set()
+
+
+def test_one_device_only_when_every_trainer_says_so():
+    assert runs_on_one_device(_facts("import lightning as L\nL.Trainer(devices=1)\nL.Trainer(accelerator='cpu')\n"))
+    assert not runs_on_one_device(_facts("import lightning as L\nL.Trainer(devices=1)\nL.Trainer(devices=2)\n"))
+    assert not runs_on_one_device(_facts("import lightning as L\n"))
+
+
+def test_the_training_stage_by_name_and_by_test():
+    assert names_training_stage(cst.parse_expression('"Train_loss"'))
+    assert names_training_stage(cst.parse_expression('f"train/{k}"'))
+    assert not names_training_stage(cst.parse_expression('f"{stage}_train"'))
+    assert not names_training_stage(cst.parse_expression("name"))
+    assert is_training_stage_test(cst.parse_expression("self.training"))
+    assert is_training_stage_test(cst.parse_expression('stage == "train"'))
+    assert is_training_stage_test(cst.parse_expression('"train" in mode'))
+    assert not is_training_stage_test(cst.parse_expression('stage != "train"'))
+    assert not is_training_stage_test(cst.parse_expression('stage == "val"'))
+
+
+def test_which_logged_values_differ_between_ranks():
+    facts = _facts(
+        """
+        import torchmetrics
+        from torchmetrics.functional import accuracy
+        def step(self, batch, param):
+            loss = self(batch).mean()
+            acc = accuracy(self(batch), batch)
+            metric = torchmetrics.Accuracy(task="binary")
+            log(loss, loss.item(), acc, metric, self.val_acc, self.val_acc.compute(), float(self.current_epoch), param, 3)
+            log({"a": loss, "b": 1}, {"e": self.current_epoch})
+        """
+    )
+    first, second = [c for c in facts.calls if facts.method_name(c) == "log"]
+    values = [per_rank_log_value(facts, a.value, first) for a in first.args]
+    assert values == [True, True, True, False, False, False, False, False, False]
+    assert [per_rank_log_value(facts, a.value, second, mapping=True) for a in second.args] == [True, False]
+
+
+def test_the_training_branch_inside_a_method():
+    facts = _facts(
+        """
+        def shared(self, batch, stage):
+            if stage == "train":
+                log("a")
+            else:
+                log("b")
+            if self.training:
+                if x:
+                    log("c")
+            log("d")
+        """
+    )
+    method = _method(facts, "shared")
+    logs = {c.args[0].value.evaluated_value: in_training_branch(facts, c, method) for c in facts.calls}
+    assert logs == {"a": True, "b": False, "c": True, "d": False}

@@ -15,6 +15,7 @@ from lintdist.parallelism import (
     context_parallel_call,
     launch_size,
     mesh_accelerator,
+    model_parallel,
     parallelism_size,
 )
 from lintdist.syntax import SyntaxIndex
@@ -119,3 +120,11 @@ def test_mesh_accelerator_follows_the_mesh_back_to_its_accelerator():
     found = [mesh_accelerator(facts, s.value, s) for s in facts.index.nodes(cst.Subscript)]
     assert [code(f[0]) if f else None for f in found] == ["accelerator", "accelerator", None]
     assert code(found[0][1]) == "accelerator.torch_device_mesh"
+
+
+def test_model_parallelism_named_in_the_text_or_set_at_launch():
+    assert model_parallel("config = ParallelismConfig(tp_size=2)", None)
+    assert model_parallel("model = parallelize(model, plan={'x': SequenceParallel()})", None)
+    assert not model_parallel("accelerator = Accelerator()", None)
+    assert model_parallel("", _settings(Setting("parallelism_config_cp_size", 2, "cfg.yaml", 3, 0, "yaml")))
+    assert not model_parallel("", _settings(Setting("mixed_precision", "bf16", "cfg.yaml", 3, 0, "yaml")))

@@ -9,7 +9,7 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
-from lintdist.values import enum_member, known_value, parses_as_bool, python_value, shell_expansion
+from lintdist.values import enum_member, known_value, number_literal, parses_as_bool, python_value, shell_expansion
 
 MIXED = frozenset({"torch.distributed.fsdp.MixedPrecision"})
 
@@ -107,3 +107,27 @@ def test_truth_follows_names_conditionals_and_helper_parameters():
     assert truth(facts, f_call.args[0].value, f_call, parameters=False) is None
     assert truth(facts, g_call.args[0].value, g_call) is None  # no call site: callers out of sight
     assert len(possible_values(facts, f_call.args[0].value, f_call)) == 2
+
+
+def test_a_number_written_in_the_script():
+    facts = _facts(
+        """
+        if flag:
+            same = 1e-3
+        else:
+            same = 1e-3
+        if flag:
+            differs = 1e-3
+        else:
+            differs = 1e-4
+        computed = base * 2
+        f(3e-4, same, differs, computed, unknown)
+        """
+    )
+    call = facts.calls[-1]
+    literal, same, differs, computed, unknown = (a.value for a in call.args)
+    assert number_literal(facts, literal, call) == "3e-4"
+    assert number_literal(facts, same, call) == "1e-3"
+    assert number_literal(facts, differs, call) is None
+    assert number_literal(facts, computed, call) is None
+    assert number_literal(facts, unknown, call) is None
