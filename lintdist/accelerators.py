@@ -144,3 +144,25 @@ def _subscript_target(binding) -> bool:
     statement = binding.statement
     targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
     return any(isinstance(t, cst.Subscript) for t in targets)
+
+
+def even_batches_off(facts: PythonFacts, settings) -> bool:
+    """Whether anything turns accelerate's ``even_batches`` padding off: the launch or code settings
+    (``DataLoaderConfiguration(even_batches=False)``), an ``x.even_batches = ...`` store of anything but ``True``,
+    or ``join_uneven_inputs(..., even_batches=...)`` given anything but ``True``. An unknown value counts as off."""
+    from lintdist.launch import switched_on
+
+    if "even_batches_off" in facts._memo:
+        return facts._memo["even_batches_off"]
+    setting = settings.get("even_batches") if settings is not None else None
+    found = setting is not None and not switched_on(setting)
+    for statement in facts.index.nodes(cst.Assign) if not found else ():
+        if any(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "even_batches" for t in statement.targets
+        ):
+            found = found or _literal(statement.value) is not True
+    for call in facts.calls if not found else ():
+        even = argument_of(call, "even_batches", 1) if facts.method_name(call) == "join_uneven_inputs" else None
+        found = found or (even is not None and _literal(even) is not True)
+    facts._memo["even_batches_off"] = found
+    return found

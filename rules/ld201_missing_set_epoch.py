@@ -9,12 +9,11 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import SAMPLER_CLASSES, Loop, SamplerUse, argument_of, epoch_counter, single_pass
+from lintdist.loaders import eval_mode_set, evaluation_function
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 SET_EPOCH = frozenset({"set_epoch"})
-# A function whose name says it evaluates (`evaluate`, `validate`, `run_test`, `predict`...).
-EVALUATION_WORDS = ("eval", "valid", "test", "predict", "infer")
 # Samplers of other libraries named like `OrderedDistributedSampler` (timm) keep the file order and may have no
 # `set_epoch` at all: the name says they do not shuffle.
 UNSHUFFLED_NAME_PARTS = ("Ordered", "Sequential")
@@ -387,12 +386,7 @@ for _ in range(3):
             return True
         if facts.trains(loop.body):
             return False
-        function = facts.enclosing_function(loop)
-        name = function.name.value.lower() if function is not None else ""
-        if any(word in name for word in EVALUATION_WORDS):
-            return True
-        scope = function if function is not None else self.context.module
-        return any(facts.method_name(call) == "eval" and not call.args for call in facts.calls_within(scope))
+        return evaluation_function(facts, loop) or eval_mode_set(facts, loop)
 
     # -- what already tells the sampler the epoch ---------------------------------------------
 

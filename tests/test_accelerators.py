@@ -130,3 +130,14 @@ def test_a_kwargs_dict_that_may_set_the_option_is_unknown():
             model = accelerator.prepare(model)
         """
     assert _options(unseen, "split_batches") == [UNKNOWN]
+
+
+def test_even_batches_off_by_store_join_or_setting():
+    from lintdist.accelerators import even_batches_off
+
+    assert not even_batches_off(_facts("accelerator.even_batches = True\n"), None)
+    assert even_batches_off(_facts("accelerator.even_batches = flag\n"), None)
+    assert even_batches_off(
+        _facts("with accelerator.join_uneven_inputs([model], even_batches=False):\n    pass\n"), None
+    )
+    assert not even_batches_off(_facts("with accelerator.join_uneven_inputs([model]):\n    pass\n"), None)
