@@ -166,3 +166,28 @@ def even_batches_off(facts: PythonFacts, settings) -> bool:
         found = found or (even is not None and _literal(even) is not True)
     facts._memo["even_batches_off"] = found
     return found
+
+
+def accelerator_methods(facts: PythonFacts, node: cst.CSTNode) -> list[cst.Call]:
+    """The calls inside ``node`` of a method of an accelerator (``accelerator.backward(loss)``,
+    ``self.accelerator.gather(x)``)."""
+    return [
+        call
+        for call in facts.calls_within(node)
+        if isinstance(call.func, cst.Attribute)
+        and isinstance(call.func.value, (cst.Name, cst.Attribute))
+        and facts.accelerator_like(call.func.value, call)
+    ]
+
+
+def accelerator_spelling(facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """How the accelerator is spelled where ``at`` is (``accelerator``, ``self.accelerator``): the receiver of an
+    accelerator method called in ``at``'s function, else in the module's own statements (outside functions)."""
+    function = facts.enclosing_function(at)
+    calls = accelerator_methods(facts, function) if function is not None else []
+    calls += [c for c in accelerator_methods(facts, facts.index.module) if facts.enclosing_function(c) is None]
+    for call in calls:
+        name = get_full_name_for_node(call.func.value)
+        if name and not name.startswith("torch."):
+            return name
+    return None
