@@ -215,11 +215,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
         ),
     )
 
-    def finish(self) -> None:
-        if self.context.kind == "launch":
-            if self.context.launch is not None:
-                self._check_launch()
-            return
+    def check_python(self) -> None:
         facts = self.facts
         if facts is None or self._spawns():
             return
@@ -361,9 +357,9 @@ local_rank = int(os.environ["LOCAL_RANK"])
 
     # -- launch files --------------------------------------------------------------------------------
 
-    def _check_launch(self) -> None:
+    def check_launch(self, launch) -> None:
         text = self.context.text
-        for command in self.context.launch.commands:
+        for command in launch.commands:
             flags = {f.name: f for f in command.flags}
             nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
             count = _node_count(nodes.value if nodes is not None else None)
