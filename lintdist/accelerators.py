@@ -176,3 +176,50 @@ def prepared_loaders(facts: PythonFacts, call: cst.Call, text: str) -> list[cst.
         return [arg.value for arg in call.args if arg.keyword is None and not arg.star]
     loader = argument_of(call, "data_loader", 0)
     return [loader] if loader is not None else []
+
+
+def even_batches_off(facts: PythonFacts, settings) -> bool:
+    """Whether anything turns accelerate's ``even_batches`` padding off: the launch or code settings
+    (``DataLoaderConfiguration(even_batches=False)``), an ``x.even_batches = ...`` store of anything but ``True``,
+    or ``join_uneven_inputs(..., even_batches=...)`` given anything but ``True``. An unknown value counts as off."""
+    from lintdist.launch import switched_on
+
+    if "even_batches_off" in facts._memo:
+        return facts._memo["even_batches_off"]
+    setting = settings.get("even_batches") if settings is not None else None
+    found = setting is not None and not switched_on(setting)
+    for statement in facts.index.nodes(cst.Assign) if not found else ():
+        if any(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "even_batches" for t in statement.targets
+        ):
+            found = found or _literal(statement.value) is not True
+    for call in facts.calls if not found else ():
+        even = argument_of(call, "even_batches", 1) if facts.method_name(call) == "join_uneven_inputs" else None
+        found = found or (even is not None and _literal(even) is not True)
+    facts._memo["even_batches_off"] = found
+    return found
+
+
+def accelerator_methods(facts: PythonFacts, node: cst.CSTNode) -> list[cst.Call]:
+    """The calls inside ``node`` of a method of an accelerator (``accelerator.backward(loss)``,
+    ``self.accelerator.gather(x)``)."""
+    return [
+        call
+        for call in facts.calls_within(node)
+        if isinstance(call.func, cst.Attribute)
+        and isinstance(call.func.value, (cst.Name, cst.Attribute))
+        and facts.accelerator_like(call.func.value, call)
+    ]
+
+
+def accelerator_spelling(facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """How the accelerator is spelled where ``at`` is (``accelerator``, ``self.accelerator``): the receiver of an
+    accelerator method called in ``at``'s function, else in the module's own statements (outside functions)."""
+    function = facts.enclosing_function(at)
+    calls = accelerator_methods(facts, function) if function is not None else []
+    calls += [c for c in accelerator_methods(facts, facts.index.module) if facts.enclosing_function(c) is None]
+    for call in calls:
+        name = get_full_name_for_node(call.func.value)
+        if name and not name.startswith("torch."):
+            return name
+    return None

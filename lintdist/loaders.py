@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DATALOADER_CLASSES, PythonFacts, argument_of, wrapped_iterable
+from lintdist.facts import DATALOADER_CLASSES, Origin, PythonFacts, argument_of, wrapped_iterable
 from lintdist.loop import is_string_subscript, keyword
 
 # Functions that hand the loader to a framework that shards it: accelerate, Fabric, Lightning.
@@ -171,3 +171,63 @@ def loader_passes(facts: PythonFacts) -> list[tuple[cst.For | cst.While, cst.Bas
         if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword and not expr.args[0].star:
             found.append((loop, expr.args[0].value))
     return found + facts.iterator_passes()
+
+
+# -- prepared loaders and evaluation passes ----------------------------------------------------------------------
+
+PREPARE_LOADER_METHODS = frozenset({"prepare", "prepare_data_loader"})
+# A function whose name says it evaluates.
+EVALUATION_WORDS = ("eval", "valid", "test", "predict", "infer")
+
+
+def prepared_origin(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTNode) -> Origin | None:
+    """The origin of ``loader`` that is accelerate's ``prepare``/``prepare_data_loader`` call (its ``index``: which
+    of the call's results the loader is, None for the whole result); None when the loader is not prepared."""
+    for origin in facts.origins(loader, at):
+        node = origin.node
+        if (
+            isinstance(node, cst.Call)
+            and facts.is_prepare_call(node)
+            and facts.method_name(node) in PREPARE_LOADER_METHODS
+        ):
+            return origin
+    return None
+
+
+def drops_last(facts: PythonFacts, prepared: Origin) -> bool:
+    """Whether the loader handed to a ``prepare`` call (``prepared``, from ``prepared_origin``) was built with
+    ``drop_last=True``."""
+    call = prepared.node
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    if prepared.index is not None and prepared.index < len(args):
+        given = args[prepared.index].value
+    elif prepared.index is None and len(args) == 1:
+        given = args[0].value
+    else:
+        return False
+    for origin in facts.origins(given, call):
+        node = origin.node
+        if isinstance(node, cst.Call):
+            drop = argument_of(node, "drop_last", 7 if get_full_name_for_node(node.func) == "DataLoader" else None)
+            if isinstance(drop, cst.Name) and drop.value == "True":
+                return True
+    return False
+
+
+def evaluation_function(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is in a function named for evaluation (``evaluate``, ``validation_step``, ``test``,
+    ``predict``, ``infer``)."""
+    function = facts.enclosing_function(node)
+    return function is not None and any(word in function.name.value.lower() for word in EVALUATION_WORDS)
+
+
+def eval_mode_set(facts: PythonFacts, node: cst.CSTNode, *, before: bool = False) -> bool:
+    """Whether ``node``'s function (or the module, outside one) calls ``model.eval()`` (an ``eval`` with no
+    argument); with ``before``, only a call that comes before ``node``."""
+    function = facts.enclosing_function(node)
+    return any(
+        facts.method_name(call) == "eval"
+        and not call.args
+        and (not before or facts.index.order(call) < facts.index.order(node))
+        for call in facts.calls_within(function if function is not None else facts.index.module)
+    )

@@ -268,3 +268,83 @@ def _reducing_arguments(facts: PythonFacts, call: cst.Call, depth: int) -> bool:
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node).strip()
+
+
+# -- the global rank ---------------------------------------------------------------------------------------------
+
+GET_RANK = frozenset(
+    {"torch.distributed.get_rank", "torch.distributed.distributed_c10d.get_rank", "torch.distributed.get_global_rank"}
+)
+ACCELERATE_STATES = frozenset(
+    {"accelerate.PartialState", "accelerate.state.PartialState", "accelerate.AcceleratorState"}
+    | {"accelerate.state.AcceleratorState"}
+)
+CONVERSIONS = frozenset({"int", "str"})
+# A module none of whose text reads a rank cannot hold a helper that returns the global one.
+GLOBAL_RANK_MARKERS = ("get_rank", "RANK", "process_index")
+MAX_RANK_DEPTH = 4
+
+
+def global_rank(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0, crossed: bool = False
+) -> str | None:
+    """How ``expr`` holds the global rank, in words (``dist.get_rank()``, ``os.environ["RANK"]``, an accelerator's
+    ``process_index``, a helper of the project returning one), following names, attributes and parameters to their
+    values; None when it is not surely the global rank (``rank % n``, ``LOCAL_RANK``). ``crossed``: asked from
+    another module, follow no further helpers."""
+    if depth > MAX_RANK_DEPTH:
+        return None
+    if isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
+        return global_rank(facts, expr.args[0].value, at, depth, crossed)
+    found = global_rank_read(facts, expr, crossed)
+    if found is not None or not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
+        return found
+    for origin in facts.origins(expr, at):
+        node = origin.node
+        if node is expr or origin.index is not None or not isinstance(node, cst.BaseExpression):
+            continue
+        found = global_rank(facts, node, node, depth + 1, crossed)
+        if found is not None:
+            return found
+    return None
+
+
+def global_rank_read(facts: PythonFacts, expr: cst.BaseExpression, crossed: bool = False) -> str | None:
+    """How ``expr`` itself reads the global rank, in words: ``dist.get_rank()``, ``os.environ["RANK"]`` (also
+    ``.get``/``os.getenv``), an Accelerator's or ``PartialState``'s ``process_index``, or a call of a function of
+    another project module that returns one of them (unless ``crossed``); None otherwise."""
+    from lintdist.environment import environment_key
+
+    getter = isinstance(expr, cst.Call) and facts.method_name(expr) in {"get_rank", "get_global_rank"}
+    if getter and facts.callee_is(expr, GET_RANK):
+        return "`dist.get_rank()`"
+    if isinstance(expr, cst.Call) and not crossed:
+        helper = _rank_helper(facts, expr)
+        if helper is not None:
+            return helper
+    if isinstance(expr, (cst.Call, cst.Subscript)):
+        return '`os.environ["RANK"]`' if environment_key(facts, expr) == "RANK" else None
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "process_index":
+        owner = expr.value
+        if facts.accelerator_like(owner, expr) or any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, ACCELERATE_STATES) for o in facts.origins(owner)
+        ):
+            return "accelerate's `process_index` counts processes on all nodes"
+    return None
+
+
+def _rank_helper(facts: PythonFacts, call: cst.Call) -> str | None:
+    """``utils.get_rank()``: a function of another project module that returns the global rank (timm's and dino's
+    helpers return ``dist.get_rank()``), followed one module deep."""
+    if facts.project is None or facts.local_functions(call) or not facts.imported_root(call.func):
+        return None
+    for qualified in facts.qualified_names(call.func):
+        found = facts.project.definition(qualified, GLOBAL_RANK_MARKERS)
+        if found is None or not isinstance(found[1], cst.FunctionDef):
+            continue
+        other, function = found
+        for returned in other.returns.get(function, ()):
+            how = global_rank(other, returned, returned, 1, crossed=True)
+            if how is not None:
+                return f"`{qualified.rsplit('.', 1)[-1]}()` returns {how}"
+    return None

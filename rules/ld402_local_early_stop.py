@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
+from lintdist.accelerators import accelerator_methods, accelerator_spelling
 from lintdist.exits import left_loop
 from lintdist.facts import MAIN_FLAG_WORDS
 from lintdist.model import Applicability, Fix, Severity
@@ -361,7 +361,7 @@ for epoch in range(10):
         if facts.rank_split(loop) is not None:
             return None  # only some ranks run the loop (`if rank == 0: for episode in ...`): none waits in it
         guard = facts.rank_guard(exit_node)
-        if guard is None and not self._distributed(loop):
+        if guard is None and not (self.loop.distributed or accelerator_methods(facts, loop)):
             return None  # a main-process guard inside the loop is itself the sign of several processes
         holder = None
         reason = None
@@ -378,20 +378,11 @@ for epoch in range(10):
             return None
         return holder, reason, guard
 
-    def _distributed(self, loop) -> bool:
-        facts = self.facts
-        return self.loop.distributed or any(
-            isinstance(call.func, cst.Attribute)
-            and isinstance(call.func.value, (cst.Name, cst.Attribute))
-            and facts.accelerator_like(call.func.value, call)
-            for call in facts.calls_within(loop)
-        )
-
     # -- the report and the fix -------------------------------------------------------------------
 
     def _report(self, exit_node, holder: cst.If, reason: str | None, guard) -> None:
         word = "break" if isinstance(exit_node, cst.Break) else "return"
-        accelerator = self._accelerator(holder)
+        accelerator = accelerator_spelling(self.facts, holder)
         if accelerator:
             remedy = (
                 f"set `{accelerator}.set_trigger()` there and leave with `if {accelerator}.check_trigger(): {word}` "
@@ -459,27 +450,6 @@ for epoch in range(10):
             replacements=((holder.test, wrapped),),
             imports=(("lintdist.runtime", "any_rank"),),
         )
-
-    def _accelerator(self, at: cst.CSTNode) -> str | None:
-        """The spelling of the accelerator in ``at``'s function (or the module): the receiver of an accelerator
-        method called there (`accelerator`, `self.accelerator`)."""
-        facts = self.facts
-        function = facts.enclosing_function(at)
-        scopes = [function] if function is not None else []
-        scopes.append(self.context.module)
-        for scope in scopes:
-            for call in facts.calls_within(scope):
-                if scope is self.context.module and function is not None and facts.is_within(call, function):
-                    continue
-                func = call.func
-                if not isinstance(func, cst.Attribute) or not isinstance(func.value, (cst.Name, cst.Attribute)):
-                    continue
-                if scope is self.context.module and facts.enclosing_function(call) is not None:
-                    continue
-                name = get_full_name_for_node(func.value)
-                if name and not name.startswith("torch.") and facts.accelerator_like(func.value, call):
-                    return name
-        return None
 
 
 def _code(node: cst.CSTNode) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
+from lintdist.environment import environment_key, environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
 from lintdist.launch import LaunchSettings, command_launch, command_settings
 from lintdist.model import Severity, Span
@@ -17,9 +17,6 @@ RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 # Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
 # `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
 LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
-ENVIRON = frozenset({"os.environ"})
-ENV_WRITERS = frozenset({"os.putenv"})
-ENV_READERS = frozenset({"os.getenv", "os.environ.get"})
 INIT_PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 )
@@ -218,11 +215,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
         ),
     )
 
-    def finish(self) -> None:
-        if self.context.kind == "launch":
-            if self.context.launch is not None:
-                self._check_launch()
-            return
+    def check_python(self) -> None:
         facts = self.facts
         if facts is None or self._spawns():
             return
@@ -272,27 +265,17 @@ local_rank = int(os.environ["LOCAL_RANK"])
         return any(facts.method_name(call) in SPAWN_NAMES and facts.callee_is(call, SPAWNERS) for call in facts.calls)
 
     def _environment_writes(self) -> list[tuple[cst.CSTNode, str]]:
-        facts = self.facts
         found = []
-        for statement in facts.index.nodes(cst.Assign):
-            for target in statement.targets:
-                variable = self._environ_key(target.target)
-                if (
-                    variable in RENDEZVOUS_VARIABLES
-                    and not self._env_tested(statement)
-                    and not self._reads_env(statement.value)
-                ):
-                    found.append((statement, f'`os.environ["{variable}"] = ...`'))
-        for call in facts.calls:
-            name = facts.method_name(call)
-            if name == "update" and isinstance(call.func, cst.Attribute) and self._is_environ(call.func.value):
-                variables = self._updated(call)
-                if variables and not self._env_tested(call):
-                    found.append((call, f"`os.environ.update(...)` setting {' and '.join(variables)}"))
-            elif name == "putenv" and facts.callee_is(call, ENV_WRITERS):
-                variable = string_value(argument_of(call, "key", 0))
-                if variable in RENDEZVOUS_VARIABLES and not self._env_tested(call):
-                    found.append((call, f'`os.putenv("{variable}", ...)`'))
+        for write in environment_writes(self.facts):
+            keys = [k for k in write.keys if k in RENDEZVOUS_VARIABLES]
+            if not keys or self._env_tested(write.node):
+                continue
+            if write.how == "store" and not reads_environment(self.facts, write.value):
+                found.append((write.node, f'`os.environ["{keys[0]}"] = ...`'))
+            elif write.how == "update":
+                found.append((write.node, f"`os.environ.update(...)` setting {' and '.join(keys)}"))
+            elif write.how == "putenv":
+                found.append((write.node, f'`os.putenv("{keys[0]}", ...)`'))
         return found
 
     def _tcp_init_methods(self) -> list[tuple[cst.CSTNode, str]]:
@@ -316,48 +299,12 @@ local_rank = int(os.environ["LOCAL_RANK"])
         one-process group in a test, ``world_size=1, rank=0``): the address is the script's own business."""
         rank = argument_of(call, "rank", 4)
         size = argument_of(call, "world_size", 3)
-        return rank is not None and size is not None and not self._reads_env(rank) and not self._reads_env(size)
-
-    def _reads_env(self, expr: cst.BaseExpression) -> bool:
-        """The value comes from the environment (``os.environ.get("MASTER_PORT") or free_port()``,
-        ``int(os.environ["RANK"])``), following names to their assignments."""
-        facts = self.facts
-        nodes = [expr]
-        nodes += [o.node for n in facts.within(expr, cst.Name) for o in facts.origins(n, expr) if o.node is not n]
-        for node in nodes:
-            if not isinstance(node, cst.CSTNode):
-                continue
-            for part in facts.within(node, cst.Name, cst.Attribute) if facts.index.order(node) >= 0 else ():
-                if get_full_name_for_node(part) in {"os.environ", "environ", "os.getenv", "getenv"}:
-                    return True
-        return False
-
-    def _environ_key(self, target: cst.BaseExpression) -> str | None:
-        if not isinstance(target, cst.Subscript) or len(target.slice) != 1:
-            return None
-        index = target.slice[0].slice
-        if not isinstance(index, cst.Index) or not self._is_environ(target.value):
-            return None
-        return string_value(index.value)
-
-    def _is_environ(self, expr: cst.BaseExpression) -> bool:
         return (
-            isinstance(expr, cst.Attribute)
-            and expr.attr.value == "environ"
-            and bool(ENVIRON & self.facts.qualified_names(expr))
-            or (isinstance(expr, cst.Name) and "os.environ" in self.facts.qualified_names(expr))
+            rank is not None
+            and size is not None
+            and not reads_environment(self.facts, rank)
+            and not reads_environment(self.facts, size)
         )
-
-    def _updated(self, call: cst.Call) -> list[str]:
-        names = [
-            a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value in RENDEZVOUS_VARIABLES
-        ]
-        if call.args and isinstance(call.args[0].value, cst.Dict) and call.args[0].keyword is None:
-            for element in call.args[0].value.elements:
-                key = string_value(element.key) if isinstance(element, cst.DictElement) else None
-                if key in RENDEZVOUS_VARIABLES:
-                    names.append(key)
-        return names
 
     def _env_tested(self, node: cst.CSTNode) -> bool:
         """An ``if`` around the write reads the environment (``"MASTER_ADDR" not in os.environ``,
@@ -365,28 +312,27 @@ local_rank = int(os.environ["LOCAL_RANK"])
         for ancestor in self.facts.ancestors(node):
             if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
                 return False
-            if isinstance(ancestor, (cst.If, cst.While)):
-                for part in self.facts.within(ancestor.test, cst.Name, cst.Attribute, cst.SimpleString):
-                    if isinstance(part, cst.SimpleString):
-                        if string_value(part) in RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES:
-                            return True
-                    elif get_full_name_for_node(part) in {"os.environ", "environ", "os.getenv", "getenv"}:
-                        return True
+            if isinstance(ancestor, (cst.If, cst.While)) and (
+                spells_environment(self.facts, ancestor.test)
+                or any(
+                    string_value(s) in RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES
+                    for s in self.facts.within(ancestor.test, cst.SimpleString)
+                )
+            ):
+                return True
         return False
 
     def _launched(self) -> str | None:
         """What says a launcher starts this script, in words; None when nothing does."""
         facts = self.facts
         for node in facts.index.nodes(cst.Subscript):
-            if self._environ_key(node) in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
-                return f'it reads `os.environ["{self._environ_key(node)}"]`'
+            key = environment_key(facts, node)
+            if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
+                return f'it reads `os.environ["{key}"]`'
         for call in facts.calls:
             name = facts.method_name(call)
-            if name in {"get", "getenv"} and (
-                facts.callee_is(call, ENV_READERS)
-                or (isinstance(call.func, cst.Attribute) and self._is_environ(call.func.value))
-            ):
-                variable = string_value(argument_of(call, "key", 0))
+            if name in {"get", "getenv"}:
+                variable = environment_key(facts, call)
                 if variable in LAUNCHER_VARIABLES:
                     return f"it reads `{variable}` from the environment"
             elif name == "init_process_group" and facts.callee_is(call, INIT_PROCESS_GROUP):
@@ -411,9 +357,9 @@ local_rank = int(os.environ["LOCAL_RANK"])
 
     # -- launch files --------------------------------------------------------------------------------
 
-    def _check_launch(self) -> None:
+    def check_launch(self, launch) -> None:
         text = self.context.text
-        for command in self.context.launch.commands:
+        for command in launch.commands:
             flags = {f.name: f for f in command.flags}
             nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
             count = _node_count(nodes.value if nodes is not None else None)

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DDP_WRAPPERS, argument_of, string_value
+from lintdist.devices import current_device, device_indices, starts_nccl_group, string_device_index
+from lintdist.environment import environment_key
+from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.rank_values import CONVERSIONS, global_rank, global_rank_read
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
-SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.cuda.device", "torch.accelerator.set_device_index"})
-TORCH_DEVICE = frozenset({"torch.device"})
-GET_RANK = frozenset(
-    {"torch.distributed.get_rank", "torch.distributed.distributed_c10d.get_rank", "torch.distributed.get_global_rank"}
-)
-INIT_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
-)
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
-ENVIRON = frozenset({"os.environ"})
-GETENV = frozenset({"os.getenv", "os.environ.get"})
-STATE_CLASSES = frozenset(
-    {"accelerate.PartialState", "accelerate.state.PartialState", "accelerate.AcceleratorState"}
-    | {"accelerate.state.AcceleratorState"}
-)
-CONVERSIONS = frozenset({"int", "str"})
 # What makes a per-process device without an index: set per process, every rank keeps the current device, GPU 0.
 # A device picked per process, by the script or by an API that does it for it: torch 2.13's DeviceMesh sets
 # `LOCAL_RANK`'s device when none is set (`device_mesh.py::_setup_world_group_and_device`), and accelerate's
@@ -35,9 +22,6 @@ CONVERSIONS = frozenset({"int", "str"})
 PINNED = re.compile(
     r"CUDA_VISIBLE_DEVICES|set_device|torch\.cuda\.device\(|init_device_mesh|DeviceMesh\(|Accelerator\(|PartialState\("
 )
-MAX_DEPTH = 4
-# A module none of whose text reads a rank cannot hold a helper that returns the global one.
-HELPER_MARKERS = ("get_rank", "RANK", "process_index")
 
 
 class DeviceFromGlobalRank(Rule):
@@ -271,8 +255,6 @@ for batch in loader:
         ),
     )
 
-    _crossed = False  # asked from another module: follow no further helpers
-
     def finish(self) -> None:
         if self.context.is_test_module:
             return
@@ -282,56 +264,18 @@ for batch in loader:
             for call in facts.calls
         )
         for call in facts.calls:
-            for index in self._device_indices(call):
+            for index in device_indices(facts, call):
                 self._check(index)
         for string in facts.index.nodes(cst.FormattedString, cst.BinaryOperation):
-            index = _string_index(string)
+            index = string_device_index(string)
             if index is not None:
                 self._check(index)
         self._unpinned()
 
-    # -- where a device index is given ---------------------------------------------------------------
-
-    def _device_indices(self, call: cst.Call) -> list[cst.BaseExpression]:
-        facts = self.facts
-        func = call.func
-        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        found: list[cst.BaseExpression] = []
-        if name in {"to", "cuda"} and isinstance(func, cst.Attribute):
-            value = argument_of(call, "device", 0)
-            if value is not None:
-                found.append(value)
-        elif name == "format" and isinstance(func, cst.Attribute) and _cuda_prefix(func.value):
-            value = argument_of(call, "", 0)
-            if value is not None:
-                found.append(value)
-        elif name in {"set_device", "device", "set_device_index"} and facts.callee_is(call, SET_DEVICE):
-            value = argument_of(call, "device", 0)
-            if value is not None:
-                found.append(value)
-        elif name == "device" and facts.callee_is(call, TORCH_DEVICE):
-            kind, index = argument_of(call, "type", 0), argument_of(call, "index", 1)
-            if index is not None and string_value(kind) == "cuda":
-                found.append(index)
-            elif index is None and kind is not None and string_value(kind) is None:
-                found.append(kind)  # `torch.device(rank)`: an integer is a CUDA index
-        elif name == "init_process_group" and facts.callee_is(call, INIT_PROCESS_GROUP):
-            value = argument_of(call, "device_id", 8)  # torch 2.13: `device_id: torch.device | int | None`
-            if value is not None:
-                found.append(value)
-        elif len(call.args) >= 2 and facts.callee_is(call, DDP_WRAPPERS):  # `DDP(model)` names no device
-            ids = argument_of(call, "device_ids", 1)
-            if isinstance(ids, (cst.List, cst.Tuple)):
-                found.extend(e.value for e in ids.elements if not isinstance(e, cst.StarredElement))
-            output = argument_of(call, "output_device", 2)
-            if output is not None:
-                found.append(output)
-        return found
-
     def _check(self, index: cst.BaseExpression) -> None:
         if self._spawns or self.launch.one_node:
             return  # one node: the global rank is the local one
-        source = self._global_rank(index, index, 0)
+        source = global_rank(self.facts, index, index)
         if source is None:
             return
         text = cst.Module([]).code_for_node(index)
@@ -347,104 +291,31 @@ for batch in loader:
             fix=self._fix(index),
         )
 
-    # -- what a value is -----------------------------------------------------------------------------
-
-    def _global_rank(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str | None:
-        """How ``expr`` is the global rank (for the message), or None."""
-        facts = self.facts
-        if depth > MAX_DEPTH:
-            return None
-        if isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
-            return self._global_rank(expr.args[0].value, at, depth)
-        atom = self._atom(expr)
-        if atom is not None:
-            return atom
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
-            for origin in facts.origins(expr, at):
-                node = origin.node
-                if node is expr or origin.index is not None or not isinstance(node, cst.BaseExpression):
-                    continue
-                found = self._global_rank(node, node, depth + 1)
-                if found is not None:
-                    return found
-        return None
-
-    def _atom(self, expr: cst.BaseExpression) -> str | None:
-        facts = self.facts
-        if isinstance(expr, cst.Call):
-            func = expr.func
-            last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
-            if last in {"get_rank", "get_global_rank"} and facts.callee_is(expr, GET_RANK):
-                return "`dist.get_rank()`"
-            helper = self._helper_rank(expr)
-            if helper is not None:
-                return helper
-            rank_key = string_value(argument_of(expr, "key", 0)) == "RANK"
-            if rank_key and last in {"get", "getenv"} and facts.callee_is(expr, GETENV):
-                return '`os.environ["RANK"]`'
-            return None
-        if isinstance(expr, cst.Subscript) and facts.qualified_names(expr.value) & ENVIRON:
-            element = expr.slice[0].slice if len(expr.slice) == 1 else None
-            if isinstance(element, cst.Index) and string_value(element.value) == "RANK":
-                return '`os.environ["RANK"]`'
-            return None
-        if isinstance(expr, cst.Attribute) and expr.attr.value == "process_index":
-            owner = expr.value
-            if facts.accelerator_like(owner, expr) or any(
-                isinstance(o.node, cst.Call) and facts.callee_is(o.node, STATE_CLASSES) for o in facts.origins(owner)
-            ):
-                return "accelerate's `process_index` counts processes on all nodes"
-        return None
-
-    def _helper_rank(self, call: cst.Call) -> str | None:
-        """``utils.get_rank()``: a function of another project module that returns the global rank (timm's and
-        dino's helpers return ``dist.get_rank()``), followed one module deep."""
-        facts = self.facts
-        if facts.project is None or self._crossed or facts.local_functions(call) or not facts.imported_root(call.func):
-            return None
-        for qualified in facts.qualified_names(call.func):
-            found = facts.project.definition(qualified, HELPER_MARKERS)
-            if found is None or not isinstance(found[1], cst.FunctionDef):
-                continue
-            other, function = found
-            there = self.elsewhere(other)
-            there._crossed = True
-            for returned in other.returns.get(function, ()):
-                how = there._global_rank(returned, returned, 1)
-                if how is not None:
-                    return f"`{qualified.rsplit('.', 1)[-1]}()` returns {how}"
-        return None
-
     def _fix(self, index: cst.BaseExpression) -> Fix | None:
         """``"RANK"`` read right here becomes ``"LOCAL_RANK"``; ``x.process_index`` here, ``x.local_process_index``."""
         expr = index
         while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
             expr = expr.args[0].value
-        if self._atom(expr) is None:
+        if global_rank_read(self.facts, expr) is None:
             return None
         if isinstance(expr, cst.Attribute):
             new = expr.with_changes(attr=cst.Name("local_process_index"))
             return Fix(Applicability.UNSAFE, "Use `local_process_index`", replacements=((expr, new),))
-        key = None
-        if isinstance(expr, cst.Subscript):
-            key = expr.slice[0].slice.value
-        elif isinstance(expr, cst.Call) and self.facts.callee_is(expr, GETENV):
-            key = argument_of(expr, "key", 0)
-        if isinstance(key, cst.SimpleString):
-            quote = key.value[0]
-            new_key = key.with_changes(value=f"{quote}LOCAL_RANK{quote}")
-            return Fix(Applicability.UNSAFE, "Read `LOCAL_RANK` instead of `RANK`", replacements=((key, new_key),))
-        return None
-
-    # -- NCCL with every process on the current device -------------------------------------------------
+        if environment_key(self.facts, expr) is None:
+            return None
+        key = expr.slice[0].slice.value if isinstance(expr, cst.Subscript) else argument_of(expr, "key", 0)
+        quote = key.value[0]
+        new_key = key.with_changes(value=f"{quote}LOCAL_RANK{quote}")
+        return Fix(Applicability.UNSAFE, "Read `LOCAL_RANK` instead of `RANK`", replacements=((key, new_key),))
 
     def _unpinned(self) -> None:
+        """An NCCL script that never picks a device per process: every `cuda` without an index is GPU 0."""
         facts = self.facts
-        if PINNED.search(self.context.text or "") or self.launch.one_process:
+        if PINNED.search(self.context.text or ""):  # one-process launches are skipped by the engine
             return
-        if not any(facts.callee_is(call, INIT_PROCESS_GROUP) and self._nccl(call) for call in facts.calls):
+        if not any(starts_nccl_group(facts, call) for call in facts.calls):
             return
-        sites = [call for call in facts.calls if _default_device(facts, call)]
+        sites = [call for call in facts.calls if current_device(facts, call)]
         if not sites:
             return
         more = f" (and {len(sites) - 1} more place(s) in this file)" if len(sites) > 1 else ""
@@ -454,56 +325,3 @@ for batch in loader:
             f"index is GPU 0 on every rank{more}: they all share one GPU; call "
             '`torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))` after `init_process_group`',
         )
-
-    def _nccl(self, call: cst.Call) -> bool:
-        size = argument_of(call, "world_size", 4)
-        if isinstance(size, cst.Integer) and size.evaluated_value == 1:
-            return False  # one process (a test's group): it owns GPU 0
-        backend = argument_of(call, "backend", 0)
-        if backend is None:
-            return True  # the default: NCCL for CUDA tensors
-        for origin in self.facts.origins(backend, call):
-            value = string_value(origin.node) if isinstance(origin.node, cst.BaseExpression) else None
-            if value is not None and "nccl" in value.lower():
-                return True
-        return False
-
-
-def _default_device(facts, call: cst.Call) -> bool:
-    """``x.cuda()``, ``x.to("cuda")``, ``torch.device("cuda")``: the current device, with no index."""
-    func = call.func
-    if not isinstance(func, (cst.Attribute, cst.Name)):
-        return False
-    name = func.attr.value if isinstance(func, cst.Attribute) else func.value
-    if name == "cuda" and isinstance(func, cst.Attribute) and argument_of(call, "device", 0) is None:
-        return get_full_name_for_node(func.value) != "torch"  # `.cuda()`, `.cuda(non_blocking=True)`
-    if name == "to" and isinstance(func, cst.Attribute):
-        return string_value(argument_of(call, "device", 0)) == "cuda"
-    if name == "device" and len(call.args) == 1 and facts.callee_is(call, TORCH_DEVICE):
-        return string_value(call.args[0].value) == "cuda"
-    return False
-
-
-def _cuda_prefix(expr: cst.BaseExpression) -> bool:
-    value = string_value(expr)
-    return value is not None and value.startswith("cuda:")
-
-
-def _string_index(node: cst.CSTNode) -> cst.BaseExpression | None:
-    """``r`` of ``f"cuda:{r}"``, ``"cuda:%d" % r``, ``"cuda:" + str(r)``."""
-    if isinstance(node, cst.BinaryOperation):
-        if isinstance(node.operator, (cst.Modulo, cst.Add)) and _cuda_prefix(node.left):
-            right = node.right
-            if isinstance(right, cst.Tuple) and len(right.elements) == 1:
-                right = right.elements[0].value
-            return right
-        return None
-    parts = node.parts
-    for before, after in itertools.pairwise(parts):
-        if (
-            isinstance(before, cst.FormattedStringText)
-            and before.value.endswith("cuda:")
-            and isinstance(after, cst.FormattedStringExpression)
-        ):
-            return after.expression
-    return None

@@ -5,62 +5,15 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.facts import ACCELERATOR_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.seeds import first_draws, per_rank_seed, seed_value, seeded_generator, worker_init
 
-# The global generators a statement seeds, by callee. `torch.manual_seed` seeds CPU, CUDA (all devices), MPS,
-# XPU, MTIA and registered custom devices (torch 2.13 `torch/random.py::_manual_seed_impl`), so the CUDA calls
-# add nothing to it.
-SEEDS = {
-    "random.seed": "random",
-    "numpy.random.seed": "numpy",
-    "torch.manual_seed": "torch",
-    "torch.random.manual_seed": "torch",
-    "torch.cuda.manual_seed": "cuda",
-    "torch.cuda.manual_seed_all": "cuda",
-}
-SEED_NAMES = frozenset(SEEDS)
 # accelerate 1.15 `accelerate/utils/random.py::set_seed` seeds these three, the accelerator's device and XLA.
 ALL_THREE = frozenset({"random", "numpy", "torch"})
 ACCELERATE_SET_SEED = frozenset({"accelerate.utils.set_seed", "accelerate.utils.random.set_seed"})
 HOME = "accelerate.utils"
-# Explicit draws from each global generator (the harm of leaving it unseeded). Local generators
-# (`random.Random`, `np.random.default_rng`, `RandomState`) and state functions are not draws.
-NOT_DRAWS = frozenset(
-    {
-        "seed",
-        "Random",
-        "SystemRandom",
-        "getstate",
-        "setstate",
-        "RandomState",
-        "default_rng",
-        "Generator",
-        "get_state",
-        "set_state",
-        "SeedSequence",
-        "PCG64",
-        "MT19937",
-        "BitGenerator",
-    }
-)
-TORCH_DRAWS = frozenset(
-    f"torch.{name}"
-    for name in (
-        "rand",
-        "randn",
-        "randint",
-        "randperm",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "normal",
-        "bernoulli",
-        "multinomial",
-        "poisson",
-    )
-)
 
 
 class StdlibSeed(Rule):
@@ -316,39 +269,13 @@ set_seed(args.seed + local_rank)
 
     def _seed_statement(self, call: cst.Call) -> cst.SimpleStatementLine | None:
         """The line ``call`` makes up on its own, when it seeds a global generator with a value."""
-        func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value not in ("seed", "manual_seed", "manual_seed_all"):
-            return None
-        if not isinstance(func, cst.Attribute) and not (
-            isinstance(func, cst.Name) and func.value in self.facts.imported_names
-        ):
-            return None
-        if not self.facts.callee_is(call, SEED_NAMES) or _seed_of(call) is None:
+        if seeded_generator(self.facts, call) is None:
             return None
         expr = self.facts.parent(call)
         line = self.facts.parent(expr) if isinstance(expr, cst.Expr) else None
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-            return None
-        if self._in_worker_init(call):
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or worker_init(self.facts, call):
             return None
         return line
-
-    def _in_worker_init(self, call: cst.Call) -> bool:
-        function = self.facts.enclosing_function(call)
-        if function is None:
-            return False
-        name = function.name.value
-        if "worker" in name.lower():
-            return True
-        for other in self.facts.calls:  # handed to a DataLoader as `worker_init_fn=`
-            value = argument_of(other, "worker_init_fn", None)
-            if isinstance(value, cst.Name) and value.value == name:
-                return True
-        return False
-
-    def _kind(self, call: cst.Call) -> str:
-        names = self.facts.qualified_names(call.func) & SEED_NAMES
-        return SEEDS[min(names)]
 
     def _run(self, first: cst.SimpleStatementLine) -> list[tuple[cst.SimpleStatementLine, cst.Call, str]]:
         """The consecutive seed statements from ``first`` on, in its block, with the same seed."""
@@ -358,32 +285,23 @@ set_seed(args.seed + local_rank)
         group = []
         seed_text = None
         for line in body[start:]:
-            if not isinstance(line, cst.SimpleStatementLine) or self._seed_statement_of(line) is None:
+            expr = line.body[0] if isinstance(line, cst.SimpleStatementLine) else None
+            call = expr.value if isinstance(expr, cst.Expr) else None
+            if not isinstance(call, cst.Call) or self._seed_statement(call) is not line:
                 break
-            call = self._seed_statement_of(line)
-            text = _code(self.context.module, _seed_of(call))
+            text = _code(self.context.module, seed_value(call))
             if seed_text is not None and text != seed_text:
                 break
             seed_text = text
-            group.append((line, call, self._kind(call)))
+            group.append((line, call, seeded_generator(self.facts, call)))
         return group
-
-    def _seed_statement_of(self, line: cst.SimpleStatementLine) -> cst.Call | None:
-        if (
-            len(line.body) != 1
-            or not isinstance(line.body[0], cst.Expr)
-            or not isinstance(line.body[0].value, cst.Call)
-        ):
-            return None
-        call = line.body[0].value
-        return call if self._seed_statement(call) is line else None
 
     # -- the report and its fix -------------------------------------------------------------------
 
     def _report(self, group: list[tuple[cst.SimpleStatementLine, cst.Call, str]]) -> None:
         kinds = {kind for _, _, kind in group}
         first_call = group[0][1]
-        seed = _seed_of(first_call)
+        seed = seed_value(first_call)
         missing = sorted(ALL_THREE - kinds)
         drawn: dict[str, int] = {}
         if missing:
@@ -395,10 +313,10 @@ set_seed(args.seed + local_rank)
                 return
             if not self._setup_scope(group[0][0]) or self._seeded_before(group):
                 return
-            drawn = self._draws(set(missing))
+            drawn = {kind: self.context.span(call).line for kind, call in first_draws(self.facts, set(missing)).items()}
             if not drawn:
                 return
-        base = self._per_rank(seed, first_call)
+        base = per_rank_seed(self.facts, seed, first_call)
         spelled = ", ".join(f"`{get_full_name_for_node(c.func)}`" for _, c, _ in group)
         if missing:
             left = ", ".join(f"`{m}` (drawn from at line {drawn[m]})" for m in missing if m in drawn)
@@ -422,23 +340,6 @@ set_seed(args.seed + local_rank)
             message += f" ({why})"
         self.report(first_call, message, fix=fix)
 
-    def _draws(self, kinds: set[str]) -> dict[str, int]:
-        """The first line where the file draws from each of these global generators."""
-        found: dict[str, int] = {}
-        for call in self.facts.calls:
-            func = call.func
-            last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-            if last is None or last in NOT_DRAWS:
-                continue
-            for name in self.facts.qualified_names(func):
-                module, _, attr = name.rpartition(".")
-                kind = {"random": "random", "numpy.random": "numpy"}.get(module)
-                if kind is None and name in TORCH_DRAWS:
-                    kind = "torch"
-                if kind in kinds and kind not in found and attr not in NOT_DRAWS:
-                    found[kind] = self.context.span(call).line
-        return found
-
     def _setup_scope(self, line: cst.CSTNode) -> bool:
         """The seed is set where the run is set up: at module level, in `main`/`train...`, or in the function
         that makes the Accelerator (a test or a helper seeding one generator for its own purpose is not)."""
@@ -447,47 +348,30 @@ set_seed(args.seed + local_rank)
             return True
         return any(self.facts.callee_is(call, ACCELERATOR_CLASSES) for call in self.facts.calls_within(function))
 
+    def _scope_seeds(self, line: cst.CSTNode) -> list[tuple[cst.Call, str]]:
+        """The seed statements of ``line``'s function (or the module), with the generator each seeds."""
+        scope = self.facts.enclosing_function(line)
+        return [
+            (call, seeded_generator(self.facts, call))
+            for call in self.facts.calls
+            if self.facts.enclosing_function(call) is scope and self._seed_statement(call) is not None
+        ]
+
     def _seeded_before(self, group) -> bool:
         """An earlier seed statement of the same function seeds these generators: this one re-seeds on purpose
         (a per-rank seed after a shared one)."""
-        first = group[0][0]
-        scope = self.facts.enclosing_function(first)
+        order, first = self.facts.index.order, group[0][0]
         kinds = {kind for _, _, kind in group}
-        order = self.facts.index.order
-        for call in self.facts.calls:
-            if order(call) >= order(first) or self.facts.enclosing_function(call) is not scope:
-                continue
-            if self._seed_statement(call) is not None and self._kind(call) in kinds:
-                return True
-        return False
+        return any(order(call) < order(first) and kind in kinds for call, kind in self._scope_seeds(first))
 
     def _torch_seeded_nearby(self, group) -> bool:
         """A lone `torch.cuda.manual_seed_all(n)` next to a `torch.manual_seed(n)` of the same scope (often under
         `if torch.cuda.is_available():`), which already seeds CUDA."""
-        scope = self.facts.enclosing_function(group[0][0])
-        text = _code(self.context.module, _seed_of(group[0][1]))
-        for call in self.facts.calls:
-            if (
-                self._seed_statement(call) is not None
-                and self._kind(call) == "torch"
-                and self.facts.enclosing_function(call) is scope
-                and _code(self.context.module, _seed_of(call)) == text
-            ):
-                return True
-        return False
-
-    def _per_rank(self, seed: cst.BaseExpression, at: cst.CSTNode) -> cst.BaseExpression | None:
-        """``n`` of a seed ``n + accelerator.process_index`` (either order); None for any other seed."""
-        if not isinstance(seed, cst.BinaryOperation) or not isinstance(seed.operator, cst.Add):
-            return None
-        for base, rank in ((seed.left, seed.right), (seed.right, seed.left)):
-            if (
-                isinstance(rank, cst.Attribute)
-                and rank.attr.value == "process_index"
-                and self.facts.accelerator_like(rank.value, at)
-            ):
-                return base
-        return None
+        text = _code(self.context.module, seed_value(group[0][1]))
+        return any(
+            kind == "torch" and _code(self.context.module, seed_value(call)) == text
+            for call, kind in self._scope_seeds(group[0][0])
+        )
 
     def _set_seed_conflict(self) -> str | None:
         facts = self.facts
@@ -506,35 +390,17 @@ set_seed(args.seed + local_rank)
         return None
 
     def _fix(self, group, seed: cst.BaseExpression, device_specific: bool, *, unsafe: bool) -> Fix:
-        args = [cst.Arg(value=seed)]
-        if device_specific:
-            args = [
-                cst.Arg(value=seed, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(
-                    keyword=cst.Name("device_specific"),
-                    value=cst.Name("True"),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-                    ),
-                ),
-            ]
+        extra = ", device_specific=True" if device_specific else ""
+        new = cst.parse_expression(f"set_seed({self.context.module.code_for_node(seed)}{extra})")
         first_line = group[0][0]
-        new_line = first_line.with_changes(body=[cst.Expr(cst.Call(func=cst.Name("set_seed"), args=args))])
+        new_line = first_line.with_changes(body=[cst.Expr(new)])
         replacements = [(first_line, new_line)] + [(line, cst.RemovalSentinel.REMOVE) for line, _, _ in group[1:]]
-        call = "set_seed(n, device_specific=True)" if device_specific else "set_seed(n)"
         return Fix(
             Applicability.UNSAFE if unsafe else Applicability.SAFE,
-            f"Seed with accelerate's `{call}`",
+            f"Seed with accelerate's `set_seed(n{extra})`",
             replacements=tuple(replacements),
             imports=((HOME, "set_seed"),),
         )
-
-
-def _seed_of(call: cst.Call) -> cst.BaseExpression | None:
-    seed = argument_of(call, "seed", 0)
-    if seed is None or (isinstance(seed, cst.Name) and seed.value == "None"):
-        return None
-    return seed
 
 
 def _code(module: cst.Module, node: cst.CSTNode) -> str:

@@ -151,3 +151,44 @@ def test_prepared_loaders_and_accelerator_receivers():
     receiver = cst.parse_expression("self.accelerator")
     assert accelerator_receiver(facts, receiver, facts.calls[0], text)
     assert not accelerator_receiver(facts, receiver, facts.calls[0], "import torch\n")
+
+
+def test_even_batches_off_by_store_join_or_setting():
+    from lintdist.accelerators import even_batches_off
+
+    assert not even_batches_off(_facts("accelerator.even_batches = True\n"), None)
+    assert even_batches_off(_facts("accelerator.even_batches = flag\n"), None)
+    assert even_batches_off(
+        _facts("with accelerator.join_uneven_inputs([model], even_batches=False):\n    pass\n"), None
+    )
+    assert not even_batches_off(_facts("with accelerator.join_uneven_inputs([model]):\n    pass\n"), None)
+
+
+def test_accelerator_methods_and_spelling():
+    from lintdist.accelerators import accelerator_methods, accelerator_spelling
+
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        accelerator.wait_for_everyone()
+
+        class Trainer:
+            def __init__(self):
+                self.accelerator = Accelerator()
+
+            def step(self, loss):
+                self.accelerator.backward(loss)
+                torch.cuda.synchronize()
+                return loss
+
+        def helper(x):
+            return x + 1
+        """
+    )
+    functions = {f.name.value: f for f in facts.index.nodes(cst.FunctionDef)}
+    step, helper = functions["step"], functions["helper"]
+    assert [facts.method_name(c) for c in accelerator_methods(facts, step)] == ["backward"]
+    assert accelerator_methods(facts, helper) == []
+    assert accelerator_spelling(facts, step.body) == "self.accelerator"
+    assert accelerator_spelling(facts, helper.body) == "accelerator"  # the module's own statements

@@ -196,3 +196,56 @@ def test_loader_passes_include_wrapped_loaders_and_iterators():
     )
     read = [cst.Module([]).code_for_node(expr) for _, expr in loader_passes(facts)]
     assert {"loader", "other", "third"} <= set(read)
+
+
+def test_prepared_origin_and_drop_last():
+    from lintdist.loaders import drops_last, prepared_origin
+
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader
+        accelerator = Accelerator()
+        eval_loader = DataLoader(ds, batch_size=8, drop_last=True)
+        train_loader = DataLoader(ds, batch_size=8)
+        model, eval_loader, train_loader = accelerator.prepare(model, eval_loader, train_loader)
+        plain = DataLoader(ds)
+        for batch in eval_loader:
+            pass
+        for batch in train_loader:
+            pass
+        for batch in plain:
+            pass
+        """
+    )
+    loops = facts.index.nodes(cst.For)
+    origins = [prepared_origin(facts, loop.iter, loop) for loop in loops]
+    assert origins[2] is None
+    assert [o.index for o in origins[:2]] == [1, 2]
+    assert [drops_last(facts, o) for o in origins[:2]] == [True, False]
+
+
+def test_evaluation_function_and_eval_mode():
+    from lintdist.loaders import eval_mode_set, evaluation_function
+
+    facts = _facts(
+        """
+        def validate(model, loader):
+            for batch in loader:
+                pass
+
+        def run(model, loader):
+            for batch in loader:
+                pass
+            model.eval()
+
+        def train(model, loader):
+            model.eval()
+            for batch in loader:
+                pass
+        """
+    )
+    loops = facts.index.nodes(cst.For)
+    assert [evaluation_function(facts, loop) for loop in loops] == [True, False, False]
+    assert [eval_mode_set(facts, loop) for loop in loops] == [False, True, True]
+    assert [eval_mode_set(facts, loop, before=True) for loop in loops] == [False, False, True]

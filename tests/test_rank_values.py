@@ -147,3 +147,35 @@ def test_small_helpers():
     ]
     assert counter_name("max_train_steps") and counter_name("epoch")
     assert not counter_name("best_step") and not counter_name("patience")
+
+
+def test_global_rank_followed_through_names_and_conversions():
+    from lintdist.rank_values import global_rank, global_rank_read
+
+    facts = _facts(
+        """
+        import os
+        import torch.distributed as dist
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        rank = dist.get_rank()
+        a = rank
+        b = int(os.environ["RANK"])
+        c = accelerator.process_index
+        d = int(os.environ["LOCAL_RANK"])
+        e = rank % 8
+        f = accelerator.local_process_index
+        """
+    )
+    values = {
+        s.targets[0].target.value: s.value
+        for s in facts.index.nodes(cst.Assign)
+        if isinstance(s.targets[0].target, cst.Name)
+    }
+    answers = {name: global_rank(facts, values[name], values[name]) for name in "abcdef"}
+    assert answers["a"] == "`dist.get_rank()`"
+    assert answers["b"] == '`os.environ["RANK"]`'
+    assert "process_index" in answers["c"]
+    assert answers["d"] is None and answers["e"] is None and answers["f"] is None
+    assert global_rank_read(facts, values["a"]) is None  # a name: read elsewhere
+    assert global_rank_read(facts, values["rank"]) == "`dist.get_rank()`"
