@@ -159,6 +159,9 @@ API_SIGNATURES = {
                 "load_state",
                 "sync_gradients",
                 "unwrap_model",
+                "gather",
+                "pad_across_processes",
+                "print",
             }
         ),
     ),

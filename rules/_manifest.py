@@ -49,7 +49,7 @@ RULES = [
     {'code': 'LD605', 'default_enabled': True, 'module': 'lintdist.rules.ld605_optim_state_dict_to_load_discarded', 'kinds': ('python',), 'triggers': (('text', 'optim_state_dict_to_load'),)},
     {'code': 'LD701', 'default_enabled': True, 'module': 'lintdist.rules.ld701_data_parallel', 'kinds': ('python',), 'triggers': (('pattern', ('DataParallel', 'data_parallel'), 'DataParallel(?<!DistributedDataParallel)(?<!ShardedDataParallel)(?:\\s*\\(|\\s+as\\s|\\s*\\):)|parallel\\.data_parallel\\(|import data_parallel', 32),)},
     {'code': 'LD702', 'default_enabled': True, 'module': 'lintdist.rules.ld702_ddp_comm_hook_api', 'kinds': ('python',), 'triggers': (('text', 'comm_hook'), ('text', 'communication_hook'), ('text', 'comm_wrapper'))},
-    {'code': 'LD703', 'default_enabled': True, 'module': 'lintdist.rules.ld703_lightning_log_without_sync_dist', 'kinds': ('python',), 'triggers': (('text', 'LightningModule'),), 'also_triggers': ((('text', 'self.log('), ('text', 'self.log_dict(')),)},
+    {'code': 'LD703', 'default_enabled': True, 'module': 'lintdist.rules.ld703_lightning_log_without_sync_dist', 'kinds': ('python',), 'triggers': (('text', 'LightningModule'), ('pattern', ('_step(self',), '(?m)^def \\w+_step\\(self', 40)), 'also_triggers': ((('text', 'self.log('), ('text', 'self.log_dict(')),)},
     {'code': 'LD704', 'default_enabled': True, 'module': 'lintdist.rules.ld704_deprecated_cuda_amp', 'kinds': ('python',), 'triggers': (('text', 'cuda.amp'), ('text', 'cpu.amp'), ('text', 'cuda import amp'), ('text', 'cpu import amp'))},
     {'code': 'LD705', 'default_enabled': True, 'module': 'lintdist.rules.ld705_localsgd_import', 'kinds': ('python',), 'triggers': (('text', 'LocalSGD'),)},
 ]

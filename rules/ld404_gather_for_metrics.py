@@ -9,6 +9,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.accelerators import even_batches_off
 from lintdist.batch_rows import batch_derived, generated, mentions, per_sample_rows, rows_cut
+from lintdist.facts import iterated_expression
 from lintdist.loaders import drops_last, eval_mode_set, evaluation_function, prepared_origin
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -267,11 +268,11 @@ for batch in eval_loader:
             duplicates = (
                 func.attr.value == "gather"
                 and not even_batches_off(facts, self.settings)
-                and not drops_last(facts, prepared)
+                and (prepared is None or not drops_last(facts, prepared))
                 and not rows_cut(facts, call, loop.body)
             )
             if duplicates:
-                self._report(call, kind, unpadded)
+                self._report(call, kind, unpadded, None if prepared is not None else loop)
             elif unpadded:
                 self.report(
                     call,
@@ -304,11 +305,11 @@ for batch in eval_loader:
                 continue
             loader = loops[id(ancestor)]
             prepared = prepared_origin(facts, loader, ancestor)
-            if prepared is None:
+            if prepared is None and not facts.unbound(loader, ancestor):
                 continue
             if facts.trains(ancestor.body) or not self._evaluates(ancestor, loader, call):
                 return None
-            return ancestor, prepared
+            return ancestor, prepared  # no origin: a snippet's loader that nothing in sight binds
         return None
 
     def _evaluates(self, loop: cst.For, loader: cst.BaseExpression, call: cst.Call) -> bool:
@@ -322,12 +323,19 @@ for batch in eval_loader:
 
     # -- the report ---------------------------------------------------------------------------
 
-    def _report(self, call: cst.Call, kind: str, unpadded: bool) -> None:
+    def _report(self, call: cst.Call, kind: str, unpadded: bool, unknown: cst.For | None = None) -> None:
         receiver = get_full_name_for_node(call.func.value) or "accelerator"
         message = (
             f"`{receiver}.gather` in an evaluation loop over a prepared loader keeps the samples that accelerate "
             "repeats to fill the last batch, so the metric counts them twice; "
         )
+        if unknown is not None:  # a snippet: nothing in sight says whether the loader was prepared
+            loader = self.context.module.code_for_node(iterated_expression(unknown.iter) or unknown.iter)
+            message = (
+                f"`{receiver}.gather` in an evaluation loop over `{loader}`: if `{loader}` is prepared by accelerate "
+                "(nothing in sight binds it), the samples that accelerate repeats to fill the last batch are kept, "
+                "and the metric counts them twice; "
+            )
         fix = None
         if kind == "reshaped":
             message += (
@@ -342,4 +350,4 @@ for batch in eval_loader:
             message += (
                 " (and pad the generated ids first with `pad_across_processes`: their length differs between ranks)"
             )
-        self.report(call, message, fix=fix)
+        self.report(call, message, fix=fix, severity=Severity.INFO if unknown is not None else None)

@@ -21,6 +21,8 @@ Read in Lightning's source (`src/lightning/pytorch/core/module.py`, `LightningMo
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from lintdist.branches import conditional_within
@@ -37,7 +39,7 @@ from lintdist.lightning import (
 )
 from lintdist.main_process import outermost_function
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 
 class LightningLogWithoutSyncDist(Rule):
@@ -130,7 +132,8 @@ class LightningLogWithoutSyncDist(Rule):
     name = "lightning-log-without-sync-dist"
     severity = Severity.WARNING
     fix_kind = "safe"
-    triggers = ("LightningModule",)
+    # the class, or a hook posted without it (`def validation_step(self, batch, batch_idx):` at the top of a snippet)
+    triggers = ("LightningModule", Pattern(("_step(self",), re.compile(r"(?m)^def \w+_step\(self")))
     also_triggers = (("self.log(", "self.log_dict("),)
 
     VALID = (
@@ -291,7 +294,17 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             return  # a test builds a module to exercise it, on one device (litgpt's `tests/test_trainer_support.py`)
         facts = self.facts
         modules = [cls for cls in facts.classes if facts.is_lightning_module(cls)]
-        if not modules or runs_on_one_device(facts):
+        # a snippet of hooks posted without their class (`def validation_step(self, batch, batch_idx):` at the top)
+        self._fragments = (
+            []
+            if facts.classes
+            else [
+                f
+                for f in facts.index.nodes(cst.FunctionDef)
+                if facts.enclosing_function(f) is None and _hook_without_class(f)
+            ]
+        )
+        if not (modules or self._fragments) or runs_on_one_device(facts):
             return
         for call in facts.calls:
             func = call.func
@@ -303,7 +316,7 @@ trainer = L.Trainer(devices=4, strategy="ddp")
             ):
                 continue
             method = outermost_function(facts, call)
-            if method is None or facts.enclosing_class(method) not in modules:
+            if method is None or (facts.enclosing_class(method) not in modules and method not in self._fragments):
                 continue
             self._check(call, method, func.attr.value)
 
@@ -363,7 +376,9 @@ trainer = L.Trainer(devices=4, strategy="ddp")
                 "Add `sync_dist=True`",
                 replacements=((call, with_keyword_last(call, "sync_dist", cst.Name("True"))),),
             )
-        self.report(call, message, fix=fix)
+        if method in self._fragments:  # nothing in sight says that several devices run it
+            message += " (the hook is shown without its class or Trainer: this holds when it runs on several devices)"
+        self.report(call, message, fix=fix, severity=Severity.INFO if method in self._fragments else None)
 
     # -- what is logged ---------------------------------------------------------------------
 
@@ -376,3 +391,9 @@ def _literal(expr: cst.BaseExpression | None) -> object:
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value
     return None
+
+
+def _hook_without_class(function: cst.FunctionDef) -> bool:
+    """A top-level ``def <epoch-level hook>(self, ...)``: a LightningModule method posted without its class."""
+    params = function.params.params
+    return function.name.value in EPOCH_LEVEL_HOOKS and bool(params) and params[0].name.value == "self"
