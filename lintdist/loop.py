@@ -650,8 +650,9 @@ class TrainingLoop:
         return Accumulation("unknown") if blocks or self._windows_on_own_steps(accelerator) else Accumulation("none")
 
     def _windows_on_own_steps(self, accelerator: cst.BaseExpression | None) -> bool:
-        """The loop counts its window with the Accelerator's own steps (``step % accelerator.gradient_accumulation_steps``):
-        the code means them to be more than 1, wherever they are set."""
+        """The loop counts its window with the Accelerator's own steps
+        (``step % accelerator.gradient_accumulation_steps``): the code means them to be more than 1, wherever they
+        are set."""
         if accelerator is None:
             return False
         for operation in self.facts.index.nodes(cst.BinaryOperation):
