@@ -51,10 +51,14 @@ def device_indices(facts: PythonFacts, call: cst.Call) -> list[cst.BaseExpressio
     return [index for index in found if index is not None]
 
 
+# Device types indexed per process as CUDA is: CUDA, Intel XPU, Ascend NPU, Gaudi HPU, Cambricon MLU.
+INDEXED_DEVICE_PREFIXES = ("cuda:", "xpu:", "npu:", "hpu:", "mlu:")
+
+
 def cuda_prefix(expr: cst.BaseExpression) -> bool:
-    """Whether ``expr`` is a string literal that starts with ``cuda:``."""
+    """Whether ``expr`` is a string literal that starts with ``cuda:`` (or another indexed device type, ``xpu:``)."""
     value = string_value(expr)
-    return value is not None and value.startswith("cuda:")
+    return value is not None and value.startswith(INDEXED_DEVICE_PREFIXES)
 
 
 def string_device_index(node: cst.CSTNode) -> cst.BaseExpression | None:
@@ -71,7 +75,7 @@ def string_device_index(node: cst.CSTNode) -> cst.BaseExpression | None:
     for before, after in itertools.pairwise(node.parts):
         if (
             isinstance(before, cst.FormattedStringText)
-            and before.value.endswith("cuda:")
+            and before.value.endswith(INDEXED_DEVICE_PREFIXES)
             and isinstance(after, cst.FormattedStringExpression)
         ):
             return after.expression

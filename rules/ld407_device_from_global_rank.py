@@ -120,7 +120,7 @@ class DeviceFromGlobalRank(Rule):
         ),
         Pattern(("init_process_group",), re.compile(r"\.cuda\(\)|[\"']cuda[\"']")),
     )
-    also_triggers = (("set_device", "device_id", "cuda", ".to("),)
+    also_triggers = (("set_device", "device_id", "cuda", ".to(", "torch.device(", "xpu:", "npu:", "hpu:", "mlu:"),)
 
     VALID = (
         Valid(

@@ -89,3 +89,14 @@ def test_nccl_groups_of_several_processes():
         """
     )
     assert [starts_nccl_group(facts, call) for call in facts.calls] == [True, True, False, False, False]
+
+
+def test_other_indexed_device_types_are_device_strings_too():
+    import libcst as cst
+
+    from lintdist.devices import string_device_index
+
+    for text, index in (('"xpu:%d" % rank', "rank"), ('f"npu:{local}"', "local"), ('"hpu:" + str(i)', "str(i)")):
+        found = string_device_index(cst.parse_expression(text))
+        assert found is not None and cst.Module([]).code_for_node(found) == index, text
+    assert string_device_index(cst.parse_expression('"cpu:%d" % rank')) is None
