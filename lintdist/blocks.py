@@ -92,23 +92,6 @@ def constructions_running(facts: PythonFacts, node: cst.CSTNode) -> list[cst.Cal
     return found
 
 
-def lone_call_line(facts: PythonFacts, call: cst.Call) -> cst.SimpleStatementLine | None:
-    """The line ``call`` is the whole of (``torch.save(...)`` alone on its line, directly in a block)."""
-    line = simple_statement(facts, call)
-    if line is None or len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
-        return None
-    return line if line.body[0].value is call else None
-
-
-def guarded_line(statement: cst.SimpleStatementLine, test: str) -> cst.If:
-    """``statement`` under ``if <test>:``, its comments and blank lines kept in front of the ``if``."""
-    return cst.If(
-        test=cst.parse_expression(test),
-        body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
-        leading_lines=statement.leading_lines,
-    )
-
-
 def literal_binding(
     facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, kind: type
 ) -> tuple[cst.CSTNode | None, cst.SimpleStatementLine | None]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.blocks import guarded_line, lone_call_line
 from lintdist.callgraph import registered
 from lintdist.collectives import may_gather
-from lintdist.edits import with_keyword_last
+from lintdist.edits import guarded_call, with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.file_io import TORCH_SAVES, in_memory, per_item_path
 from lintdist.model import Applicability, Fix, Severity
@@ -354,11 +353,11 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
     def _guard_fix(self, call: cst.Call, saved: cst.CSTNode | None, accelerator: str | None = None) -> Fix | None:
         """Put the call's line under a main-process test, when nothing in it is collective."""
         facts = self.facts
-        line = lone_call_line(facts, call)
         sharded = self.loop.backend in SHARDED
-        if line is None or sharded or may_gather(facts, call, False) or may_gather(facts, saved, False):
+        if sharded or may_gather(facts, call, False) or may_gather(facts, saved, False):
             return None
         test = main_process_test(facts, call, accelerator)
-        if test is None:
+        wrapped = guarded_call(facts, call, test) if test is not None else None
+        if wrapped is None:
             return None
-        return Fix(Applicability.SAFE, f"Run it under `if {test}:`", replacements=((line, guarded_line(line, test)),))
+        return Fix(Applicability.SAFE, f"Run it under `if {test}:`", replacements=(wrapped,))

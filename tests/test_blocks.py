@@ -94,8 +94,8 @@ def test_constructions_running_a_constructor_helper():
     assert constructions_running(facts, _call(facts, "prepare")) == []  # another method calls it too
 
 
-def test_lone_call_line_and_guarded_line() -> None:
-    from lintdist.blocks import guarded_line, lone_call_line
+def test_guarded_call_takes_only_a_call_alone_on_its_line() -> None:
+    from lintdist.edits import guarded_call
 
     facts = _facts(
         """
@@ -108,9 +108,9 @@ def test_lone_call_line_and_guarded_line() -> None:
         """
     )
     saves = [c for c in facts.calls if facts.method_name(c) == "save"]
-    lines = [lone_call_line(facts, s) for s in saves]
-    assert [line is not None for line in lines] == [True, False, False, False]
-    guarded = cst.Module(body=[guarded_line(lines[0], "accelerator.is_main_process")]).code
+    wrapped = [guarded_call(facts, s, "accelerator.is_main_process") for s in saves]
+    assert [w is not None for w in wrapped] == [True, False, False, False]
+    guarded = cst.Module(body=[wrapped[0][1]]).code
     assert guarded == '# keep the weights\nif accelerator.is_main_process:\n    torch.save(state, "a.pt")\n'
 
 
