@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from lintdist.facts import Loop, PythonFacts
-
-# A function whose name says it evaluates (`evaluate`, `validate`, `run_test`, `predict`...).
-EVALUATION_WORDS = ("eval", "valid", "test", "predict", "infer")
+from lintdist.loaders import eval_mode_set, evaluation_function
 
 
 def evaluates(facts: PythonFacts, loop: Loop) -> bool:
@@ -16,9 +14,4 @@ def evaluates(facts: PythonFacts, loop: Loop) -> bool:
         return True
     if facts.trains(loop.body):
         return False
-    function = facts.enclosing_function(loop)
-    name = function.name.value.lower() if function is not None else ""
-    if any(word in name for word in EVALUATION_WORDS):
-        return True
-    scope = function if function is not None else facts.index.module
-    return any(facts.method_name(call) == "eval" and not call.args for call in facts.calls_within(scope))
+    return evaluation_function(facts, loop) or eval_mode_set(facts, loop)
