@@ -61,10 +61,13 @@ class _TokenMarks(CodegenState):
 class _Printed:
     """One node printed alone, with the token numbers of every node inside it and its text's line starts."""
 
-    def __init__(self, node: cst.CSTNode, module: cst.Module, indents: list[str]) -> None:
+    def __init__(self, node: cst.CSTNode, module: cst.Module, indents: list[str], elif_: bool = False) -> None:
         state = _TokenMarks(default_indent=module.default_indent, default_newline=module.default_newline)
         state.indent_tokens = list(indents)
-        node._codegen(state)
+        if elif_:  # an `elif` is an If that its parent If prints as `elif`
+            node._codegen(state, is_elif=True)
+        else:
+            node._codegen(state)
         self.ranges = state.ranges
         self.offsets = [0, *accumulate(len(token) for token in state.tokens)]
         self.text = "".join(state.tokens)
@@ -90,12 +93,15 @@ class _Printed:
 class Positions:
     """1-based lines and 0-based columns of a module's nodes (libcst's ``CodeRange`` numbers).
 
-    Printing the whole module costs about half a parse. Most findings need far less: the line of
-    every statement comes from Python's own ``ast`` (a tenth of a libcst parse), paired with libcst's
-    statements block by block, and only the innermost statement around a node is printed, with the
-    indentation of its blocks, to place the node inside it. A printed statement's line must read as
-    the file's line ``ast`` gave, else (and wherever ``ast`` cannot parse what libcst can, or the
-    pairing fails) the whole module is printed.
+    Printing the whole module costs about half a parse. Most findings need far less: only the
+    innermost statement around a node is printed, with the indentation of its blocks, to place the
+    node inside it; a compound statement is printed as its headline (its blocks cut to ``pass``)
+    unless the node lies in its blocks, and it ends where its last simple statement ends. The
+    statement starts a line of the file that reads as its printed first line: where only one line
+    reads so, that is its line; else Python's own ``ast`` gives the line of every statement, paired
+    with libcst's statements block by block. The printed line must read as the file's line, else
+    (and wherever ``ast`` cannot parse what libcst can, or the pairing fails) the whole module is
+    printed.
     """
 
     def __init__(self, module: cst.Module, text: str, parent: Callable[[cst.CSTNode], cst.CSTNode | None]) -> None:
@@ -104,8 +110,9 @@ class Positions:
         self._parent = parent
         self._statement_lines: dict[int, int] | None = None
         self._source_lines: list[str] | None = None
-        self._printed: dict[int, tuple[_Printed, int] | None] = {}
+        self._printed: dict[tuple[int, bool], tuple[_Printed, int, cst.CSTNode] | None] = {}
         self._whole: _Printed | None = None
+        self._once: dict[str, int] | None = None
 
     def range(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """(start line, start column, end line, end column) of ``node``."""
@@ -113,34 +120,57 @@ class Positions:
         while statement is not None and not isinstance(statement, cst.BaseStatement):
             statement = self._parent(statement)
         if statement is not None:
-            found = self._statement(statement)
+            found = self._statement(statement, _headline(statement))
             if found is not None:
-                printed, shift = found
-                return printed.range(node, shift)
+                printed, shift, root = found
+                if root is not statement and node is statement:  # ends where its last simple statement ends
+                    return (*printed.range(root, shift)[:2], *self.range(_last_line(statement))[2:])
+                if id(node) in printed.ranges:
+                    return printed.range(node, shift)
+                found = self._statement(statement, statement)  # a node of the body the headline left out
+                if found is not None:
+                    return found[0].range(node, found[1])
         if self._whole is None:
             self._whole = _Printed(self._module, self._module, [])
         return self._whole.range(node)
 
-    def _statement(self, statement: cst.BaseStatement) -> tuple[_Printed, int] | None:
-        key = id(statement)
+    def _statement(
+        self, statement: cst.BaseStatement, root: cst.BaseStatement
+    ) -> tuple[_Printed, int, cst.CSTNode] | None:
+        """``root`` (``statement`` or its headline) printed alone, and the shift from its lines to the file's."""
+        key = (id(statement), root is statement)
         if key in self._printed:
             return self._printed[key]
+        indents = []
+        ancestor = self._parent(statement)
+        while ancestor is not None:
+            if isinstance(ancestor, cst.IndentedBlock):
+                indents.append(self._module.default_indent if ancestor.indent is None else ancestor.indent)
+            ancestor = self._parent(ancestor)
+        elif_ = isinstance(statement, cst.If) and isinstance(self._parent(statement), cst.If)
+        printed = _Printed(root, self._module, indents[::-1], elif_)
+        first = printed.range(root)[0]
+        text = printed.line(first)
+        # A statement starts a line of the file that reads as its printed first line: where only one line of the
+        # file reads so, that is the statement's line, and ``ast`` is not needed.
+        line = self._unique_lines().get(text)
+        if line is None:
+            line = self._lines().get(id(statement))
         found = None
-        line = self._lines().get(key)
-        if line is not None:
-            indents = []
-            ancestor = self._parent(statement)
-            while ancestor is not None:
-                if isinstance(ancestor, cst.IndentedBlock):
-                    indents.append(self._module.default_indent if ancestor.indent is None else ancestor.indent)
-                ancestor = self._parent(ancestor)
-            printed = _Printed(statement, self._module, indents[::-1])
-            first = printed.range(statement)[0]
-            source = self._source_lines
-            if 0 < line <= len(source) and source[line - 1] == printed.line(first):
-                found = (printed, line - first)
+        if line is not None and 0 < line <= len(self._source_lines) and self._source_lines[line - 1] == text:
+            found = (printed, line - first, root)
         self._printed[key] = found
         return found
+
+    def _unique_lines(self) -> dict[str, int]:
+        """The file's lines that occur once, and their numbers."""
+        if self._once is None:
+            self._source_lines = NEWLINE.split(self._text)
+            seen: dict[str, int] = {}
+            for number, text in enumerate(self._source_lines, 1):
+                seen[text] = 0 if text in seen else number
+            self._once = {text: number for text, number in seen.items() if number}
+        return self._once
 
     def _lines(self) -> dict[int, int]:
         """Statement -> the line ``ast`` gives it; empty where ``ast`` and libcst do not pair up."""
@@ -151,8 +181,43 @@ class Positions:
                 _pair(self._module.body, tree.body, self._statement_lines)
             except (SyntaxError, ValueError, RecursionError, MemoryError, _Mismatch):
                 self._statement_lines = {}
-            self._source_lines = NEWLINE.split(self._text)
         return self._statement_lines
+
+
+_PASS = cst.SimpleStatementLine([cst.Pass()])
+
+
+def _last_line(statement: cst.BaseStatement) -> cst.BaseStatement | None:
+    """The simple statement a compound statement ends with (libcst ends the compound where it ends), if it ends
+    in an indented block."""
+    while isinstance(statement, cst.BaseCompoundStatement):
+        if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.If):
+            statement = statement.orelse
+            continue
+        if isinstance(statement, (cst.Try, cst.TryStar)):
+            last = statement.finalbody or statement.orelse or (statement.handlers[-1] if statement.handlers else None)
+        elif isinstance(statement, cst.Match):
+            last = statement.cases[-1] if statement.cases else None
+        else:
+            last = getattr(statement, "orelse", None) or statement
+        block = getattr(last, "body", None)
+        if not isinstance(block, cst.IndentedBlock) or not block.body:
+            return None
+        statement = block.body[-1]
+    return statement
+
+
+def _headline(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """A compound statement with its blocks cut to ``pass``: the same header nodes, printed at a fraction of the
+    cost of a long body. The statement itself where that cannot be done."""
+    if not isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.FunctionDef, cst.ClassDef)):
+        return statement
+    if not isinstance(statement.body, cst.IndentedBlock) or _last_line(statement) is None:
+        return statement
+    changes: dict[str, object] = {"body": statement.body.with_changes(body=[_PASS], footer=[])}
+    if not isinstance(statement, (cst.With, cst.FunctionDef, cst.ClassDef)):
+        changes["orelse"] = None
+    return statement.with_changes(**changes)
 
 
 class _Mismatch(Exception):

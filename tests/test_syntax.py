@@ -172,3 +172,45 @@ def test_nodes_and_within_take_base_classes_as_isinstance_does():
     assert [type(n).__name__ for n in index.within(function, cst.BaseSmallStatement)] == ["Assign", "Return"]
     built = cst.parse_statement("if x:\n    a = 1\n    pass\n")  # not in the module: a plain walk, same answer
     assert [type(n).__name__ for n in index.within(built, cst.BaseSmallStatement)] == ["Assign", "Pass"]
+
+
+TRICKY = '''"""
+if ready:
+    step()
+"""
+@decorated
+def train(model):  # trailing comment
+    if ready:
+        step()
+    elif other:
+        step()
+    else:
+        for batch in loader:
+            step()
+        # a comment after the body
+    if ready:
+        step()
+    try:
+        step()
+    except ValueError:
+        pass
+    with ctx() as c: step()
+    while False:
+        step()
+    else:
+        done()
+'''
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_positions_of_each_node_asked_first_match_libcst(newline):
+    # Each node asked of a fresh Positions, so that no statement printed for an earlier node places it: compound
+    # statements by their headline, lines that occur more than once (and inside a docstring), elif chains.
+    source = TRICKY.replace("\n", newline)
+    module = cst.parse_module(source)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    index = SyntaxIndex(module)
+    for node in index.nodes(*{type(n) for n in expected}):
+        where = expected[node]
+        wanted = (where.start.line, where.start.column, where.end.line, where.end.column)
+        assert Positions(module, source, index.parent).range(node) == wanted, type(node).__name__
