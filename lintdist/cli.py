@@ -65,6 +65,16 @@ def cli() -> None:
     "reads for a line without --config_file.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print the findings only: no code frames, no summary.")
+@click.option(
+    "--docs/--no-docs",
+    default=None,
+    help="Check the code blocks of Markdown, MDX and reStructuredText pages (default: on; `docs` setting).",
+)
+@click.option(
+    "--docstrings/--no-docstrings",
+    default=None,
+    help="Check the examples in Python docstrings (default: off; `docstrings` setting).",
+)
 def check(
     paths,
     select,
@@ -81,12 +91,15 @@ def check(
     config_file,
     isolated,
     quiet,
+    docs,
+    docstrings,
 ) -> None:
     """Check PATHS (files or directories; default: the current directory).
 
     Finds Python scripts, notebooks (*.ipynb), accelerate/DeepSpeed configs
-    (*.yaml, *.yml, *.json) and launch files (*.sh), honouring .gitignore and
-    the configured excludes.
+    (*.yaml, *.yml, *.json), launch files (*.sh) and the code blocks of
+    documentation pages (*.md, *.mdx, *.rst), honouring .gitignore and the
+    configured excludes.
     A file named explicitly is always checked.
 
     Exit status: 0 no findings, 1 findings, 2 usage error or internal failure.
@@ -115,6 +128,8 @@ def check(
             extend_select=_codes(extend_select),
             unsafe_fixes=unsafe_fixes,
             isolated=isolated,
+            docs=docs,
+            docstrings=docstrings,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error

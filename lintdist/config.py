@@ -26,6 +26,8 @@ KNOWN_KEYS = frozenset(
         "unsafe-fixes",
         "accelerate-config",
         "target-versions",  # read by lintdist.versions, beside the project's manifests
+        "docs",
+        "docstrings",
     }
 )
 CACHE_FOLDER = ".lintdist_cache"
@@ -75,6 +77,8 @@ class Settings:
     default_accelerate_config: Path | None = None
     enabled: frozenset[str] = field(default=frozenset())
     known: frozenset[str] | None = None  # every rule code (None: ask the registry)
+    docs: bool = True  # the code blocks of Markdown, MDX and reStructuredText pages
+    docstrings: bool = False  # the examples in Python docstrings (libraries' docstrings are not training scripts)
 
     def enabled_for(self, relative: str) -> frozenset[str]:
         """Codes enabled for one file, after ``per-file-ignores``."""
@@ -98,6 +102,8 @@ class Settings:
             self.unsafe_fixes,
             tuple(map(str, self.accelerate_config)),
             stamp,
+            self.docs,
+            self.docstrings,
         )
 
 
@@ -180,6 +186,8 @@ def resolve_settings(
     extend_select: tuple[str, ...] = (),
     unsafe_fixes: bool | None = None,
     isolated: bool = False,
+    docs: bool | None = None,
+    docstrings: bool | None = None,
 ) -> Settings:
     """Settings from the config file (given or found upward from ``start``), the command line winning. The
     rules' codes come from their manifest: no rule module is imported here."""
@@ -203,9 +211,14 @@ def resolve_settings(
     for _, selected in per_file_ignores:
         _expand(selected, "per-file-ignores", codes)
 
-    file_unsafe = table.get("unsafe-fixes", False)
-    if not isinstance(file_unsafe, bool):
-        raise ConfigError(f"{path}: `unsafe-fixes` must be true or false")
+    switches = {
+        key: table.get(key, default)
+        for key, default in (("unsafe-fixes", False), ("docs", True), ("docstrings", False))
+    }
+    for key, value in switches.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: `{key}` must be true or false")
+    file_unsafe = switches["unsafe-fixes"]
 
     if chosen_select is None:
         enabled = {rule.code for rule in rules if rule.default_enabled}
@@ -228,4 +241,6 @@ def resolve_settings(
         default_accelerate_config=None if isolated else default_accelerate_config(),
         enabled=frozenset(enabled),
         known=frozenset(codes),
+        docs=docs if docs is not None else switches["docs"],
+        docstrings=docstrings if docstrings is not None else switches["docstrings"],
     )

@@ -20,7 +20,11 @@ KIND_BY_SUFFIX = {
     ".json": "config",
     ".sh": "launch",
     ".bash": "launch",
-    ".md": "launch",  # its fenced shell blocks: the launch commands people copy from a README
+    # documentation: the code blocks of its pages (Python, YAML, shell); with `docs = false`, only the shell
+    # blocks of Markdown pages, the launch commands people copy from a README
+    ".md": "page",
+    ".mdx": "page",
+    ".rst": "page",
     ".ipynb": "notebook",
 }
 
@@ -39,10 +43,12 @@ class DiscoveryError:
     message: str
 
 
-def kind_of(path: Path, explicit: bool) -> str | None:
+def kind_of(path: Path, explicit: bool, docs: bool = True) -> str | None:
     kind = KIND_BY_SUFFIX.get(path.suffix.lower())
     if kind is None and explicit:
         return "python"
+    if kind == "page" and not docs and not explicit:
+        return "launch" if path.suffix.lower() == ".md" else None
     return kind
 
 
@@ -111,12 +117,12 @@ def discover(paths: list[str], settings: Settings) -> tuple[list[Candidate], lis
             errors.append(DiscoveryError(given, "no such file or directory"))
             continue
         ignorer = ignorer or _Ignorer(settings)
-        for candidate in _walk(path, given, ignorer, errors):
+        for candidate in _walk(path, given, ignorer, errors, settings.docs):
             candidates.setdefault(candidate.path.absolute(), candidate)
     return sorted(candidates.values(), key=lambda c: c.display), errors
 
 
-def _walk(top: Path, given: str, ignorer: _Ignorer, errors: list[DiscoveryError]):
+def _walk(top: Path, given: str, ignorer: _Ignorer, errors: list[DiscoveryError], docs: bool):
     on_the_way: dict[str, str] = {}  # real path of each folder being walked -> its display name
 
     def visit(folder: Path, display: str):
@@ -145,7 +151,7 @@ def _walk(top: Path, given: str, ignorer: _Ignorer, errors: list[DiscoveryError]
             elif entry.is_symlink() and not child.exists():
                 errors.append(DiscoveryError(child_display, "broken symbolic link"))
             else:
-                kind = kind_of(child, explicit=False)
+                kind = kind_of(child, explicit=False, docs=docs)
                 if kind is not None:
                     yield Candidate(child, child_display, kind, False)
         on_the_way.pop(real)

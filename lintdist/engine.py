@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -280,6 +281,15 @@ def _parses(text: str, kind: str, parsed: dict[str, cst.Module]) -> bool:
     return True
 
 
+def _refusal(text: str, kind: str, parsed: dict[str, cst.Module], fits: Callable[[str], bool] | None) -> str | None:
+    """Why a fix's result cannot be written, or None."""
+    if not _parses(text, kind, parsed):
+        return "its result does not parse"
+    if fits is not None and not fits(text):
+        return "it needs a line outside the page's code block"
+    return None
+
+
 @dataclass
 class FixOutcome:
     text: str
@@ -298,10 +308,12 @@ def fix_text(
     unsafe: bool,
     settings=None,
     explicit: bool = True,
+    fits: Callable[[str], bool] | None = None,
 ) -> FixOutcome:
     """Apply applicable fixes, re-check, and repeat until nothing changes (bounded).
 
-    A fix whose result does not parse is dropped and reported, never written.
+    A fix whose result does not parse, or that ``fits`` refuses (a documentation page's code block cannot hold
+    it), is dropped and reported, never written.
     """
     outcome = FixOutcome(text)
     allowed = {Applicability.SAFE, Applicability.UNSAFE} if unsafe else {Applicability.SAFE}
@@ -333,16 +345,15 @@ def fix_text(
                 chosen.append(finding)
                 taken.append((start, end))
         new_text = _render(context, [f.fix for f in chosen])
-        if not _parses(new_text, kind, parsed):
+        if _refusal(new_text, kind, parsed, fits) is not None:
             good = []
             for finding in chosen:
-                if _parses(_render(context, [*[g.fix for g in good], finding.fix]), kind, parsed):
+                reason = _refusal(_render(context, [*[g.fix for g in good], finding.fix]), kind, parsed, fits)
+                if reason is None:
                     good.append(finding)
                 else:
                     refused.add((finding.code, finding.message))
-                    outcome.dropped.append(
-                        f"{finding.code} fix at line {finding.span.line} dropped: its result does not parse"
-                    )
+                    outcome.dropped.append(f"{finding.code} fix at line {finding.span.line} dropped: {reason}")
             chosen = good
             new_text = _render(context, [f.fix for f in chosen])
         if new_text == outcome.text:

@@ -8,7 +8,7 @@ shift is kept per line, to place findings and to write fixes back. A block that 
 out, and so are its output lines (``pycon``) and templating lines (``{% ... %}``, ``{{ ... }}``). YAML blocks are
 read one by one as config documents, shell blocks as launch text, each also line for line.
 
-The way back (``write_python``) takes the fixed program and puts every changed line into its block, with the
+The way back (``write_back``) takes the fixed program and puts every changed line into its block, with the
 block's indentation and prompts; it refuses (None) a change that falls outside a block.
 """
 
@@ -85,23 +85,33 @@ class Page:
     _shifts: dict[int, int] | None = None
 
     def python(self) -> str:
-        """The page's program, line for line the page's: the code of its Python blocks that parse alone at their
-        lines, blank lines elsewhere."""
-        out = [""] * len(self.lines)
-        for block in self.python_blocks():
-            for line, code in zip(block.lines, block.code):
-                out[line] = code
-        return "\n".join(out) + "\n"
+        """The page's program: the code of its Python blocks that parse alone (``python_blocks``)."""
+        return self.program(self.python_blocks())
 
     def python_blocks(self) -> list[Block]:
         return [block for block in self.blocks if block.language == "python" and block.parses()]
 
-    def alone(self, block: Block) -> str:
-        """One block's code at its lines, blank lines elsewhere (a YAML or shell block is read alone)."""
+    def program(self, blocks: list[Block]) -> str:
+        """The code of these blocks at their lines, blank lines elsewhere: line for line the page's."""
         out = [""] * len(self.lines)
-        for line, code in zip(block.lines, block.code):
-            out[line] = code
+        for block in blocks:
+            for line, code in zip(block.lines, block.code):
+                out[line] = code
         return "\n".join(out) + "\n"
+
+    def in_place(self, blocks: list[Block]) -> str:
+        """The page's text with everything but the code of these blocks turned into spaces: every offset, line and
+        column stays the page's (a launch file's reading needs no moving back)."""
+        code = {
+            line: (prefix, text)
+            for block in blocks
+            for line, prefix, text in zip(block.lines, block.prefixes, block.code)
+        }
+        out = []
+        for number, (line, ending) in enumerate(zip(self.lines, self.endings)):
+            prefix, text = code.get(number, (line, ""))
+            out.append(" " * len(prefix) + text + " " * (len(line) - len(prefix) - len(text)) + ending)
+        return "".join(out)
 
     def shift(self, line: int) -> int:
         """How many characters precede the code on a 1-based page line (indentation, prompt)."""
@@ -286,17 +296,17 @@ def _finished(block: Block) -> Block:
     return block
 
 
-def write_python(page: Page, fixed: str) -> str | None:
-    """The page with the fixed program's lines put back into their blocks; None where a change falls outside
-    the blocks of the program (a fix that needs a line the page does not show as code), or where it would add
-    or remove lines of a ``>>>`` session."""
+def write_back(page: Page, blocks: list[Block], fixed: str) -> str | None:
+    """The page with the fixed program of ``blocks`` put back into them; None where a change falls outside
+    the blocks (a fix that needs a line the page does not show as code), or where it would add or remove lines
+    of a ``>>>`` session."""
     import difflib
 
-    old, new = page.python().split("\n")[:-1], fixed.split("\n")
+    old, new = page.program(blocks).split("\n")[:-1], fixed.split("\n")
     if new and new[-1] == "":
         new.pop()
     owner: dict[int, Block] = {}
-    for block in page.python_blocks():
+    for block in blocks:
         owner.update(dict.fromkeys(block.lines, block))
     replaced: dict[int, list[str]] = {}  # page line -> the page lines that take its place
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():

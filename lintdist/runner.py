@@ -37,6 +37,7 @@ class Task:
     mode: str  # "check", "fix" or "diff"
     unsafe: bool
     want_edits: bool
+    docstrings: bool = False  # also check the examples in a Python file's docstrings
 
 
 @dataclass
@@ -97,6 +98,8 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
         if error.code in task.codes:
             report.findings = [source_error_finding(error, candidate.display).to_json()]
         return report, None
+    if candidate.kind == "page":
+        return _process_page(task, source_text)
     text, kind = (source_text, candidate.kind) if notebook is None else (notebook.python, "python")
     common = {
         "path": candidate.path,
@@ -120,23 +123,66 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
             if outcome.text != text:
                 new_text = outcome.text if notebook is None else write_notebook(notebook, outcome.text)
                 if task.mode == "diff":
-                    import difflib  # only --diff needs it: start-up does not pay for it
-
-                    report.diff = "".join(
-                        difflib.unified_diff(
-                            source_text.splitlines(keepends=True),
-                            new_text.splitlines(keepends=True),
-                            fromfile=candidate.display,
-                            tofile=candidate.display,
-                        )
-                    )
+                    report.diff = _diff(candidate.display, source_text, new_text)
     except InternalError as error:
         report.error = str(error)
         return report, None
     if notebook is not None:
         findings = [_in_cell(f, notebook) for f in findings]
+    if task.docstrings and kind == "python" and notebook is None:
+        outcome = _page_outcome(task, source_text if new_text is None else new_text, docstrings=True)
+        findings = sorted([*findings, *outcome.findings], key=lambda f: f.sort_key)
+        report.applied += outcome.applied
+        report.dropped += outcome.dropped
+        if outcome.text != (source_text if new_text is None else new_text):
+            new_text = outcome.text
+            report.diff = _diff(candidate.display, source_text, new_text) if task.mode == "diff" else ""
     report.findings = [f.to_json(with_edits=task.want_edits) for f in findings if f.code in task.codes]
     return report, new_text
+
+
+def _page_outcome(task: Task, text: str, docstrings: bool = False):
+    from lintdist.documents import check_page
+
+    candidate = task.candidate
+    return check_page(
+        text,
+        path=candidate.path,
+        display=candidate.display,
+        codes=task.codes,
+        fix=task.mode != "check",
+        unsafe=task.unsafe,
+        docstrings=docstrings,
+    )
+
+
+def _process_page(task: Task, text: str) -> tuple[FileReport, str | None]:
+    """A documentation page: the code of its blocks, checked and fixed in place (``lintdist.documents``)."""
+    from lintdist.engine import InternalError
+
+    report = FileReport(task.candidate.display, [])
+    try:
+        outcome = _page_outcome(task, text)
+    except InternalError as error:
+        report.error = str(error)
+        return report, None
+    report.findings = [f.to_json() for f in outcome.findings if f.code in task.codes]
+    report.applied, report.dropped = outcome.applied, outcome.dropped
+    if outcome.text == text:
+        return report, None
+    if task.mode == "diff":
+        report.diff = _diff(task.candidate.display, text, outcome.text)
+    return report, outcome.text
+
+
+def _diff(display: str, old: str, new: str) -> str:
+    import difflib  # only --diff needs it: start-up does not pay for it
+
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=display, tofile=display
+        )
+    )
 
 
 def dependency_stamps(paths: list[Path]) -> dict[str, list]:
@@ -181,7 +227,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
     """Read configs and launch files once (the checked ones, and those beside checked scripts),
     and link each script to the settings that run it."""
     display = {c.path: c.display for c in candidates}
-    files = [(c.path, c.kind) for c in candidates if c.kind in {"config", "launch"}]
+    files = [(c.path, c.kind) for c in candidates if c.kind in {"config", "launch", "page"}]
     for folder in sorted({c.path.parent for c in candidates if c.kind == "python"}):
         try:
             entries = sorted(folder.iterdir())
@@ -189,7 +235,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
             continue
         for path in entries:
             kind = kind_of(path, explicit=False)
-            if kind in {"config", "launch"} and path not in display and path.is_file():
+            if kind in {"config", "launch", "page"} and path not in display and path.is_file():
                 display[path] = os.path.relpath(path)
                 files.append((path, kind))
     configs, launches = {}, {}
@@ -200,7 +246,7 @@ def _project_pass(candidates: list[Candidate], settings: Settings):
                 document = parse_config(text)
                 if document is not None:
                     configs[path] = document
-            elif kind == "launch" and (LAUNCHERS.search(text) or PYTHON_RUN.search(text)):
+            elif kind in {"launch", "page"} and (LAUNCHERS.search(text) or PYTHON_RUN.search(text)):
                 launches[path] = (parse_launch(launch_text(text, path)), text)
         except SourceError:
             continue  # a checked file reports it in its own check
@@ -306,7 +352,7 @@ def _run(paths, settings, mode, unsafe, jobs, use_cache, want_edits) -> RunResul
             relative = candidate.path.as_posix()
         codes = settings.enabled_for(relative)
         launch = project.settings_for(candidate.path) if candidate.kind == "python" else None
-        tasks.append(Task(candidate, codes, launch, mode, unsafe, want_edits))
+        tasks.append(Task(candidate, codes, launch, mode, unsafe, want_edits, settings.docstrings))
 
     cache = None
     if use_cache and mode == "check":

@@ -258,11 +258,18 @@ PROMPT = re.compile(r"^([ \t]*)(?:\(\S+\)[ \t]*)?\$[ \t]")
 
 
 def launch_text(text: str, path: Path) -> str:
-    """The shell text of a launch file. For Markdown (``*.md``): only its fenced shell blocks (``bash``, ``sh``,
+    """The shell text of a launch file. For reStructuredText, the shell blocks of its code directives, in place.
+    For Markdown (``*.md``, ``*.mdx``): only its fenced shell blocks (``bash``, ``sh``,
     ``shell``, ``console`` or no language), with ``$ `` prompts blanked and everything else turned into spaces,
     so that every offset, line and column is the Markdown file's own. In a ``console`` block, lines that
     follow no prompt are output and are blanked too."""
-    if path.suffix.lower() != ".md":
+    suffix = path.suffix.lower()
+    if suffix == ".rst":
+        from lintdist.pages import read_page
+
+        page = read_page(text, suffix)
+        return page.in_place([block for block in page.blocks if block.language == "shell"])
+    if suffix not in {".md", ".mdx"}:
         return text
     out: list[str] = []
     fence: str | None = None

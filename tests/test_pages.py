@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lintdist.pages import read_docstrings, read_page, write_python
+from lintdist.pages import read_docstrings, read_page, write_back
 
 PAGE = """# Training on several GPUs
 
@@ -87,7 +87,7 @@ def test_blocks_by_language_with_their_shifts():
         "python",
     ]
     yaml = page.blocks[2]
-    assert page.alone(yaml).split("\n")[22:25] == ["distributed_type: FSDP", "fsdp_config:", "  fsdp_version: 2"]
+    assert page.program([yaml]).split("\n")[22:25] == ["distributed_type: FSDP", "fsdp_config:", "  fsdp_version: 2"]
     assert page.shift(24) == 3  # the list item's indentation
     assert page.shift(34) == 4  # `>>> `
     assert page.shift(1) == 0
@@ -99,7 +99,7 @@ def test_a_fix_lands_inside_its_block_and_leaves_the_rest_byte_for_byte():
     fixed = fixed.replace(
         "accelerator = Accelerator()\n", "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n"
     )
-    out = write_python(page, fixed)
+    out = write_back(page, page.python_blocks(), fixed)
     assert out == PAGE.replace("    loss.backward()\n", "    accelerator.backward(loss)\n").replace(
         "accelerator = Accelerator()\n```", "accelerator = Accelerator()\nmodel = accelerator.prepare(model)\n```"
     )
@@ -107,11 +107,11 @@ def test_a_fix_lands_inside_its_block_and_leaves_the_rest_byte_for_byte():
 
 def test_a_fix_that_needs_a_line_outside_the_blocks_is_refused():
     page = read_page(PAGE, ".md")
-    assert write_python(page, "import os\n" + page.python()) is None
+    assert write_back(page, page.python_blocks(), "import os\n" + page.python()) is None
     # a line added to a session would need a prompt the fix cannot choose
-    assert write_python(page, page.python().replace("x = 1\n", "x = 1\ny = 2\n")) is None
+    assert write_back(page, page.python_blocks(), page.python().replace("x = 1\n", "x = 1\ny = 2\n")) is None
     # a one-for-one change inside a session keeps the prompt
-    out = write_python(page, page.python().replace("x = 1\n", "x = 2\n"))
+    out = write_back(page, page.python_blocks(), page.python().replace("x = 1\n", "x = 2\n"))
     assert ">>> x = 2\n>>> if x:" in out
 
 
@@ -119,7 +119,7 @@ def test_windows_line_endings_are_kept():
     text = PAGE.replace("\n", "\r\n")
     page = read_page(text, ".md")
     fixed = page.python().replace("accelerator = Accelerator()\n", "accelerator = Accelerator()\nx = 1\n")
-    out = write_python(page, fixed)
+    out = write_back(page, page.python_blocks(), fixed)
     assert "accelerator = Accelerator()\r\nx = 1\r\n```\r\n" in out
     assert out.replace("x = 1\r\n", "", 1) == text
 
@@ -157,7 +157,7 @@ def test_rst_code_blocks_and_literal_blocks():
         12: "model = DDP(model)",
     }
     assert page.shift(7) == 3 and page.shift(12) == 4
-    out = write_python(page, page.python().replace("DDP(model)", "DDP(model, device_ids=[rank])"))
+    out = write_back(page, page.python_blocks(), page.python().replace("DDP(model)", "DDP(model, device_ids=[rank])"))
     assert out == RST.replace("DDP(model)", "DDP(model, device_ids=[rank])")
 
 
@@ -194,7 +194,7 @@ def test_docstring_fences_and_sessions():
         16: "    loss.backward()",
     }
     assert page.shift(15) == len("    ... ")
-    out = write_python(page, page.python().replace("    loss.backward()", "    accelerator.backward(loss)"))
+    out = write_back(page, page.python_blocks(), page.python().replace("    loss.backward()", "    accelerator.backward(loss)"))
     assert out == DOCSTRINGS.replace("...     loss.backward()", "...     accelerator.backward(loss)")
 
 
@@ -233,11 +233,11 @@ def test_any_page_reads_back_unchanged_and_edits_stay_inside_blocks(lines, suffi
     page = read_page(text, suffix)
     program = page.python()
     assert program.count("\n") == len(page.lines)
-    assert write_python(page, program) == text
+    assert write_back(page, page.python_blocks(), program) == text
     # change every program line that has code: only block lines of the page change, and doing it twice is the
     # same as once
     changed = "\n".join(line + "  # seen" if line.strip() else line for line in program.split("\n"))
-    out = write_python(page, changed)
+    out = write_back(page, page.python_blocks(), changed)
     if out is None:
         return
     code_lines = {line for block in page.python_blocks() for line in block.lines}
@@ -247,4 +247,4 @@ def test_any_page_reads_back_unchanged_and_edits_stay_inside_blocks(lines, suffi
         if number not in code_lines:
             assert before == after
     again = read_page(out, suffix)
-    assert write_python(again, again.python()) == out
+    assert write_back(again, again.python_blocks(), again.python()) == out

@@ -1,0 +1,76 @@
+"""Checking the code of a documentation page (or of a Python file's docstrings) through the engine.
+
+A page is read as the kinds of files its blocks are: its shell blocks as a launch file (positions are the page's
+own), its Python blocks as one program and each accelerate/DeepSpeed YAML block as a config, both line for line
+the page's (``lintdist.pages``). Findings are moved to the page's columns; fixes are written into their blocks,
+and a fix that would need a line outside them is dropped and reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from lintdist.model import Finding, Span
+from lintdist.pages import Block, Page, read_docstrings, read_page, write_back
+from lintdist.sources import CONFIG_MARKERS
+
+PAGE_SUFFIXES = frozenset({".md", ".mdx", ".rst"})
+
+
+@dataclass
+class PageOutcome:
+    text: str  # the page after its fixes (unchanged in check mode)
+    findings: list[Finding] = field(default_factory=list)
+    applied: int = 0
+    dropped: list[str] = field(default_factory=list)
+
+
+def check_page(
+    text: str, *, path: Path, display: str, codes: frozenset[str], fix: bool, unsafe: bool, docstrings: bool = False
+) -> PageOutcome:
+    """The findings of a page's code (``docstrings``: of a Python file's docstring examples), and in fix mode
+    the page with its fixes."""
+    from lintdist.engine import check_text, fix_text
+    from lintdist.registry import rules_for, rules_wanted
+
+    outcome = PageOutcome(text)
+    read = read_docstrings if docstrings else lambda current: read_page(current, path.suffix)
+
+    def run(kind: str, part: str, page: Page | None = None, blocks: list[Block] | None = None) -> None:
+        common = {"path": path, "display": display, "kind": kind, "settings": None, "explicit": False}
+        if not fix:
+            found, _ = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
+            outcome.findings += found if page is None else [_placed(f, page) for f in found]
+            return
+        fits = None if page is None else lambda new: write_back(page, blocks, new) is not None
+        result = fix_text(part, rules=rules_for(codes), unsafe=unsafe, fits=fits, **common)
+        outcome.applied += result.applied
+        outcome.dropped += result.dropped
+        if result.text != part:
+            outcome.text = result.text if page is None else write_back(page, blocks, result.text) or outcome.text
+
+    if not docstrings:
+        run("launch", outcome.text)  # its shell blocks, read by the engine in place
+    page = read(outcome.text)
+    if page.python_blocks():
+        run("python", page.python(), page, page.python_blocks())
+    for index, block in enumerate(read(outcome.text).blocks):
+        if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
+            page = read(outcome.text)  # as the fixes before left it
+            run("config", page.program([page.blocks[index]]), page, [page.blocks[index]])
+    if fix:  # the findings that remain, placed on the fixed page
+        outcome.findings = check_page(
+            outcome.text, path=path, display=display, codes=codes, fix=False, unsafe=unsafe, docstrings=docstrings
+        ).findings
+    outcome.findings.sort(key=lambda f: f.sort_key)
+    return outcome
+
+
+def _placed(finding: Finding, page: Page) -> Finding:
+    """A finding on a page's program moved to the page's columns."""
+    span = finding.span
+    moved = Span(
+        span.line, span.column + page.shift(span.line), span.end_line, span.end_column + page.shift(span.end_line)
+    )
+    return replace(finding, span=moved)
