@@ -924,7 +924,21 @@ class TrainingLoop:
                     return found[0]
                 # no caller in this file: the project's other modules may pass a prepared model
                 return self._prepared_origin(expr, at, depth) if facts.external_call_sites(function) else None
+            if isinstance(expr, cst.Name) and facts.enclosing_function(at) is None and not self._bound_later(expr, at):
+                # module code runs in order: an assignment after `at` reaches it only through a loop around both (a
+                # guide's plain loop, then its accelerate version, read as one program)
+                return self._prepared_by_api(expr, at)
         return self._prepared_origin(expr, at, depth)
+
+    def _bound_later(self, expr: cst.Name, at: cst.CSTNode) -> bool:
+        """A module-level name that a loop around ``at`` binds again later: the next iteration sees that binding."""
+        facts = self.facts
+        loop = facts.enclosing_loop(at)
+        while loop is not None:
+            if any(facts.is_within(binding.statement, loop) for binding in facts.bindings(expr.value, at)):
+                return True
+            loop = facts.enclosing_loop(loop)
+        return False
 
     def _prepared_origin(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> cst.Call | None:
         for origin in self.facts.origins(expr, at):

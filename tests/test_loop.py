@@ -340,3 +340,28 @@ def test_a_model_compiled_before_nothing_prepares_it_is_not_prepared():
     )
     keep = next(c for c in loop.facts.calls if loop.facts.index.module.code_for_node(c.func) == "keep")
     assert loop.prepared_model(keep.args[0].value, keep) is None
+
+
+def test_module_code_runs_in_order_a_later_prepare_does_not_reach_an_earlier_use():
+    # A guide's plain loop and then its accelerate version, read as one program: the plain loop's model is not
+    # the prepared one. A module-level loop that prepares the name again later in its body is (next iteration).
+    loop = _loop(
+        """
+        from accelerate import Accelerator
+
+        for batch in loader:
+            keep(model)
+        accelerator = Accelerator()
+        model = accelerator.prepare(model)
+        keep(model)
+        while True:
+            keep(net)
+            net = accelerator.prepare(net)
+        """
+    )
+    facts = loop.facts
+    kept = [c for c in facts.calls if facts.index.module.code_for_node(c.func) == "keep"]
+    found = [loop.prepared_model(c.args[0].value, c) for c in kept]
+    assert found[0] is None
+    assert _code(loop, found[1]) == "accelerator.prepare(model)"
+    assert _code(loop, found[2]) == "accelerator.prepare(net)"
