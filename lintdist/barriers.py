@@ -74,11 +74,25 @@ def synchronises(facts: PythonFacts, call: cst.Call, *, opaque: frozenset[str] =
 def barrier_between(
     facts: PythonFacts, first: cst.CSTNode, second: cst.CSTNode, *, opaque: frozenset[str] = frozenset()
 ) -> bool:
-    """A call that ``synchronises`` stands in the source between the end of ``first`` and ``second``."""
+    """A call that ``synchronises`` stands in the source between the end of ``first`` and ``second``, or ``second``
+    runs inside a ``with <accelerator>.main_process_first():`` entered after ``first`` (the other processes enter
+    it only once the main process has left it)."""
     start, stop = facts.index.end(first), facts.index.order(second)
-    return any(
+    if any(
         start <= facts.index.order(call) < stop and synchronises(facts, call, opaque=opaque) for call in facts.calls
-    )
+    ):
+        return True
+    for ancestor in facts.ancestors(second):
+        if (
+            isinstance(ancestor, cst.With)
+            and facts.index.order(ancestor) >= start
+            and any(
+                isinstance(item.item, cst.Call) and facts.method_name(item.item) == "main_process_first"
+                for item in ancestor.items
+            )
+        ):
+            return True
+    return False
 
 
 def never_together(facts: PythonFacts, first: cst.CSTNode, second: cst.CSTNode) -> bool:

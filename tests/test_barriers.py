@@ -136,3 +136,23 @@ def test_barrier_spelling_follows_the_script() -> None:
         """
     )
     assert barrier_spelling(torch_only, torch_only.calls[-1])[0] == "dist.barrier()"
+
+
+def test_main_process_first_entered_after_a_main_only_write_waits_for_it():
+    # accelerate's `main_process_first`: the other processes enter only once the main process has left the block,
+    # and the main process wrote the file before entering it.
+    source = """
+from accelerate import Accelerator
+accelerator = Accelerator()
+if accelerator.is_main_process:
+    torch.save(state, "w.pth")
+with accelerator.main_process_first():
+    state = torch.load("w.pth")
+with accelerator.local_main_process_first():
+    state = torch.load("w.pth")
+"""
+    facts = _facts(source)
+    save = next(c for c in facts.calls if facts.method_name(c) == "save")
+    first_load, second_load = [c for c in facts.calls if facts.method_name(c) == "load"]
+    assert barrier_between(facts, save, first_load)
+    assert not barrier_between(facts, save, second_load)  # other nodes' local main processes do not wait
