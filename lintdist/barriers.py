@@ -97,7 +97,10 @@ def barrier_between(
 
 def never_together(facts: PythonFacts, first: cst.CSTNode, second: cst.CSTNode) -> bool:
     """The two never run in one job: they sit in different branches of an ``if`` that is not a rank test (the
-    branches of ``if rank == 0: ... else: ...`` run at the same time, on different ranks), or of a ``try``."""
+    branches of ``if rank == 0: ... else: ...`` run at the same time, on different ranks), or of a ``try``, or in
+    different code blocks of a documentation page (a guide's "save" and "load to resume" are two runs)."""
+    if facts.block_of is not None and facts.block_of(first) != facts.block_of(second):
+        return True
     for ancestor in facts.ancestors(first):
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
             return False

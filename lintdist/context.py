@@ -37,6 +37,8 @@ class FileContext:
     findings: list[Finding] = field(default_factory=list)
     # The project's other files the check read (their changes must re-check this file).
     dependencies: list[Path] = field(default_factory=list)
+    # A documentation page's program: the (first, last) lines of each of its code blocks, the parts a reader copies.
+    blocks: tuple[tuple[int, int], ...] = ()
     _positions: Any = None
 
     def add(self, finding: Finding) -> None:
@@ -67,6 +69,11 @@ class FileContext:
             isinstance(b.node, cst.ImportFrom) and get_full_name_for_node(b.node.module) == "lintdist.runtime"
             for b in self.names.module_bindings(name)
         )
+
+    def block_of(self, node: cst.CSTNode) -> int:
+        """The number of the documentation block ``node`` starts in (-1 outside every block)."""
+        line = self.span(node).line
+        return next((number for number, (first, last) in enumerate(self.blocks) if first <= line <= last), -1)
 
     def span(self, node: cst.CSTNode) -> Span:
         """Where ``node`` is. Positions take a printing pass over the module, paid only by a file with a finding."""

@@ -39,6 +39,8 @@ def check_page(
 
     def run(kind: str, part: str, page: Page | None = None, blocks: list[Block] | None = None) -> None:
         common = {"path": path, "display": display, "kind": kind, "settings": None, "explicit": False}
+        if kind == "python":
+            common["blocks"] = tuple((block.first + 1, block.last + 1) for block in blocks)
         if not fix:
             found, _ = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
             outcome.findings += found if page is None else [_placed(f, page) for f in found]

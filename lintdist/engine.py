@@ -67,6 +67,7 @@ def check_text(
     settings: LaunchSettings | None = None,
     module: cst.Module | None = None,
     prefiltered: bool = False,
+    blocks: tuple[tuple[int, int], ...] = (),
 ) -> tuple[list[Finding], FileContext | None]:
     """All findings of ``rules`` in one file's text, suppressions applied (``module``: a parse of ``text``
     already made, for the fix loop; ``prefiltered``: ``rules`` are already those the text's triggers select)."""
@@ -81,7 +82,7 @@ def check_text(
         rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(trigger_text, kind)]
     if not explicit and not _worth_parsing(text, kind, rules):
         return [], None
-    context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings)
+    context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings, blocks=blocks)
     try:
         if kind == "python":
             _run_python(context, rules, module)
@@ -120,6 +121,7 @@ def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Modul
                 known.names,
                 known,
             )
+            known.block_of = context.block_of if context.blocks else None
             _run_rules_recorded(context, rules, project)
             return
     if module is None:
@@ -135,6 +137,7 @@ def _run_python(context: FileContext, rules: list[type[Rule]], module: cst.Modul
     context.index = SyntaxIndex(module)
     context.names = NameResolver(context.index)
     context.facts = PythonFacts(context.index, context.names)
+    context.facts.block_of = context.block_of if context.blocks else None
     if in_project(context.path):
         context.facts.project = ProjectView(project, context.path, context.text)
         project.adopt(context.path, context.text, context.facts)
@@ -309,6 +312,7 @@ def fix_text(
     settings=None,
     explicit: bool = True,
     fits: Callable[[str], bool] | None = None,
+    blocks: tuple[tuple[int, int], ...] = (),
 ) -> FixOutcome:
     """Apply applicable fixes, re-check, and repeat until nothing changes (bounded).
 
@@ -328,6 +332,7 @@ def fix_text(
         "rules": rules,
         "settings": settings,
         "explicit": explicit,
+        "blocks": blocks,
     }
     for _ in range(MAX_FIX_ROUNDS):
         findings, context = check_text(outcome.text, module=parsed.pop(outcome.text, None), **common)

@@ -232,6 +232,9 @@ class Origin:
 class PythonFacts:
     """Built from the file's syntax index (one walk) and name resolver; derived facts are computed on first use."""
 
+    # In a documentation page's program: the number of the code block a node starts in (the engine sets it).
+    block_of: Callable[[cst.CSTNode], int] | None = None
+
     def __init__(self, index: SyntaxIndex, names: NameResolver) -> None:
         self.index = index
         self.names = names
@@ -444,7 +447,6 @@ class PythonFacts:
     def reads_of(self, name: str, scope: cst.CSTNode) -> list[cst.Name]:
         """The reads of the variable ``name`` inside ``scope`` (nested functions included), in source order."""
         return [n for n in self.within(scope, cst.Name) if n.value == name and self.is_read(n)]
-
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
         if id(node) in self.stand_ins:
@@ -1342,7 +1344,7 @@ class PythonFacts:
         return self._memo["lightning_trainers"]
 
     def trainer_devices(self, trainer: cst.Call) -> str | None:
-        """"one", "several" or None: how many devices a ``Trainer(...)`` runs on (see ``lintdist.lightning``)."""
+        """ "one", "several" or None: how many devices a ``Trainer(...)`` runs on (see ``lintdist.lightning``)."""
         return lightning.trainer_devices(self, trainer)
 
     def local_classes(self) -> dict[str, set[str]]:
@@ -1536,9 +1538,7 @@ class PythonFacts:
     def _project_main_flag(self, target: cst.BaseExpression, depth: int) -> bool | None:
         name = _last_name(target) or ""
         definitions = [
-            (facts, value)
-            for facts, cls in self._receiver_classes(target)
-            for value in facts._class_values(cls, name)
+            (facts, value) for facts, cls in self._receiver_classes(target) for value in facts._class_values(cls, name)
         ]
         if not definitions:
             return None
@@ -1883,7 +1883,9 @@ def _is_world_size(expr: cst.BaseExpression) -> bool:
         if name == "int" and expr.args:
             return _is_world_size(expr.args[0].value)
         if name in {"get", "getenv"} and expr.args:
-            return isinstance(expr.args[0].value, cst.SimpleString) and expr.args[0].value.evaluated_value == "WORLD_SIZE"
+            return (
+                isinstance(expr.args[0].value, cst.SimpleString) and expr.args[0].value.evaluated_value == "WORLD_SIZE"
+            )
         return False
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
         key = expr.slice[0].slice.value

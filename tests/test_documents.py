@@ -146,3 +146,33 @@ def test_a_block_that_does_not_parse_is_skipped_without_an_error(tmp_path):
     result, _ = _check(tmp_path, "notes.md", text)
     assert result.exit_code == 0, result.output
     assert "LD001" not in result.output
+
+
+SAVE_THEN_RESUME = """Save a checkpoint:
+
+```python
+if accelerator.is_main_process:
+    torch.save(model.state_dict(), "weights.pth")
+```
+
+To resume in a later run, load it:
+
+```python
+state = torch.load("weights.pth")
+```
+
+In one block, the read races the write:
+
+```python
+if accelerator.is_main_process:
+    torch.save(model.state_dict(), "other.pth")
+state = torch.load("other.pth")
+```
+"""
+
+
+def test_a_race_needs_both_places_in_one_block(tmp_path):
+    # A guide's "save" and "load to resume" blocks are two runs; a write and a read in one block are one.
+    result, page = _check(tmp_path, "checkpoints.md", SAVE_THEN_RESUME, "--select", "LD403")
+    found = [line.split(" ")[0] for line in result.output.splitlines() if "LD403" in line]
+    assert found == [f"{page}:19:9:"], result.output
