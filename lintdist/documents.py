@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from lintdist.launch import LaunchSettings
 from lintdist.model import Finding, Span
 from lintdist.pages import Block, Page, read_docstrings, read_page, write_back
 from lintdist.sources import CONFIG_MARKERS
@@ -41,6 +42,7 @@ def check_page(
         common = {"path": path, "display": display, "kind": kind, "settings": None, "explicit": False}
         if kind == "python":
             common["blocks"] = tuple((block.first + 1, block.last + 1) for block in blocks)
+            common["settings"] = page_launch(outcome.text, path, display)
         if not fix:
             found, _ = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
             outcome.findings += found if page is None else [_placed(f, page) for f in found]
@@ -67,6 +69,23 @@ def check_page(
         ).findings
     outcome.findings.sort(key=lambda f: f.sort_key)
     return outcome
+
+
+def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
+    """How the page's own shell blocks launch the code it shows ("save it as run.py and launch it with
+    ``torchrun --nproc_per_node=2 run.py``"): what all its launch lines agree on, or None where it has none."""
+    from lintdist.launch import build_project
+    from lintdist.sources import launch_text, parse_launch
+
+    launch = parse_launch(launch_text(text, path))
+    if not any(command.script is not None for command in launch.commands):
+        return None
+    project = build_project({}, {path: (launch, text)}, [], [], {path: display}, lambda _: None)
+    found = list(project.links.values())
+    settings = found[0] if found else None
+    for other in found[1:]:
+        settings = settings.common(other)
+    return settings
 
 
 def _placed(finding: Finding, page: Page) -> Finding:

@@ -150,7 +150,7 @@ def read_page(text: str, suffix: str) -> Page:
     """The code blocks of a Markdown/MDX (``.md``, ``.mdx``) or reStructuredText (``.rst``) page."""
     lines, endings = split_lines(text)
     blocks = _rst_blocks(lines) if suffix.lower() == ".rst" else _fenced_blocks(lines, range(len(lines)))
-    return Page(lines, endings, [_finished(block) for block in blocks])
+    return Page(lines, endings, [_relabelled(_finished(block)) for block in blocks])
 
 
 def read_docstrings(text: str) -> Page:
@@ -293,6 +293,16 @@ def _finished(block: Block) -> Block:
         if TEMPLATE.match(code):
             block.prefixes[index] += code
             block.code[index] = ""
+    return block
+
+
+def _relabelled(block: Block) -> Block:
+    """A block labelled Python that is a launch command (``torchrun --nproc_per_node=8 train.py`` under
+    ``.. code-block:: python``) is read as shell."""
+    from lintdist.sources import LAUNCHERS
+
+    if block.language == "python" and not block.pycon and LAUNCHERS.search(block.text) and not block.parses():
+        block.language = "shell"
     return block
 
 

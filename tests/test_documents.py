@@ -176,3 +176,32 @@ def test_a_race_needs_both_places_in_one_block(tmp_path):
     result, page = _check(tmp_path, "checkpoints.md", SAVE_THEN_RESUME, "--select", "LD403")
     found = [line.split(" ")[0] for line in result.output.splitlines() if "LD403" in line]
     assert found == [f"{page}:19:9:"], result.output
+
+
+DEVICE_PAGE = """Run
+===
+
+.. code-block:: python
+
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+
+Save it as ``run.py`` and launch it:
+
+.. code-block:: python
+
+    LAUNCH
+"""
+
+
+def test_the_page_launch_lines_are_the_launch_of_its_program(tmp_path):
+    # A global rank used as the device breaks only on a second node: the page's own launch line (here in a block
+    # mislabelled as Python) says whether there is one.
+    one_node = DEVICE_PAGE.replace("LAUNCH", "torchrun --nproc_per_node=8 run.py")
+    two_nodes = DEVICE_PAGE.replace("LAUNCH", "torchrun --nnodes=2 --nproc_per_node=8 run.py")
+    unknown = DEVICE_PAGE.replace("LAUNCH", "print('no launch line')")
+    assert "LD407" not in _check(tmp_path, "one.rst", one_node, "--select", "LD407")[0].output
+    assert "LD407" in _check(tmp_path, "two.rst", two_nodes, "--select", "LD407")[0].output
+    assert "LD407" in _check(tmp_path, "unknown.rst", unknown, "--select", "LD407")[0].output
