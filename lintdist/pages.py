@@ -298,11 +298,18 @@ def _finished(block: Block) -> Block:
 
 def _relabelled(block: Block) -> Block:
     """A block labelled Python that is a launch command (``torchrun --nproc_per_node=8 train.py`` under
-    ``.. code-block:: python``) is read as shell."""
-    from lintdist.sources import LAUNCHERS
+    ``.. code-block:: python``) is read as shell, and one labelled shell that is an accelerate or DeepSpeed config
+    (``distributed_type: FSDP`` under a ``shell`` fence) as YAML."""
+    from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, parse_config
 
     if block.language == "python" and not block.pycon and LAUNCHERS.search(block.text) and not block.parses():
         block.language = "shell"
+    elif block.language == "shell" and CONFIG_MARKERS.search(block.text) and not LAUNCHERS.search(block.text):
+        try:
+            if parse_config(block.text) is not None:
+                block.language = "yaml"
+        except SourceError:
+            pass
     return block
 
 

@@ -248,3 +248,13 @@ def test_any_page_reads_back_unchanged_and_edits_stay_inside_blocks(lines, suffi
             assert before == after
     again = read_page(out, suffix)
     assert write_back(again, again.python_blocks(), again.python()) == out
+
+
+def test_mislabelled_blocks_are_read_as_what_they_are():
+    text = (
+        "```shell\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n```\n\n"
+        "```shell\naccelerate launch train.py\n```\n\n"
+        "```python\ntorchrun --nproc_per_node=8 train.py\n```\n\n"
+        "```python\nx = 1\n```\n"
+    )
+    assert [block.language for block in read_page(text, ".md").blocks] == ["yaml", "shell", "shell", "python"]
