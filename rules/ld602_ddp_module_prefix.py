@@ -72,7 +72,9 @@ class DdpModulePrefix(Rule):
     back into the wrapped model (`model.load_state_dict(...)`, also under a
     name the saved one was copied from, `original = model`; or the model
     handed to a `restart_from_checkpoint`-like helper): the prefix is what
-    that loading expects, so both sides must change together.
+    that loading expects, so both sides must change together. That finding
+    is info: this program reads its own checkpoints back fine, and only a
+    reader that loads them into the plain model fails.
 
     ## References
     - accelerate `Accelerator.unwrap_model` / `extract_model_from_parallel`
@@ -178,13 +180,15 @@ if torch.distributed.get_rank() == 0:
     def _report_loaded_back(self, model: cst.BaseExpression, loaded: str, state_dict: cst.Call) -> None:
         target = _code(model)
         into = f"`{target}` itself" if loaded == target else f"`{loaded}` (the same model as `{target}`)"
-        # the file reads checkpoints back into the wrapped model: the prefix is what it expects there
+        # the file reads checkpoints back into the wrapped model: the prefix is what it expects there, so nothing
+        # fails in this program; only a reader that loads into the plain model is hurt (info)
         self.report(
             state_dict,
             f"`{target}` is a DDP-wrapped or prepared model: its `state_dict()` keys all start with `module.` "
             f"and will not load into the plain model; this file also loads checkpoints into {into}, "
             "so change the saving and the loading side together (save the unwrapped model's state dict, "
             "load it into the unwrapped model)",
+            severity=Severity.INFO,
         )
 
     def _check(self, state_dict: cst.Call, save: cst.Call) -> None:
