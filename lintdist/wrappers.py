@@ -8,6 +8,7 @@ calls behind it, and the kinds of wrapper the module builds at all.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import DDP_WRAPPERS, PythonFacts, argument_of
@@ -79,3 +80,21 @@ def never_shards(call: cst.Call, module: cst.Module) -> bool:
     ``FullyShardedDataParallel(..., sharding_strategy=ShardingStrategy.NO_SHARD)``."""
     strategy = argument_of(call, "sharding_strategy", 2)
     return strategy is not None and module.code_for_node(strategy).endswith("NO_SHARD")
+
+
+def runs_wrapped(facts: PythonFacts, call: cst.Call, kind: str = "ddp") -> bool:
+    """Whether a call runs the forward of a model wrapped by a wrapper of ``kind`` (``ddp(x)``,
+    ``self.model.forward(x)``)."""
+    target = forward_target(call)
+    return isinstance(target, (cst.Name, cst.Attribute)) and is_wrapped(facts, target, call, kind)
+
+
+def inner_module_forwards(facts: PythonFacts, node: cst.CSTNode, kind: str = "ddp") -> list[cst.Call]:
+    """The calls ``node`` runs (also inside the local functions it calls) that run the forward of a wrapped model's
+    inner ``.module`` (``ddp.module(x)``), past the wrapper of ``kind``."""
+    return [
+        call
+        for call in facts.reachable_calls(node)
+        if m.matches(target := forward_target(call), m.Attribute(attr=m.Name("module")))
+        and is_wrapped(facts, target.value, call, kind)
+    ]

@@ -12,9 +12,11 @@ from lintdist.syntax import SyntaxIndex
 from lintdist.wrappers import (
     forward_of,
     forward_target,
+    inner_module_forwards,
     is_wrapped,
     module_wrapper_kinds,
     never_shards,
+    runs_wrapped,
     wrapper_calls,
     wrapper_kind,
     wrapper_kinds,
@@ -98,3 +100,31 @@ def test_forward_of_names_the_counted_module():
     assert forward_of(cst.parse_expression("model.generate(x)"), models) is None
     assert forward_of(cst.parse_expression("teacher(x)"), models) is None
     assert forward_of(cst.parse_expression("build()(x)"), models) is None
+
+
+def test_runs_wrapped_and_inner_module_forwards():
+    facts = _facts(
+        """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp = DDP(net)
+
+
+        def helper(batch):
+            return ddp.module(batch)
+
+
+        ddp(x)
+        ddp.forward(x)
+        net(x)
+        ddp.module(x)
+        helper(x)
+        """
+    )
+    calls = [s.body[0].value for s in facts.index.module.body[-5:]]
+    assert [runs_wrapped(facts, call) for call in calls] == [True, True, False, False, False]
+    assert not runs_wrapped(facts, calls[0], "fsdp1")
+    code = facts.index.module.code_for_node
+    assert [code(c) for c in inner_module_forwards(facts, facts.index.module.body[-1])] == ["ddp.module(batch)"]
+    assert [code(c) for c in inner_module_forwards(facts, facts.index.module.body[-2])] == ["ddp.module(x)"]
+    assert inner_module_forwards(facts, facts.index.module.body[-4]) == []
