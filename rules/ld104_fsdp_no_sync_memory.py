@@ -21,6 +21,7 @@ from lintdist.backends import (
     sets_sync_each_batch,
     training_arguments_fsdp,
 )
+from lintdist.edits import keyword_arg
 from lintdist.facts import argument_of
 from lintdist.layout import appended, equal_like, inserted_after
 from lintdist.literals import at_most_one, is_name, literal_truth, readable_mapping
@@ -32,7 +33,11 @@ from lintdist.wrappers import module_wrapper_kinds, never_shards, wrapper_kind
 
 PLUGIN_IMPORT = ("accelerate.utils", "GradientAccumulationPlugin")
 DOCS = "accelerate docs, gradient_synchronization.md: Mixtral-8x7B on 8xA100-80GB runs out of memory at GA=2"
-TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+SET_SYNC = "when memory is tight, set `sync_each_batch=True`"
+CONSTRUCT = (
+    "when memory is tight, construct the `Accelerator` with "
+    "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps={}, sync_each_batch=True)`"
+)
 SYNC_KWARGS = '{"sync_each_batch": True}'
 
 
@@ -371,7 +376,7 @@ for step, batch in enumerate(loader):
             if evidence is not None:
                 self.report(
                     block.call,
-                    f"under FSDP ({self._where(evidence)}) `accelerator.no_sync` skips the gradient reduce-scatter, "
+                    f"under FSDP ({evidence.describe(self.context.span)}) `accelerator.no_sync` skips the gradient reduce-scatter, "
                     "so every rank keeps the full, unsharded gradients of the model until the synchronizing "
                     f"micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward outside `no_sync` "
                     "(`sync_each_batch=True` does not affect a hand-written `no_sync`)",
@@ -395,7 +400,7 @@ for step, batch in enumerate(loader):
                 return  # both keywords (accelerate raises on its own), or an accumulation of 1
         if launch is not None:
             where = f"`ACCELERATE_GRADIENT_ACCUMULATION_STEPS={launch.value}` at {launch.path}:{launch.line}"
-            self.report(blocks[0], self._message(evidence, where, launch_only=True))
+            self.report(blocks[0], self._message(evidence, where, CONSTRUCT.format("N")))
             return
         # `accelerator.gradient_accumulation_steps = n` after construction (the property's setter); otherwise no
         # accumulation, or an Accelerator built out of sight with no launch setting (unknown)
@@ -403,7 +408,9 @@ for step, batch in enumerate(loader):
             if len(assignment.targets) != 1 or at_most_one(assignment.value, self.facts, assignment):
                 continue
             if accelerator in accelerators_behind(self.facts, target.value, assignment):
-                self.report(assignment, self._message(evidence, "this assignment", setter=True))
+                # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
+                advice = CONSTRUCT.format(1) + " (this assignment then only changes `num_steps`)"
+                self.report(assignment, self._message(evidence, "this assignment", advice))
 
     def _report_plugins(self, plugin: cst.BaseExpression, accelerator: cst.Call, evidence: Evidence) -> None:
         facts = self.facts
@@ -431,18 +438,8 @@ for step, batch in enumerate(loader):
         name, imports = imported_name(self.facts, GA_PLUGIN_CLASSES, PLUGIN_IMPORT)
         if name is None:
             return None
-        plugin = cst.Call(
-            func=cst.parse_expression(name),
-            args=(
-                cst.Arg(
-                    keyword=cst.Name("num_steps"),
-                    value=keyword.value,
-                    equal=TIGHT,
-                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
-                ),
-                cst.Arg(keyword=cst.Name("sync_each_batch"), value=cst.Name("True"), equal=TIGHT),
-            ),
-        )
+        plugin = cst.parse_expression(f"{name}(num_steps=0, sync_each_batch=True)")
+        plugin = plugin.deep_replace(plugin.args[0].value, keyword.value)
         new = keyword.with_changes(keyword=cst.Name("gradient_accumulation_plugin"), value=plugin)
         return Fix(
             Applicability.UNSAFE,
@@ -452,25 +449,9 @@ for step, batch in enumerate(loader):
             imports=imports,
         )
 
-    def _where(self, evidence: Evidence) -> str:
-        return evidence.describe(self.context.span)
-
-    def _message(self, evidence: Evidence, what: str, launch_only: bool = False, setter: bool = False) -> str:
-        if setter:  # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
-            advice = (
-                "when memory is tight, construct the `Accelerator` with "
-                "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)` "
-                "(this assignment then only changes `num_steps`)"
-            )
-        elif launch_only:
-            advice = (
-                "when memory is tight, construct the `Accelerator` with "
-                "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=N, sync_each_batch=True)`"
-            )
-        else:
-            advice = "when memory is tight, set `sync_each_batch=True`"
+    def _message(self, evidence: Evidence, what: str, advice: str = SET_SYNC) -> str:
         return (
-            f"under FSDP ({self._where(evidence)}) the accumulation set by {what} skips the gradient reduce-scatter on "
+            f"under FSDP ({evidence.describe(self.context.span)}) the accumulation set by {what} skips the gradient reduce-scatter on "
             "every micro-batch but the last, so each rank holds the full, unsharded gradients of the model "
             f"({DOCS}); {advice}, which reduce-scatters each micro-batch (less memory, slower)"
         )
@@ -491,7 +472,7 @@ for step, batch in enumerate(loader):
                 continue
             keyword = next(a for a in call.args if a.keyword is not None and a.value is steps)
             message = (
-                f"under FSDP ({self._where(evidence)}) the Trainer runs every micro-batch but the last of each "
+                f"under FSDP ({evidence.describe(self.context.span)}) the Trainer runs every micro-batch but the last of each "
                 "accumulation window in `accelerator.no_sync`, which skips the gradient reduce-scatter, so each rank "
                 f"holds the full, unsharded gradients of the model ({DOCS}); when memory is tight, pass "
                 '`accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` '
@@ -542,9 +523,7 @@ for step, batch in enumerate(loader):
             )
             return config.with_changes(elements=appended(config.elements, element, config.lbrace.whitespace_after))
         if kwargs is None:
-            new = cst.Arg(
-                keyword=cst.Name("gradient_accumulation_kwargs"), value=cst.parse_expression(SYNC_KWARGS), equal=TIGHT
-            )
+            new = keyword_arg("gradient_accumulation_kwargs", cst.parse_expression(SYNC_KWARGS))
             return config.with_changes(args=appended(config.args, new, config.whitespace_before_args))
         if not isinstance(kwargs, cst.Dict) or not readable_mapping(kwargs):
             return None
