@@ -11,7 +11,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.control import statement_of
 from lintdist.facts import DDP_WRAPPERS, PythonFacts, argument_of
+from lintdist.literals import is_name
 
 FSDP1_CLASSES = frozenset(
     {
@@ -98,3 +100,60 @@ def inner_module_forwards(facts: PythonFacts, node: cst.CSTNode, kind: str = "dd
         if m.matches(target := forward_target(call), m.Attribute(attr=m.Name("module")))
         and is_wrapped(facts, target.value, call, kind)
     ]
+
+
+def forward_run(
+    facts: PythonFacts, node: cst.CSTNode, kind: str = "ddp"
+) -> tuple[list[cst.BaseStatement], cst.BaseExpression] | None:
+    """The consecutive statements of one block from the first that runs the forward of a model wrapped by ``kind``
+    to the one holding ``node`` (looking out through the ``with`` blocks around it), and the model as an expression
+    of ``node``'s function: the forward's own target, or the wrapped model it passes to the helper that runs the
+    forward. None when no forward comes first, the forwards are of two wrapped models (a GAN), or the model has no
+    name there."""
+    statement = statement_of(facts, node)
+    function = facts.enclosing_function(node)
+    while statement is not None:
+        block = facts.parent(statement)
+        if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+            return None
+        body = list(block.body)
+        statements = body[: body.index(statement) + 1]
+        for index, first in enumerate(statements):
+            forwards = [c for c in facts.reachable_calls(first) if runs_wrapped(facts, c, kind)]
+            if forwards:
+                run = statements[index:]
+                model = _forward_model(facts, run, forwards, function, kind)
+                return (run, model) if model is not None else None
+        owner = facts.parent(block)
+        if not isinstance(owner, cst.With):
+            return None
+        statement = owner
+    return None
+
+
+def _forward_model(facts: PythonFacts, run: list, forwards: list[cst.Call], function, kind: str):
+    wrappers = {
+        frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c, kind))
+        for statement in run
+        for c in facts.reachable_calls(statement)
+        if runs_wrapped(facts, c, kind)
+    }
+    if len(wrappers) > 1:
+        return None
+    for forward in forwards:
+        target = forward_target(forward)
+        if facts.enclosing_function(forward) is function or (
+            (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
+            and function is not None
+            and facts.enclosing_class(forward) is facts.enclosing_class(function)
+        ):
+            return target
+    for statement in run:  # the forward runs in a helper: the model is what the run passes to it
+        for expr in facts.within(statement, cst.Name, cst.Attribute):
+            if (
+                facts.enclosing_function(expr) is function
+                and not isinstance(facts.parent(expr), cst.Attribute)  # read as a whole
+                and is_wrapped(facts, expr, expr, kind)
+            ):
+                return expr
+    return None

@@ -9,9 +9,8 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.blocks import with_block
-from lintdist.control import caller_chains, loop_iterable, runs_whenever, statement_of
+from lintdist.control import caller_chains, loop_iterable, runs_whenever
 from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
-from lintdist.literals import is_name
 from lintdist.loop import BackwardSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -25,7 +24,7 @@ from lintdist.windows import (
     sync_managed,
     unstepped_tail,
 )
-from lintdist.wrappers import forward_target, is_wrapped, module_wrapper_kinds, runs_wrapped, wrapper_calls
+from lintdist.wrappers import forward_run, is_wrapped, module_wrapper_kinds
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
@@ -527,16 +526,16 @@ for epoch in range(epochs):
         run = self._run(site, window)
         if run is None:
             return None, None
-        block, first, last, model = run
+        statements, model = run[0], self.context.module.code_for_node(run[1])
         if not self.context.runtime_name_free("grad_sync"):
             return None, model
         if window.gate is not None:
             gate = window.gate.node
             order = facts.index.order
-            if not facts.index.end(block.body[last]) <= order(gate) or not repeatable(facts, gate.test):
+            if not facts.index.end(statements[-1]) <= order(gate) or not repeatable(facts, gate.test):
                 return None, model
             container = facts.enclosing_function(gate) or self.context.module
-            if rebound_between(facts, read_names(facts, gate.test), container, order(block.body[first]), order(gate)):
+            if rebound_between(facts, read_names(facts, gate.test), container, order(statements[0]), order(gate)):
                 return None, model
             condition = gate.test.deep_clone()
         else:
@@ -545,19 +544,19 @@ for epoch in range(epochs):
                 return None, model
         if steps_outside(self.loop, window) or reads_unsynced_gradients(self.loop, window):
             return None, model
-        item = cst.parse_expression(f"grad_sync({model}, sync=(0))")
-        item = item.with_changes(args=[item.args[0], item.args[1].with_changes(value=condition)])
+        item = cst.parse_expression(f"grad_sync({model}, sync=0)")
+        item = item.deep_replace(item.args[1].value, condition)
         fix = Fix(
             Applicability.SAFE,
             f"Run the forward and backward under `grad_sync({model}, sync=...)`, syncing on the step's micro-batch",
-            replacements=with_block(block.body[first : last + 1], item),
+            replacements=with_block(statements, item),
             imports=(("lintdist.runtime", "grad_sync"),),
         )
         return fix, model
 
-    def _run(self, site: BackwardSite, window: Window):
-        """(block, first, last, model text): the statements of one block from the model's forward to the
-        statement running the backward, which runs unconditionally there."""
+    def _run(self, site: BackwardSite, window: Window) -> tuple[list[cst.BaseStatement], cst.BaseExpression] | None:
+        """The statements of one block from the model's forward to the statement running the backward, which runs
+        unconditionally there, and the model."""
         facts = self.facts
         chain = [site.call, *reversed(window.helpers)]  # backward first, then outwards to the anchor
         # inside each helper, the backward (or the next helper call) must run whenever the helper does
@@ -565,58 +564,7 @@ for epoch in range(epochs):
             function = facts.enclosing_function(inner)
             if function is None or not runs_whenever(facts, inner, function.body):
                 return None
-        statement = statement_of(facts, window.anchor)
-        while statement is not None:
-            block = facts.parent(statement)
-            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
-                return None
-            body = list(block.body)
-            last = body.index(statement)
-            first, model = self._forward(body[: last + 1], window.anchor)
-            if first is not None:
-                return (block, first, last, model) if model is not None else None
-            owner = facts.parent(block)
-            if not isinstance(owner, cst.With):
-                return None
-            statement = owner
-        return None
-
-    def _forward(self, statements: list[cst.BaseStatement], anchor: cst.CSTNode) -> tuple[int | None, str | None]:
-        """The index of the first statement running a forward of the DDP model, and the model's text there."""
-        facts = self.facts
-        code = self.context.module.code_for_node
-        function = facts.enclosing_function(anchor)
-        for index, statement in enumerate(statements):
-            forwards = [c for c in facts.reachable_calls(statement) if runs_wrapped(facts, c)]
-            if not forwards:
-                continue
-            wrappers = {
-                frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c))
-                for later in statements[index:]
-                for c in facts.reachable_calls(later)
-                if runs_wrapped(facts, c)
-            }
-            if len(wrappers) > 1:
-                return index, None  # forwards of two DDP models (a GAN): which one to wrap is unclear
-            for forward in forwards:
-                target = forward_target(forward)
-                if facts.enclosing_function(forward) is function or (
-                    (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
-                    and function is not None
-                    and facts.enclosing_class(forward) is facts.enclosing_class(function)
-                ):
-                    return index, code(target)
-            # the forward runs in a helper: the model is what the window passes to it
-            for later in statements[index:]:
-                for node in facts.within(later, cst.Name, cst.Attribute):
-                    if (
-                        facts.enclosing_function(node) is function
-                        and not isinstance(facts.parent(node), cst.Attribute)  # read as a whole
-                        and is_wrapped(facts, node, node)
-                    ):
-                        return index, code(node)
-            return index, None
-        return None, None
+        return forward_run(facts, window.anchor)
 
 
 def _short(text: str) -> str:

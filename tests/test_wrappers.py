@@ -11,6 +11,7 @@ from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 from lintdist.wrappers import (
     forward_of,
+    forward_run,
     forward_target,
     inner_module_forwards,
     is_wrapped,
@@ -128,3 +129,61 @@ def test_runs_wrapped_and_inner_module_forwards():
     assert [code(c) for c in inner_module_forwards(facts, facts.index.module.body[-1])] == ["ddp.module(batch)"]
     assert [code(c) for c in inner_module_forwards(facts, facts.index.module.body[-2])] == ["ddp.module(x)"]
     assert inner_module_forwards(facts, facts.index.module.body[-4]) == []
+
+
+RUN = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net)
+
+
+def compute(m, batch):
+    return m(batch).sum()
+
+
+for x in loader:
+    x = x.to(device)
+    out = model(x)
+    with autocast():
+        loss = out.sum()
+        loss.backward()
+    loss = compute(model, x)
+    loss.backward()
+"""
+
+
+def _backwards(facts: PythonFacts) -> list[cst.Call]:
+    calls = facts.index.nodes(cst.Call)
+    return [c for c in calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"]
+
+
+def _heads(facts: PythonFacts, statements: list[cst.BaseStatement]) -> list[str]:
+    return [facts.index.module.code_for_node(s).strip().splitlines()[0] for s in statements]
+
+
+def test_forward_run_from_the_forward_to_the_node():
+    facts = _facts(RUN)
+    inside, after = _backwards(facts)
+    statements, model = forward_run(facts, inside)  # out through the `with` block
+    assert _heads(facts, statements) == ["out = model(x)", "with autocast():"]
+    assert facts.index.module.code_for_node(model) == "model"
+    statements, model = forward_run(facts, after)
+    assert _heads(facts, statements) == [
+        "out = model(x)",
+        "with autocast():",
+        "loss = compute(model, x)",
+        "loss.backward()",
+    ]
+    assert forward_run(facts, inside, "fsdp1") is None
+
+
+def test_forward_run_through_a_helper_and_with_two_models():
+    helper = _facts(RUN.replace("    out = model(x)\n", ""))
+    statements, model = forward_run(helper, _backwards(helper)[1])
+    assert _heads(helper, statements) == ["loss = compute(model, x)", "loss.backward()"]
+    assert helper.index.module.code_for_node(model) == "model"  # what the run passes to the helper
+    assert forward_run(helper, _backwards(helper)[0]) is None  # no forward before it in sight
+    two = _facts(
+        RUN.replace("model = DDP(net)", "model = DDP(net)\nother = DDP(net)").replace("(model, x)", "(other, x)")
+    )
+    assert forward_run(two, _backwards(two)[1]) is None  # which of two models to name is unclear
