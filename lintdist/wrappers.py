@@ -157,3 +157,29 @@ def _forward_model(facts: PythonFacts, run: list, forwards: list[cst.Call], func
             ):
                 return expr
     return None
+
+
+# What a module's text must hold to build a wrapper of each kind (spares reading the modules that cannot).
+WRAPPER_MARKERS = {
+    "ddp": ("DistributedDataParallel", "DDP("),
+    "fsdp1": ("FullyShardedDataParallel", "FSDP("),
+    "fsdp2": ("fully_shard",),
+}
+
+
+def wraps_elsewhere(facts: PythonFacts, kind: str = "ddp") -> bool:
+    """Whether this module calls a function of another project module that builds a wrapper of ``kind`` itself
+    (h2o-llmstudio's ``wrap_model_distributed``)."""
+    names, markers = WRAPPERS_BY_KIND[kind], WRAPPER_MARKERS[kind]
+    return any(facts.wraps_in_another_module(call, names, markers) for call in facts.calls)
+
+
+def wrapped_parameters_run(facts: PythonFacts, kind: str = "ddp") -> bool:
+    """Whether a function of this module runs one of its parameters as a model (``ddp_model(batch)``) that its
+    callers in the project pass wrapped by ``kind``: a helper module's training step."""
+    return facts.project is not None and any(
+        isinstance(call.func, cst.Name)
+        and facts.parameter(call.func.value, call) is not None
+        and is_wrapped(facts, call.func, call, kind)
+        for call in facts.calls
+    )

@@ -10,7 +10,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.blocks import with_block
 from lintdist.control import caller_chains, loop_iterable, runs_whenever
-from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
+from lintdist.facts import ACCELERATOR_CLASSES
 from lintdist.loop import BackwardSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -24,7 +24,7 @@ from lintdist.windows import (
     sync_managed,
     unstepped_tail,
 )
-from lintdist.wrappers import forward_run, is_wrapped, module_wrapper_kinds
+from lintdist.wrappers import forward_run, module_wrapper_kinds, wrapped_parameters_run, wraps_elsewhere
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
@@ -408,13 +408,10 @@ for epoch in range(epochs):
             return
         body = list(block.body)
         index = body.index(statement)
-        calls = [[c for c in facts.within(s, cst.Call)] for s in body]
-        forward = next(
-            (i for i in range(index) if any(get_full_name_for_node(c.func) == model for c in calls[i])), None
-        )
-        if forward is None or not any(self.loop.backward_site(c) for later in calls[index + 1 :] for c in later):
+        runs = [s for s in body[:index] if any(get_full_name_for_node(c.func) == model for c in facts.calls_within(s))]
+        if not runs or not any(self.loop.backward_site(c) for s in body[index + 1 :] for c in facts.calls_within(s)):
             return
-        first = body[forward]
+        first = runs[0]
         fix = None
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
             fix = Fix(
@@ -443,8 +440,8 @@ for epoch in range(epochs):
         built = module_wrapper_kinds(facts)
         if (
             "ddp" not in built
-            and not self._ddp_passed_in()
-            and not (self._accumulates_by_hand() and self._ddp_elsewhere())
+            and not wrapped_parameters_run(facts)
+            and not (self._accumulates_by_hand() and wraps_elsewhere(facts))
         ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
@@ -462,23 +459,6 @@ for epoch in range(epochs):
                 for site in raw
                 for anchor, _ in caller_chains(self.facts, site.call, MAX_HELPER_DEPTH)
             )
-        )
-
-    def _ddp_elsewhere(self) -> bool:
-        """A function of another project module called here wraps a model in DistributedDataParallel
-        (h2o-llmstudio's ``wrap_model_distributed``)."""
-        facts = self.facts
-        markers = ("DistributedDataParallel", "DDP(")
-        return any(facts.wraps_in_another_module(call, DDP_WRAPPERS, markers) for call in facts.calls)
-
-    def _ddp_passed_in(self) -> bool:
-        """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
-        facts = self.facts
-        return facts.project is not None and any(
-            isinstance(call.func, cst.Name)
-            and facts.parameter(call.func.value, call) is not None
-            and is_wrapped(facts, call.func, call)
-            for call in facts.calls
         )
 
     # -- the report -------------------------------------------------------------------------------

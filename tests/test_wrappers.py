@@ -5,9 +5,11 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
+import pytest
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
+from lintdist.project import Project, reset_process_project
 from lintdist.syntax import SyntaxIndex
 from lintdist.wrappers import (
     forward_of,
@@ -18,9 +20,11 @@ from lintdist.wrappers import (
     module_wrapper_kinds,
     never_shards,
     runs_wrapped,
+    wrapped_parameters_run,
     wrapper_calls,
     wrapper_kind,
     wrapper_kinds,
+    wraps_elsewhere,
 )
 
 
@@ -187,3 +191,43 @@ def test_forward_run_through_a_helper_and_with_two_models():
         RUN.replace("model = DDP(net)", "model = DDP(net)\nother = DDP(net)").replace("(model, x)", "(other, x)")
     )
     assert forward_run(two, _backwards(two)[1]) is None  # which of two models to name is unclear
+
+
+@pytest.fixture
+def project_files(tmp_path):
+    reset_process_project()
+    files = {
+        "lib/__init__.py": "",
+        "lib/dist.py": (
+            "from torch.nn.parallel import DistributedDataParallel\n\n\n"
+            "def wrap(model):\n    return DistributedDataParallel(model)\n"
+        ),
+        "lib/steps.py": "def train_step(ddp_model, batch):\n    ddp_model(batch).backward()\n",
+        "train.py": "from lib.dist import wrap\n\nmodel = wrap(net)\n",
+        "main.py": (
+            "from torch.nn.parallel import DistributedDataParallel\n\nfrom lib.steps import train_step\n\n"
+            "train_step(DistributedDataParallel(net), batch)\n"
+        ),
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    yield Project(), tmp_path
+    reset_process_project()
+
+
+def test_wraps_elsewhere_follows_the_project_helper(project_files):
+    project, root = project_files
+    train = project.facts((root / "train.py").resolve())
+    assert wraps_elsewhere(train)
+    assert not wraps_elsewhere(train, "fsdp1")
+    assert not wraps_elsewhere(project.facts((root / "lib/steps.py").resolve()))
+    assert not wraps_elsewhere(_facts("from lib.dist import wrap\nmodel = wrap(net)\n"))  # no project in sight
+
+
+def test_wrapped_parameters_run_by_a_helper_module(project_files):
+    project, root = project_files
+    assert wrapped_parameters_run(project.facts((root / "lib/steps.py").resolve()))
+    assert not wrapped_parameters_run(project.facts((root / "lib/steps.py").resolve()), "fsdp2")
+    assert not wrapped_parameters_run(project.facts((root / "lib/dist.py").resolve()))
