@@ -13,18 +13,18 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.backends import (
+    SYNC_EACH_BATCH,
     Evidence,
     accelerator_fsdp,
     accelerators_behind,
-    accumulation_kwargs,
     is_training_arguments,
-    sets_sync_each_batch,
+    trainer_syncs_each_batch,
     training_arguments_fsdp,
+    with_sync_each_batch,
 )
-from lintdist.edits import keyword_arg
 from lintdist.facts import argument_of
 from lintdist.layout import appended, equal_like, inserted_after
-from lintdist.literals import at_most_one, is_name, literal_truth, readable_mapping
+from lintdist.literals import at_most_one, is_name, literal_truth
 from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -38,7 +38,6 @@ CONSTRUCT = (
     "when memory is tight, construct the `Accelerator` with "
     "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps={}, sync_each_batch=True)`"
 )
-SYNC_KWARGS = '{"sync_each_batch": True}'
 
 
 class FsdpNoSyncMemory(Rule):
@@ -462,7 +461,11 @@ for step, batch in enumerate(loader):
         facts = self.facts
         for call in facts.calls:
             steps = argument_of(call, "gradient_accumulation_steps", None)  # the keyword first: it costs nothing
-            if steps is None or not is_training_arguments(facts, call) or self._trainer_syncs_each_batch(call):
+            if (
+                steps is None
+                or not is_training_arguments(facts, call)
+                or trainer_syncs_each_batch(facts, call, self.loop.sync_each_batch)
+            ):
                 continue
             deepspeed = argument_of(call, "deepspeed", None)
             if at_most_one(steps, facts, call) or (deepspeed is not None and not is_name(deepspeed, "None")):
@@ -480,23 +483,12 @@ for step, batch in enumerate(loader):
             )
             self.report(keyword, message, fix=self._trainer_fix(call, keyword))
 
-    def _trainer_syncs_each_batch(self, call: cst.Call) -> bool:
-        """``accelerator_config`` asks for ``sync_each_batch``, or is something lintdist cannot see into (a JSON
-        file, a dict built elsewhere) while the file mentions ``sync_each_batch``. No ``accelerator_config``: no."""
-        config = argument_of(call, "accelerator_config", None)
-        if config is None:
-            return any(arg.star == "**" for arg in call.args) and self.loop.sync_each_batch
-        seen = [sets_sync_each_batch(o.node) for o in self.facts.origins(config, call)]
-        if seen and all(value is not None for value in seen):
-            return any(seen)
-        return self.loop.sync_each_batch or isinstance(config, cst.SimpleString)
-
     def _trainer_fix(self, call: cst.Call, keyword: cst.Arg) -> Fix | None:
         if any(arg.star for arg in call.args):
             return None
         config = argument_of(call, "accelerator_config", None)
         if config is None:
-            value = cst.parse_expression(f'{{"gradient_accumulation_kwargs": {SYNC_KWARGS}}}')
+            value = cst.parse_expression(f'{{"gradient_accumulation_kwargs": {SYNC_EACH_BATCH}}}')
             new = cst.Arg(keyword=cst.Name("accelerator_config"), value=value, equal=keyword.equal)
             args = inserted_after(call.args, list(call.args).index(keyword), new, call.whitespace_before_args)
             message = (
@@ -504,32 +496,13 @@ for step, batch in enumerate(loader):
                 "(less memory, slower)"
             )
             return Fix(Applicability.UNSAFE, message, replacements=((call, call.with_changes(args=args)),))
-        replacement = self._config_with_sync(config)
+        replacement = with_sync_each_batch(config)
         if replacement is None:
             return None
         message = (
             "Set `sync_each_batch` in the `gradient_accumulation_kwargs` of `accelerator_config` (less memory, slower)"
         )
         return Fix(Applicability.UNSAFE, message, replacements=((config, replacement),))
-
-    def _config_with_sync(self, config: cst.BaseExpression) -> cst.BaseExpression | None:
-        """``accelerator_config`` given as a dict literal or ``AcceleratorConfig(...)``, with sync_each_batch added."""
-        readable, kwargs = accumulation_kwargs(config)
-        if not readable:
-            return None
-        if kwargs is None and isinstance(config, cst.Dict):
-            element = cst.DictElement(
-                key=cst.SimpleString('"gradient_accumulation_kwargs"'), value=cst.parse_expression(SYNC_KWARGS)
-            )
-            return config.with_changes(elements=appended(config.elements, element, config.lbrace.whitespace_after))
-        if kwargs is None:
-            new = keyword_arg("gradient_accumulation_kwargs", cst.parse_expression(SYNC_KWARGS))
-            return config.with_changes(args=appended(config.args, new, config.whitespace_before_args))
-        if not isinstance(kwargs, cst.Dict) or not readable_mapping(kwargs):
-            return None
-        sync = cst.DictElement(key=cst.SimpleString('"sync_each_batch"'), value=cst.Name("True"))
-        elements = appended(kwargs.elements, sync, kwargs.lbrace.whitespace_after)
-        return config.deep_replace(kwargs, kwargs.with_changes(elements=elements))
 
     # -- raw FSDP1 and FSDP2 ------------------------------------------------------------------
 
