@@ -476,11 +476,9 @@ for epoch in range(epochs):
         self._reported.add(id(anchor))
         fix, model = self._fix(site, window)
         model_text = model or "model"
-        this = (
-            f"the backward this call runs (line {self.context.span(site.call).line})"
-            if window.helpers
-            else "this backward"
-        )
+        this = "this backward"
+        if window.helpers:
+            this = f"the backward this call runs (line {self.context.span(site.call).line})"
         message = (
             f"DDP all-reduces the gradients in {this} on every micro-batch, but the optimizer steps only "
             f"{where}; run the forward and backward of the other micro-batches under `{model_text}.no_sync()`, "
