@@ -118,8 +118,7 @@ def backward_window(loop: TrainingLoop, backward: cst.Call, depth: int) -> Windo
     loop, else an accumulation loop with the step after it. A gated step does not count when another optimizer
     of that loop steps every micro-batch (a GAN: which step the backward feeds is unclear)."""
     facts = loop.facts
-    chains = caller_chains(facts, backward, depth)
-    for anchor, helpers in chains:
+    for anchor, helpers in caller_chains(facts, backward, depth):
         function = facts.enclosing_function(anchor)
         for step, gate in gated_steps(loop, depth):
             if facts.enclosing_function(gate.node) is not function or facts.is_within(anchor, gate.node):
@@ -130,12 +129,14 @@ def backward_window(loop: TrainingLoop, backward: cst.Call, depth: int) -> Windo
             scope = around if around is not None else function
             if scope is None or all(accumulation_gates(loop, s.call, depth) for s in steps_in(loop, [scope])):
                 return Window(anchor, helpers, step, gate, around)
-            return _loop_window(loop, chains)
-    return _loop_window(loop, chains)
+            return loop_window(loop, backward, depth)
+    return loop_window(loop, backward, depth)
 
 
-def _loop_window(loop: TrainingLoop, chains: list[tuple[cst.CSTNode, tuple[cst.Call, ...]]]) -> Window | None:
-    for anchor, helpers in chains:
+def loop_window(loop: TrainingLoop, backward: cst.Call, depth: int) -> Window | None:
+    """The window of an accumulation loop (``for micro_step in range(accum_steps):``, the step after it) that the
+    backward call ``backward`` runs in, through up to ``depth`` levels of helpers."""
+    for anchor, helpers in caller_chains(loop.facts, backward, depth):
         inner = loop.accumulation_loop(anchor)
         if inner is not None:
             return Window(anchor, helpers, inner.step, None, inner.outer, inner)

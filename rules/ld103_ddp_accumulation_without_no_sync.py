@@ -9,7 +9,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.blocks import with_block
-from lintdist.control import caller_chains, loop_iterable, runs_whenever
+from lintdist.control import loop_iterable, runs_whenever
 from lintdist.facts import ACCELERATOR_CLASSES
 from lintdist.loop import BackwardSite
 from lintdist.model import Applicability, Fix, Severity
@@ -19,6 +19,7 @@ from lintdist.windows import (
     backward_window,
     gated_steps,
     last_iteration,
+    loop_window,
     reads_unsynced_gradients,
     steps_outside,
     sync_managed,
@@ -454,11 +455,7 @@ for epoch in range(epochs):
         raw = [site for site in self.loop.backward_sites if site.kind in RAW_BACKWARDS]
         return bool(raw) and (
             bool(gated_steps(self.loop, MAX_HELPER_DEPTH))
-            or any(
-                self.loop.accumulation_loop(anchor)
-                for site in raw
-                for anchor, _ in caller_chains(self.facts, site.call, MAX_HELPER_DEPTH)
-            )
+            or any(loop_window(self.loop, site.call, MAX_HELPER_DEPTH) for site in raw)
         )
 
     # -- the report -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from lintdist.windows import (
     backward_window,
     gated_steps,
     last_iteration,
+    loop_window,
     mentions_sync_control,
     reads_unsynced_gradients,
     single_step,
@@ -152,6 +153,7 @@ def test_backward_window_through_a_helper():
     assert _code(loop, window.loop.iter) == "enumerate(loader)"
     assert window.inner is None
     assert backward_window(loop, _backward(loop), 0) is None  # the helper is not followed
+    assert loop_window(loop, _backward(loop), 1) is None  # a gate, no accumulation loop
 
 
 def test_backward_window_of_an_accumulation_loop():
@@ -170,6 +172,7 @@ def test_backward_window_of_an_accumulation_loop():
     assert _code(loop, window.inner.bound) == "grad_accum_steps"
     assert _code(loop, window.loop.iter) == "range(iters)"
     assert not unstepped_tail(loop, window)
+    assert loop_window(loop, _backward(loop), 0) == window
 
 
 def test_no_backward_window_when_another_optimizer_steps_every_batch():
