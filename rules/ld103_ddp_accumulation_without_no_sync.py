@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
@@ -399,10 +400,9 @@ for epoch in range(epochs):
         one block: torch 2.13's DDP reads the flag in ``_pre_forward``/``_post_forward`` (where it arms the
         reducer for the backward), so the value acts one micro-batch late."""
         facts = self.facts
-        if not isinstance(toggle, cst.Assign) or len(toggle.targets) != 1:
+        if not m.matches(toggle, m.Assign(targets=[m.AssignTarget(target=m.Attribute())])):
             return
-        target = toggle.targets[0].target
-        model = get_full_name_for_node(target.value) if isinstance(target, cst.Attribute) else None
+        model = get_full_name_for_node(toggle.targets[0].target.value)
         statement = facts.parent(toggle)
         block = facts.parent(statement) if statement is not None else None
         if model is None or not isinstance(block, (cst.IndentedBlock, cst.Module)):
@@ -461,16 +461,15 @@ for epoch in range(epochs):
     # -- the report -------------------------------------------------------------------------------
 
     def _report(self, site: BackwardSite, window: Window) -> None:
+        if id(window.anchor) in self._reported:
+            return  # one finding per call in the window, however many backwards its helper holds
+        self._reported.add(id(window.anchor))
         code = self.context.module.code_for_node
         if window.gate is not None:
-            where = f"under `if {_short(' '.join(code(window.gate.node.test).split()))}:`"
+            where = f"under `if {_short(code(window.gate.node.test))}:`"
         else:
             inner = window.inner.node
             where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
-        anchor = window.anchor if window.helpers else site.call
-        if id(anchor) in self._reported:
-            return  # one finding per call in the window, however many backwards its helper holds
-        self._reported.add(id(anchor))
         fix, model = self._fix(site, window)
         model_text = model or "model"
         this = "this backward"
@@ -492,7 +491,7 @@ for epoch in range(epochs):
                 f"of each pass over `{_short(code(loop_iterable(window.loop)))}` are never stepped: their gradients "
                 "carry over into the next epoch's first step"
             )
-        self.report(anchor, message, fix=fix)
+        self.report(window.anchor, message, fix=fix)
 
     # -- the fix ----------------------------------------------------------------------------------
 

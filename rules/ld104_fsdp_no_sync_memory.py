@@ -375,10 +375,10 @@ for step, batch in enumerate(loader):
             if evidence is not None:
                 self.report(
                     block.call,
-                    f"under FSDP ({evidence.describe(self.context.span)}) `accelerator.no_sync` skips the gradient reduce-scatter, "
-                    "so every rank keeps the full, unsharded gradients of the model until the synchronizing "
-                    f"micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward outside `no_sync` "
-                    "(`sync_each_batch=True` does not affect a hand-written `no_sync`)",
+                    f"under FSDP ({evidence.describe(self.context.span)}) `accelerator.no_sync` skips the gradient "
+                    "reduce-scatter, so every rank keeps the full, unsharded gradients of the model until the "
+                    f"synchronizing micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward "
+                    "outside `no_sync` (`sync_each_batch=True` does not affect a hand-written `no_sync`)",
                 )
 
     def _report_accumulation(self, accelerator: cst.Call | None, blocks: list[cst.Call], evidence: Evidence) -> None:
@@ -450,9 +450,9 @@ for step, batch in enumerate(loader):
 
     def _message(self, evidence: Evidence, what: str, advice: str = SET_SYNC) -> str:
         return (
-            f"under FSDP ({evidence.describe(self.context.span)}) the accumulation set by {what} skips the gradient reduce-scatter on "
-            "every micro-batch but the last, so each rank holds the full, unsharded gradients of the model "
-            f"({DOCS}); {advice}, which reduce-scatters each micro-batch (less memory, slower)"
+            f"under FSDP ({evidence.describe(self.context.span)}) the accumulation set by {what} skips the gradient "
+            "reduce-scatter on every micro-batch but the last, so each rank holds the full, unsharded gradients of "
+            f"the model ({DOCS}); {advice}, which reduce-scatters each micro-batch (less memory, slower)"
         )
 
     # -- the HF Trainer -------------------------------------------------------------------------
@@ -475,9 +475,9 @@ for step, batch in enumerate(loader):
                 continue
             keyword = next(a for a in call.args if a.keyword is not None and a.value is steps)
             message = (
-                f"under FSDP ({evidence.describe(self.context.span)}) the Trainer runs every micro-batch but the last of each "
-                "accumulation window in `accelerator.no_sync`, which skips the gradient reduce-scatter, so each rank "
-                f"holds the full, unsharded gradients of the model ({DOCS}); when memory is tight, pass "
+                f"under FSDP ({evidence.describe(self.context.span)}) the Trainer runs every micro-batch but the "
+                "last of each accumulation window in `accelerator.no_sync`, which skips the gradient reduce-scatter, "
+                f"so each rank holds the full, unsharded gradients of the model ({DOCS}); when memory is tight, pass "
                 '`accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` '
                 "(reduce-scatter each micro-batch: less memory, slower)"
             )
