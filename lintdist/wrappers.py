@@ -2,7 +2,9 @@
 
 A model expression is followed to the constructions it can hold (``facts.origins``): each is a wrapper call
 of a known kind or something else ("unknown"). Rules ask for the kinds an expression can be, the wrapper
-calls behind it, and the kinds of wrapper the module builds at all.
+calls behind it, and the kinds of wrapper the module builds at all (or has built by a helper of another project
+module, or is passed by its callers); which calls run a wrapped model's forward (or its inner ``.module``, past
+the wrapper), and the run of statements from such a forward to a later node.
 """
 
 from __future__ import annotations
@@ -131,7 +133,15 @@ def forward_run(
     return None
 
 
-def _forward_model(facts: PythonFacts, run: list, forwards: list[cst.Call], function, kind: str):
+def _forward_model(
+    facts: PythonFacts,
+    run: list[cst.BaseStatement],
+    forwards: list[cst.Call],
+    function: cst.FunctionDef | None,
+    kind: str,
+) -> cst.BaseExpression | None:
+    """The wrapped model ``run`` runs the forward of (``forwards``: those of its first statement), named as an
+    expression of ``function`` (see ``forward_run``)."""
     wrappers = {
         frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c, kind))
         for statement in run
