@@ -10,7 +10,6 @@ the wrapper), and the run of statements from such a forward to a later node.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.control import statement_of
@@ -99,7 +98,8 @@ def inner_module_forwards(facts: PythonFacts, node: cst.CSTNode, kind: str = "dd
     return [
         call
         for call in facts.reachable_calls(node)
-        if m.matches(target := forward_target(call), m.Attribute(attr=m.Name("module")))
+        if isinstance(target := forward_target(call), cst.Attribute)
+        and target.attr.value == "module"
         and is_wrapped(facts, target.value, call, kind)
     ]
 

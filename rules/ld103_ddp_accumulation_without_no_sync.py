@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
@@ -400,9 +399,10 @@ for epoch in range(epochs):
         one block: torch 2.13's DDP reads the flag in ``_pre_forward``/``_post_forward`` (where it arms the
         reducer for the backward), so the value acts one micro-batch late."""
         facts = self.facts
-        if not m.matches(toggle, m.Assign(targets=[m.AssignTarget(target=m.Attribute())])):
+        if not isinstance(toggle, cst.Assign) or len(toggle.targets) != 1:
             return
-        model = get_full_name_for_node(toggle.targets[0].target.value)
+        target = toggle.targets[0].target
+        model = get_full_name_for_node(target.value) if isinstance(target, cst.Attribute) else None
         statement = facts.parent(toggle)
         block = facts.parent(statement) if statement is not None else None
         if model is None or not isinstance(block, (cst.IndentedBlock, cst.Module)):
