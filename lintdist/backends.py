@@ -1,5 +1,6 @@
 """Which backend runs a model's gradients: whether FSDP is in force for an ``Accelerator`` or the HF
-``Trainer``'s ``TrainingArguments``, and the evidence, in words for a message.
+``Trainer``'s ``TrainingArguments``, and the evidence, in words for a message; whether the Trainer's
+``accelerator_config`` syncs every micro-batch, and the config that does.
 
 FSDP comes from the code (``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))``,
 ``TrainingArguments(fsdp="full_shard")``) or from the launch (``distributed_type: FSDP``, ``--use_fsdp``,
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from lintdist.edits import keyword_arg
 from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of
 from lintdist.launch import written
+from lintdist.layout import appended
 from lintdist.literals import is_mapping_call, is_name, literal_truth, mapping_entry, readable_mapping
 from lintdist.loop import FSDP_PLUGINS
 
@@ -127,3 +130,41 @@ def sets_sync_each_batch(config: cst.CSTNode) -> bool | None:
     if not isinstance(inner, cst.Dict) or not readable_mapping(inner):
         return None
     return mapping_entry(inner, "sync_each_batch") is not None
+
+
+SYNC_EACH_BATCH = '{"sync_each_batch": True}'
+
+
+def trainer_syncs_each_batch(facts: PythonFacts, call: cst.Call, mentioned: bool) -> bool:
+    """Whether a ``TrainingArguments(...)`` call's ``accelerator_config`` sets ``sync_each_batch``, or is something
+    lintdist cannot see into (a JSON file, a dict built elsewhere, ``**kwargs``) while ``mentioned`` (the file
+    mentions ``sync_each_batch``). No ``accelerator_config``: no."""
+    config = argument_of(call, "accelerator_config", None)
+    if config is None:
+        return any(arg.star == "**" for arg in call.args) and mentioned
+    seen = [sets_sync_each_batch(o.node) for o in facts.origins(config, call)]
+    if seen and all(value is not None for value in seen):
+        return any(seen)
+    return mentioned or isinstance(config, cst.SimpleString)
+
+
+def with_sync_each_batch(config: cst.BaseExpression) -> cst.BaseExpression | None:
+    """An ``accelerator_config`` value (a dict literal or ``AcceleratorConfig(...)``) with ``sync_each_batch: True``
+    added to its ``gradient_accumulation_kwargs`` (or those added), laid out as the value is; None when lintdist
+    cannot read it."""
+    readable, kwargs = accumulation_kwargs(config)
+    if not readable:
+        return None
+    if kwargs is None and isinstance(config, cst.Dict):
+        element = cst.DictElement(
+            key=cst.SimpleString('"gradient_accumulation_kwargs"'), value=cst.parse_expression(SYNC_EACH_BATCH)
+        )
+        return config.with_changes(elements=appended(config.elements, element, config.lbrace.whitespace_after))
+    if kwargs is None:
+        new = keyword_arg("gradient_accumulation_kwargs", cst.parse_expression(SYNC_EACH_BATCH))
+        return config.with_changes(args=appended(config.args, new, config.whitespace_before_args))
+    if not isinstance(kwargs, cst.Dict) or not readable_mapping(kwargs):
+        return None
+    sync = cst.DictElement(key=cst.SimpleString('"sync_each_batch"'), value=cst.Name("True"))
+    elements = appended(kwargs.elements, sync, kwargs.lbrace.whitespace_after)
+    return config.deep_replace(kwargs, kwargs.with_changes(elements=elements))

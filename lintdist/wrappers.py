@@ -2,7 +2,9 @@
 
 A model expression is followed to the constructions it can hold (``facts.origins``): each is a wrapper call
 of a known kind or something else ("unknown"). Rules ask for the kinds an expression can be, the wrapper
-calls behind it, and the kinds of wrapper the module builds at all.
+calls behind it, and the kinds of wrapper the module builds at all (or has built by a helper of another project
+module, or is passed by its callers); which calls run a wrapped model's forward (or its inner ``.module``, past
+the wrapper), and the run of statements from such a forward to a later node.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.control import statement_of
 from lintdist.facts import DDP_WRAPPERS, PythonFacts, argument_of
+from lintdist.literals import is_name
 
 FSDP1_CLASSES = frozenset(
     {
@@ -79,3 +83,113 @@ def never_shards(call: cst.Call, module: cst.Module) -> bool:
     ``FullyShardedDataParallel(..., sharding_strategy=ShardingStrategy.NO_SHARD)``."""
     strategy = argument_of(call, "sharding_strategy", 2)
     return strategy is not None and module.code_for_node(strategy).endswith("NO_SHARD")
+
+
+def runs_wrapped(facts: PythonFacts, call: cst.Call, kind: str = "ddp") -> bool:
+    """Whether a call runs the forward of a model wrapped by a wrapper of ``kind`` (``ddp(x)``,
+    ``self.model.forward(x)``)."""
+    target = forward_target(call)
+    return isinstance(target, (cst.Name, cst.Attribute)) and is_wrapped(facts, target, call, kind)
+
+
+def inner_module_forwards(facts: PythonFacts, node: cst.CSTNode, kind: str = "ddp") -> list[cst.Call]:
+    """The calls ``node`` runs (also inside the local functions it calls) that run the forward of a wrapped model's
+    inner ``.module`` (``ddp.module(x)``), past the wrapper of ``kind``."""
+    return [
+        call
+        for call in facts.reachable_calls(node)
+        if isinstance(target := forward_target(call), cst.Attribute)
+        and target.attr.value == "module"
+        and is_wrapped(facts, target.value, call, kind)
+    ]
+
+
+def forward_run(
+    facts: PythonFacts, node: cst.CSTNode, kind: str = "ddp"
+) -> tuple[list[cst.BaseStatement], cst.BaseExpression] | None:
+    """The consecutive statements of one block from the first that runs the forward of a model wrapped by ``kind``
+    to the one holding ``node`` (looking out through the ``with`` blocks around it), and the model as an expression
+    of ``node``'s function: the forward's own target, or the wrapped model it passes to the helper that runs the
+    forward. None when no forward comes first, the forwards are of two wrapped models (a GAN), or the model has no
+    name there."""
+    statement = statement_of(facts, node)
+    function = facts.enclosing_function(node)
+    while statement is not None:
+        block = facts.parent(statement)
+        if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+            return None
+        body = list(block.body)
+        statements = body[: body.index(statement) + 1]
+        for index, first in enumerate(statements):
+            forwards = [c for c in facts.reachable_calls(first) if runs_wrapped(facts, c, kind)]
+            if forwards:
+                run = statements[index:]
+                model = _forward_model(facts, run, forwards, function, kind)
+                return (run, model) if model is not None else None
+        owner = facts.parent(block)
+        if not isinstance(owner, cst.With):
+            return None
+        statement = owner
+    return None
+
+
+def _forward_model(
+    facts: PythonFacts,
+    run: list[cst.BaseStatement],
+    forwards: list[cst.Call],
+    function: cst.FunctionDef | None,
+    kind: str,
+) -> cst.BaseExpression | None:
+    """The wrapped model ``run`` runs the forward of (``forwards``: those of its first statement), named as an
+    expression of ``function`` (see ``forward_run``)."""
+    wrappers = {
+        frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c, kind))
+        for statement in run
+        for c in facts.reachable_calls(statement)
+        if runs_wrapped(facts, c, kind)
+    }
+    if len(wrappers) > 1:
+        return None
+    for forward in forwards:
+        target = forward_target(forward)
+        if facts.enclosing_function(forward) is function or (
+            (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
+            and function is not None
+            and facts.enclosing_class(forward) is facts.enclosing_class(function)
+        ):
+            return target
+    for statement in run:  # the forward runs in a helper: the model is what the run passes to it
+        for expr in facts.within(statement, cst.Name, cst.Attribute):
+            if (
+                facts.enclosing_function(expr) is function
+                and not isinstance(facts.parent(expr), cst.Attribute)  # read as a whole
+                and is_wrapped(facts, expr, expr, kind)
+            ):
+                return expr
+    return None
+
+
+# What a module's text must hold to build a wrapper of each kind (spares reading the modules that cannot).
+WRAPPER_MARKERS = {
+    "ddp": ("DistributedDataParallel", "DDP("),
+    "fsdp1": ("FullyShardedDataParallel", "FSDP("),
+    "fsdp2": ("fully_shard",),
+}
+
+
+def wraps_elsewhere(facts: PythonFacts, kind: str = "ddp") -> bool:
+    """Whether this module calls a function of another project module that builds a wrapper of ``kind`` itself
+    (h2o-llmstudio's ``wrap_model_distributed``)."""
+    names, markers = WRAPPERS_BY_KIND[kind], WRAPPER_MARKERS[kind]
+    return any(facts.wraps_in_another_module(call, names, markers) for call in facts.calls)
+
+
+def wrapped_parameters_run(facts: PythonFacts, kind: str = "ddp") -> bool:
+    """Whether a function of this module runs one of its parameters as a model (``ddp_model(batch)``) that its
+    callers in the project pass wrapped by ``kind``: a helper module's training step."""
+    return facts.project is not None and any(
+        isinstance(call.func, cst.Name)
+        and facts.parameter(call.func.value, call) is not None
+        and is_wrapped(facts, call.func, call, kind)
+        for call in facts.calls
+    )

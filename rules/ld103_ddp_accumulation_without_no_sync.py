@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import read_names, rebound_between, repeatable
 from lintdist.blocks import with_block
-from lintdist.control import called_in_loop, caller_chains, common_loop, loop_iterable, runs_whenever, statement_of
-from lintdist.facts import ACCELERATOR_CLASSES, DDP_WRAPPERS
-from lintdist.literals import is_name
-from lintdist.loop import AccumulationLoop, BackwardSite, Gate, StepSite
+from lintdist.control import loop_iterable, runs_whenever
+from lintdist.facts import ACCELERATOR_CLASSES
+from lintdist.loop import BackwardSite
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-from lintdist.windows import accumulation_gates, gated_steps, last_iteration, mentions_sync_control
-from lintdist.wrappers import forward_target, is_wrapped, module_wrapper_kinds, wrapper_calls
+from lintdist.windows import (
+    Window,
+    backward_window,
+    gated_steps,
+    last_iteration,
+    loop_window,
+    reads_unsynced_gradients,
+    steps_outside,
+    sync_managed,
+    unstepped_tail,
+)
+from lintdist.wrappers import forward_run, module_wrapper_kinds, wrapped_parameters_run, wraps_elsewhere
 
 # Frameworks that own the gradient synchronisation: a script that imports one is not a raw DDP loop. (accelerate
 # counts only when the script builds an Accelerator: raw DDP scripts borrow `accelerate.utils.set_seed`.)
@@ -25,19 +33,6 @@ FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
 RAW_BACKWARDS = frozenset({"tensor", "scaler", "autograd"})
 # How many levels of helper functions lintdist follows between the loop and the backward (or the step).
 MAX_HELPER_DEPTH = 2
-
-
-@dataclass(frozen=True)
-class Pairing:
-    """A backward pass that accumulates: the node of the gate's function that runs it (the backward call itself,
-    or the call of the helper that runs it), and the gated optimizer step."""
-
-    anchor: cst.CSTNode
-    helpers: tuple[cst.Call, ...]  # the helper calls from ``anchor`` down to the backward's function
-    step: StepSite
-    gate: Gate | None  # the step's ``if``; None when an accumulation loop is the gate
-    loop: cst.For | cst.While | None  # the loop around both, in the gate's function
-    inner: AccumulationLoop | None = None  # ``for micro_step in range(accum_steps):`` with the step after it
 
 
 class DdpAccumulationWithoutNoSync(Rule):
@@ -392,14 +387,12 @@ for epoch in range(epochs):
             self._late_toggle(toggle)
         if loop.sync_each_batch or loop.sync_toggles:
             return
-        gated = gated_steps(loop, MAX_HELPER_DEPTH)
         for site in loop.backward_sites:
             if site.kind not in RAW_BACKWARDS:
                 continue
-            pairing = self._pairing(site, gated) or self._inner_pairing(site)
-            if pairing is None or self._managed(site, pairing):
-                continue
-            self._report(site, pairing)
+            window = backward_window(loop, site.call, MAX_HELPER_DEPTH)
+            if window is not None and not sync_managed(loop, window, site.call):
+                self._report(site, window)
 
     def _late_toggle(self, toggle: cst.CSTNode) -> None:
         """``model.require_backward_grad_sync = <gate>`` set between a forward of ``model`` and the backward, in
@@ -416,13 +409,10 @@ for epoch in range(epochs):
             return
         body = list(block.body)
         index = body.index(statement)
-        calls = [[c for c in facts.within(s, cst.Call)] for s in body]
-        forward = next(
-            (i for i in range(index) if any(get_full_name_for_node(c.func) == model for c in calls[i])), None
-        )
-        if forward is None or not any(self.loop.backward_site(c) for later in calls[index + 1 :] for c in later):
+        runs = [s for s in body[:index] if any(get_full_name_for_node(c.func) == model for c in facts.calls_within(s))]
+        if not runs or not any(self.loop.backward_site(c) for s in body[index + 1 :] for c in facts.calls_within(s)):
             return
-        first = body[forward]
+        first = runs[0]
         fix = None
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
             fix = Fix(
@@ -451,8 +441,8 @@ for epoch in range(epochs):
         built = module_wrapper_kinds(facts)
         if (
             "ddp" not in built
-            and not self._ddp_passed_in()
-            and not (self._accumulates_by_hand() and self._ddp_elsewhere())
+            and not wrapped_parameters_run(facts)
+            and not (self._accumulates_by_hand() and wraps_elsewhere(facts))
         ):
             return False
         if any(module.split(".", 1)[0] in FRAMEWORKS for module in facts.imported_modules):
@@ -464,291 +454,91 @@ for epoch in range(epochs):
         about (most files of a library have neither)."""
         raw = [site for site in self.loop.backward_sites if site.kind in RAW_BACKWARDS]
         return bool(raw) and (
-            bool(gated_steps(self.loop, MAX_HELPER_DEPTH)) or any(self._inner_pairing(s) for s in raw)
+            bool(gated_steps(self.loop, MAX_HELPER_DEPTH))
+            or any(loop_window(self.loop, site.call, MAX_HELPER_DEPTH) for site in raw)
         )
-
-    def _ddp_elsewhere(self) -> bool:
-        """A function of another project module called here wraps a model in DistributedDataParallel
-        (h2o-llmstudio's ``wrap_model_distributed``)."""
-        facts = self.facts
-        markers = ("DistributedDataParallel", "DDP(")
-        return any(facts.wraps_in_another_module(call, DDP_WRAPPERS, markers) for call in facts.calls)
-
-    def _ddp_passed_in(self) -> bool:
-        """A helper module: a parameter it calls as a model is a DDP model its callers in the project pass."""
-        facts = self.facts
-        return facts.project is not None and any(
-            isinstance(call.func, cst.Name)
-            and facts.parameter(call.func.value, call) is not None
-            and is_wrapped(facts, call.func, call)
-            for call in facts.calls
-        )
-
-    # -- the backward and its gate --------------------------------------------------------------
-
-    def _pairing(self, site: BackwardSite, gated: list[tuple[StepSite, Gate]]) -> Pairing | None:
-        facts = self.facts
-        for anchor, helpers in caller_chains(facts, site.call, MAX_HELPER_DEPTH):
-            function = facts.enclosing_function(anchor)
-            for step, gate in gated:
-                if facts.enclosing_function(gate.node) is not function or facts.is_within(anchor, gate.node):
-                    continue
-                loop = common_loop(facts, anchor, gate.node)
-                if loop is None and not called_in_loop(facts, function, MAX_HELPER_DEPTH):
-                    continue
-                if self._ungated_step(loop if loop is not None else function):
-                    return None  # another optimizer steps every micro-batch (a GAN): which one this feeds is unclear
-                return Pairing(anchor, helpers, step, gate, loop)
-        return None
-
-    def _ungated_step(self, scope: cst.CSTNode | None) -> bool:
-        """An optimizer step in ``scope`` (or the helpers it calls) under no accumulation gate."""
-        if scope is None:
-            return False
-        reached = {id(c) for c in self.facts.reachable_calls(scope)}
-        return any(
-            step.kind == "optimizer"
-            and id(step.call) in reached
-            and not accumulation_gates(self.loop, step.call, MAX_HELPER_DEPTH)
-            for step in self.loop.steps
-        )
-
-    def _inner_pairing(self, site: BackwardSite) -> Pairing | None:
-        """The backward runs in ``for micro_step in range(accum_steps):`` and the optimizer steps after that loop,
-        ungated, in the loop around it (nanoGPT's shape)."""
-        for anchor, helpers in caller_chains(self.facts, site.call, MAX_HELPER_DEPTH):
-            window = self.loop.accumulation_loop(anchor)
-            if window is not None:
-                return Pairing(anchor, helpers, window.step, None, window.outer, window)
-        return None
-
-    def _managed(self, site: BackwardSite, pairing: Pairing) -> bool:
-        """The script already decides when DDP syncs: a no_sync-like block around the backward (or the call of its
-        helper), or any mention of no_sync / grad_sync / require_backward_grad_sync where the loop runs."""
-        facts = self.facts
-        nodes = [site.call, *pairing.helpers]
-        if any(self.loop.no_sync_of(node) is not None for node in nodes):
-            return True
-        scopes = {id(s): s for s in (facts.enclosing_function(n) for n in nodes)}
-        scopes[id(pairing.step.call)] = facts.enclosing_function(pairing.step.call)
-        containers = [s if s is not None else self.context.module for s in scopes.values()]
-        for container in list(containers):
-            containers.extend(f for c in facts.reachable_calls(container) for f in facts.local_functions(c))
-        return any(
-            mentions_sync_control(self.loop, container) or self._bypasses_wrapper(container) for container in containers
-        )
-
-    def _bypasses_wrapper(self, container: cst.CSTNode) -> bool:
-        """The loop runs some forwards through the DDP model's inner ``.module`` (``model.module(batch)`` on the
-        accumulating micro-batches): DDP's forward then never arms the reducer, and those backwards do not sync."""
-        facts = self.facts
-        for call in facts.reachable_calls(container):
-            target = forward_target(call)
-            if (
-                isinstance(target, cst.Attribute)
-                and target.attr.value == "module"
-                and is_wrapped(facts, target.value, call)
-            ):
-                return True
-        return False
 
     # -- the report -------------------------------------------------------------------------------
 
-    def _report(self, site: BackwardSite, pairing: Pairing) -> None:
-        code = self.context.module.code_for_node
-        if pairing.gate is not None:
-            where = f"under `if {_short(' '.join(code(pairing.gate.node.test).split()))}:`"
-        else:
-            inner = pairing.inner.node
-            where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
-        anchor = pairing.anchor if pairing.helpers else site.call
-        if id(anchor) in self._reported:
+    def _report(self, site: BackwardSite, window: Window) -> None:
+        if id(window.anchor) in self._reported:
             return  # one finding per call in the window, however many backwards its helper holds
-        self._reported.add(id(anchor))
-        fix, model = self._fix(site, pairing)
+        self._reported.add(id(window.anchor))
+        code = self.context.module.code_for_node
+        if window.gate is not None:
+            where = f"under `if {_short(code(window.gate.node.test))}:`"
+        else:
+            inner = window.inner.node
+            where = f"after the loop `for {_short(code(inner.target))} in {_short(code(inner.iter))}:`"
+        fix, model = self._fix(site, window)
         model_text = model or "model"
-        this = (
-            f"the backward this call runs (line {self.context.span(site.call).line})"
-            if pairing.helpers
-            else "this backward"
-        )
+        this = "this backward"
+        if window.helpers:
+            this = f"the backward this call runs (line {self.context.span(site.call).line})"
         message = (
             f"DDP all-reduces the gradients in {this} on every micro-batch, but the optimizer steps only "
             f"{where}; run the forward and backward of the other micro-batches under `{model_text}.no_sync()`, "
             f"e.g. `with grad_sync({model_text}, sync=<last micro-batch of the step>):` from `lintdist.runtime`"
         )
-        if fix is None and self._other_steps(pairing):
+        if fix is None and steps_outside(self.loop, window):
             message += (
                 " (and sync the micro-batch before every other optimizer step, such as one after the loop for a "
                 "last partial window)"
             )
-        elif self._partial_window(pairing):
+        elif unstepped_tail(self.loop, window):
             message += (
                 f". When the number of batches is not a multiple of the accumulation steps, the last micro-batches "
-                f"of each pass over `{_short(code(loop_iterable(pairing.loop)))}` are never stepped: their gradients "
+                f"of each pass over `{_short(code(loop_iterable(window.loop)))}` are never stepped: their gradients "
                 "carry over into the next epoch's first step"
             )
-        self.report(anchor, message, fix=fix)
-
-    def _partial_window(self, pairing: Pairing) -> bool:
-        """A plain ``(i + 1) % k == 0`` gate over a loader loop, and no optimizer step after that loop."""
-        facts = self.facts
-        loop, gate = pairing.loop, pairing.gate
-        if gate is None or gate.kind != "modulo" or facts.within(gate.node.test, cst.BooleanOperation):
-            return False
-        iterated = loop_iterable(loop)
-        if iterated is None or (isinstance(iterated, cst.Call) and facts.method_name(iterated) == "range"):
-            return False
-        # the modulo counts this loop's batches (its index), not a counter that runs on across passes
-        counters = {n.value for n in facts.within(loop.target, cst.Name)}
-        modulos = [n for n in facts.within(gate.node.test, cst.BinaryOperation) if isinstance(n.operator, cst.Modulo)]
-        if not any(n.value in counters for m in modulos for n in facts.within(m.left, cst.Name)):
-            return False
-        return not self._other_steps(pairing)
-
-    def _other_steps(self, pairing: Pairing) -> bool:
-        """An optimizer step of the gate's function (or its helpers) that is not under the gate (not the step after
-        the accumulation loop)."""
-        facts = self.facts
-        function = facts.enclosing_function(pairing.step.call)
-        containers = [function if function is not None else self.context.module]
-        if pairing.loop is None and function is not None:
-            # the loop is in the callers (a `train_step` method): a step after it is theirs
-            containers.extend(f for call in facts.call_sites(function) if (f := facts.enclosing_function(call)))
-        reached = {id(c) for container in containers for c in facts.reachable_calls(container)}
-        gated = (
-            {id(c) for c in facts.reachable_calls(pairing.gate.node.body)}
-            if pairing.gate is not None
-            else {id(pairing.step.call)}
-        )
-        return any(
-            step.kind == "optimizer" and id(step.call) in reached and id(step.call) not in gated
-            for step in self.loop.steps
-        )
+        self.report(window.anchor, message, fix=fix)
 
     # -- the fix ----------------------------------------------------------------------------------
 
-    def _fix(self, site: BackwardSite, pairing: Pairing) -> tuple[Fix | None, str | None]:
+    def _fix(self, site: BackwardSite, window: Window) -> tuple[Fix | None, str | None]:
         facts = self.facts
-        window = self._window(site, pairing)
-        if window is None:
+        run = self._run(site, window)
+        if run is None:
             return None, None
-        block, first, last, model = window
+        statements, model = run[0], self.context.module.code_for_node(run[1])
         if not self.context.runtime_name_free("grad_sync"):
             return None, model
-        if pairing.gate is not None:
-            gate = pairing.gate.node
+        if window.gate is not None:
+            gate = window.gate.node
             order = facts.index.order
-            if not facts.index.end(block.body[last]) <= order(gate) or not repeatable(facts, gate.test):
+            if not facts.index.end(statements[-1]) <= order(gate) or not repeatable(facts, gate.test):
                 return None, model
             container = facts.enclosing_function(gate) or self.context.module
-            if rebound_between(facts, read_names(facts, gate.test), container, order(block.body[first]), order(gate)):
+            if rebound_between(facts, read_names(facts, gate.test), container, order(statements[0]), order(gate)):
                 return None, model
             condition = gate.test.deep_clone()
         else:
-            condition = last_iteration(self.loop, pairing.inner)
+            condition = last_iteration(self.loop, window.inner)
             if condition is None:
                 return None, model
-        if self._other_steps(pairing) or self._reads_gradients(pairing):
+        if steps_outside(self.loop, window) or reads_unsynced_gradients(self.loop, window):
             return None, model
-        item = cst.parse_expression(f"grad_sync({model}, sync=(0))")
-        item = item.with_changes(args=[item.args[0], item.args[1].with_changes(value=condition)])
+        item = cst.parse_expression(f"grad_sync({model}, sync=0)")
+        item = item.deep_replace(item.args[1].value, condition)
         fix = Fix(
             Applicability.SAFE,
             f"Run the forward and backward under `grad_sync({model}, sync=...)`, syncing on the step's micro-batch",
-            replacements=with_block(block.body[first : last + 1], item),
+            replacements=with_block(statements, item),
             imports=(("lintdist.runtime", "grad_sync"),),
         )
         return fix, model
 
-    def _window(self, site: BackwardSite, pairing: Pairing):
-        """(block, first, last, model text): the statements of one block from the model's forward to the
-        statement running the backward, which runs unconditionally there."""
+    def _run(self, site: BackwardSite, window: Window) -> tuple[list[cst.BaseStatement], cst.BaseExpression] | None:
+        """The statements of one block from the model's forward to the statement running the backward, which runs
+        unconditionally there, and the model."""
         facts = self.facts
-        chain = [site.call, *reversed(pairing.helpers)]  # backward first, then outwards to the anchor
+        chain = [site.call, *reversed(window.helpers)]  # backward first, then outwards to the anchor
         # inside each helper, the backward (or the next helper call) must run whenever the helper does
         for inner in chain[:-1]:
             function = facts.enclosing_function(inner)
             if function is None or not runs_whenever(facts, inner, function.body):
                 return None
-        statement = statement_of(facts, pairing.anchor)
-        while statement is not None:
-            block = facts.parent(statement)
-            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
-                return None
-            body = list(block.body)
-            last = body.index(statement)
-            first, model = self._forward(body[: last + 1], pairing.anchor)
-            if first is not None:
-                return (block, first, last, model) if model is not None else None
-            owner = facts.parent(block)
-            if not isinstance(owner, cst.With):
-                return None
-            statement = owner
-        return None
-
-    def _forward(self, statements: list[cst.BaseStatement], anchor: cst.CSTNode) -> tuple[int | None, str | None]:
-        """The index of the first statement running a forward of the DDP model, and the model's text there."""
-        facts = self.facts
-        code = self.context.module.code_for_node
-        function = facts.enclosing_function(anchor)
-        for index, statement in enumerate(statements):
-            forwards = [c for c in facts.reachable_calls(statement) if self._is_forward(c)]
-            if not forwards:
-                continue
-            wrappers = {
-                frozenset(id(w) for w in wrapper_calls(facts, forward_target(c), c))
-                for later in statements[index:]
-                for c in facts.reachable_calls(later)
-                if self._is_forward(c)
-            }
-            if len(wrappers) > 1:
-                return index, None  # forwards of two DDP models (a GAN): which one to wrap is unclear
-            for forward in forwards:
-                target = forward_target(forward)
-                if facts.enclosing_function(forward) is function or (
-                    (isinstance(target, cst.Attribute) and is_name(target.value, "self"))
-                    and function is not None
-                    and facts.enclosing_class(forward) is facts.enclosing_class(function)
-                ):
-                    return index, code(target)
-            # the forward runs in a helper: the model is what the window passes to it
-            for later in statements[index:]:
-                for node in facts.within(later, cst.Name, cst.Attribute):
-                    if (
-                        facts.enclosing_function(node) is function
-                        and not isinstance(facts.parent(node), cst.Attribute)  # read as a whole
-                        and is_wrapped(facts, node, node)
-                    ):
-                        return index, code(node)
-            return index, None
-        return None, None
-
-    def _is_forward(self, call: cst.Call) -> bool:
-        target = forward_target(call)
-        return isinstance(target, (cst.Name, cst.Attribute)) and is_wrapped(self.facts, target, call)
-
-    def _reads_gradients(self, pairing: Pairing) -> bool:
-        """A clip or a ``.grad`` read in the loop outside the gate: it would see partial, unsynced gradients."""
-        facts = self.facts
-        if pairing.gate is None:
-            gate, scope = None, pairing.inner.node
-        else:
-            gate = pairing.gate.node
-            scope = pairing.loop if pairing.loop is not None else facts.enclosing_function(gate)
-        if scope is None:
-            return True
-        inside = {id(c) for c in facts.reachable_calls(gate.body)} if gate is not None else set()
-        calls = [c for c in facts.reachable_calls(scope) if id(c) not in inside]
-        outside = {id(c) for c in calls}
-        if any(step.kind == "clip" and id(step.call) in outside for step in self.loop.steps):
-            return True
-        containers = [scope, *(f for c in calls for f in facts.local_functions(c))]
-        return any(
-            node.attr.value == "grad" and (gate is None or not facts.is_within(node, gate))
-            for container in containers
-            for node in facts.within(container, cst.Attribute)
-        )
+        return forward_run(facts, window.anchor)
 
 
 def _short(text: str) -> str:

@@ -13,17 +13,18 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.backends import (
+    SYNC_EACH_BATCH,
     Evidence,
     accelerator_fsdp,
     accelerators_behind,
-    accumulation_kwargs,
     is_training_arguments,
-    sets_sync_each_batch,
+    trainer_syncs_each_batch,
     training_arguments_fsdp,
+    with_sync_each_batch,
 )
 from lintdist.facts import argument_of
 from lintdist.layout import appended, equal_like, inserted_after
-from lintdist.literals import at_most_one, is_name, literal_truth, readable_mapping
+from lintdist.literals import at_most_one, is_name, literal_truth
 from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -32,8 +33,11 @@ from lintdist.wrappers import module_wrapper_kinds, never_shards, wrapper_kind
 
 PLUGIN_IMPORT = ("accelerate.utils", "GradientAccumulationPlugin")
 DOCS = "accelerate docs, gradient_synchronization.md: Mixtral-8x7B on 8xA100-80GB runs out of memory at GA=2"
-TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-SYNC_KWARGS = '{"sync_each_batch": True}'
+SET_SYNC = "when memory is tight, set `sync_each_batch=True`"
+CONSTRUCT = (
+    "when memory is tight, construct the `Accelerator` with "
+    "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps={}, sync_each_batch=True)`"
+)
 
 
 class FsdpNoSyncMemory(Rule):
@@ -371,10 +375,10 @@ for step, batch in enumerate(loader):
             if evidence is not None:
                 self.report(
                     block.call,
-                    f"under FSDP ({self._where(evidence)}) `accelerator.no_sync` skips the gradient reduce-scatter, "
-                    "so every rank keeps the full, unsharded gradients of the model until the synchronizing "
-                    f"micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward outside `no_sync` "
-                    "(`sync_each_batch=True` does not affect a hand-written `no_sync`)",
+                    f"under FSDP ({evidence.describe(self.context.span)}) `accelerator.no_sync` skips the gradient "
+                    "reduce-scatter, so every rank keeps the full, unsharded gradients of the model until the "
+                    f"synchronizing micro-batch ({DOCS}); when memory is tight, run every micro-batch's backward "
+                    "outside `no_sync` (`sync_each_batch=True` does not affect a hand-written `no_sync`)",
                 )
 
     def _report_accumulation(self, accelerator: cst.Call | None, blocks: list[cst.Call], evidence: Evidence) -> None:
@@ -395,7 +399,7 @@ for step, batch in enumerate(loader):
                 return  # both keywords (accelerate raises on its own), or an accumulation of 1
         if launch is not None:
             where = f"`ACCELERATE_GRADIENT_ACCUMULATION_STEPS={launch.value}` at {launch.path}:{launch.line}"
-            self.report(blocks[0], self._message(evidence, where, launch_only=True))
+            self.report(blocks[0], self._message(evidence, where, CONSTRUCT.format("N")))
             return
         # `accelerator.gradient_accumulation_steps = n` after construction (the property's setter); otherwise no
         # accumulation, or an Accelerator built out of sight with no launch setting (unknown)
@@ -403,7 +407,9 @@ for step, batch in enumerate(loader):
             if len(assignment.targets) != 1 or at_most_one(assignment.value, self.facts, assignment):
                 continue
             if accelerator in accelerators_behind(self.facts, target.value, assignment):
-                self.report(assignment, self._message(evidence, "this assignment", setter=True))
+                # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
+                advice = CONSTRUCT.format(1) + " (this assignment then only changes `num_steps`)"
+                self.report(assignment, self._message(evidence, "this assignment", advice))
 
     def _report_plugins(self, plugin: cst.BaseExpression, accelerator: cst.Call, evidence: Evidence) -> None:
         facts = self.facts
@@ -431,18 +437,8 @@ for step, batch in enumerate(loader):
         name, imports = imported_name(self.facts, GA_PLUGIN_CLASSES, PLUGIN_IMPORT)
         if name is None:
             return None
-        plugin = cst.Call(
-            func=cst.parse_expression(name),
-            args=(
-                cst.Arg(
-                    keyword=cst.Name("num_steps"),
-                    value=keyword.value,
-                    equal=TIGHT,
-                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
-                ),
-                cst.Arg(keyword=cst.Name("sync_each_batch"), value=cst.Name("True"), equal=TIGHT),
-            ),
-        )
+        plugin = cst.parse_expression(f"{name}(num_steps=0, sync_each_batch=True)")
+        plugin = plugin.deep_replace(plugin.args[0].value, keyword.value)
         new = keyword.with_changes(keyword=cst.Name("gradient_accumulation_plugin"), value=plugin)
         return Fix(
             Applicability.UNSAFE,
@@ -452,27 +448,11 @@ for step, batch in enumerate(loader):
             imports=imports,
         )
 
-    def _where(self, evidence: Evidence) -> str:
-        return evidence.describe(self.context.span)
-
-    def _message(self, evidence: Evidence, what: str, launch_only: bool = False, setter: bool = False) -> str:
-        if setter:  # the setter changes only `num_steps` of the plugin's kwargs, so a plugin's sync_each_batch stays
-            advice = (
-                "when memory is tight, construct the `Accelerator` with "
-                "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)` "
-                "(this assignment then only changes `num_steps`)"
-            )
-        elif launch_only:
-            advice = (
-                "when memory is tight, construct the `Accelerator` with "
-                "`gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=N, sync_each_batch=True)`"
-            )
-        else:
-            advice = "when memory is tight, set `sync_each_batch=True`"
+    def _message(self, evidence: Evidence, what: str, advice: str = SET_SYNC) -> str:
         return (
-            f"under FSDP ({self._where(evidence)}) the accumulation set by {what} skips the gradient reduce-scatter on "
-            "every micro-batch but the last, so each rank holds the full, unsharded gradients of the model "
-            f"({DOCS}); {advice}, which reduce-scatters each micro-batch (less memory, slower)"
+            f"under FSDP ({evidence.describe(self.context.span)}) the accumulation set by {what} skips the gradient "
+            "reduce-scatter on every micro-batch but the last, so each rank holds the full, unsharded gradients of "
+            f"the model ({DOCS}); {advice}, which reduce-scatters each micro-batch (less memory, slower)"
         )
 
     # -- the HF Trainer -------------------------------------------------------------------------
@@ -481,7 +461,11 @@ for step, batch in enumerate(loader):
         facts = self.facts
         for call in facts.calls:
             steps = argument_of(call, "gradient_accumulation_steps", None)  # the keyword first: it costs nothing
-            if steps is None or not is_training_arguments(facts, call) or self._trainer_syncs_each_batch(call):
+            if (
+                steps is None
+                or not is_training_arguments(facts, call)
+                or trainer_syncs_each_batch(facts, call, self.loop.sync_each_batch)
+            ):
                 continue
             deepspeed = argument_of(call, "deepspeed", None)
             if at_most_one(steps, facts, call) or (deepspeed is not None and not is_name(deepspeed, "None")):
@@ -491,31 +475,20 @@ for step, batch in enumerate(loader):
                 continue
             keyword = next(a for a in call.args if a.keyword is not None and a.value is steps)
             message = (
-                f"under FSDP ({self._where(evidence)}) the Trainer runs every micro-batch but the last of each "
-                "accumulation window in `accelerator.no_sync`, which skips the gradient reduce-scatter, so each rank "
-                f"holds the full, unsharded gradients of the model ({DOCS}); when memory is tight, pass "
+                f"under FSDP ({evidence.describe(self.context.span)}) the Trainer runs every micro-batch but the "
+                "last of each accumulation window in `accelerator.no_sync`, which skips the gradient reduce-scatter, "
+                f"so each rank holds the full, unsharded gradients of the model ({DOCS}); when memory is tight, pass "
                 '`accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` '
                 "(reduce-scatter each micro-batch: less memory, slower)"
             )
             self.report(keyword, message, fix=self._trainer_fix(call, keyword))
-
-    def _trainer_syncs_each_batch(self, call: cst.Call) -> bool:
-        """``accelerator_config`` asks for ``sync_each_batch``, or is something lintdist cannot see into (a JSON
-        file, a dict built elsewhere) while the file mentions ``sync_each_batch``. No ``accelerator_config``: no."""
-        config = argument_of(call, "accelerator_config", None)
-        if config is None:
-            return any(arg.star == "**" for arg in call.args) and self.loop.sync_each_batch
-        seen = [sets_sync_each_batch(o.node) for o in self.facts.origins(config, call)]
-        if seen and all(value is not None for value in seen):
-            return any(seen)
-        return self.loop.sync_each_batch or isinstance(config, cst.SimpleString)
 
     def _trainer_fix(self, call: cst.Call, keyword: cst.Arg) -> Fix | None:
         if any(arg.star for arg in call.args):
             return None
         config = argument_of(call, "accelerator_config", None)
         if config is None:
-            value = cst.parse_expression(f'{{"gradient_accumulation_kwargs": {SYNC_KWARGS}}}')
+            value = cst.parse_expression(f'{{"gradient_accumulation_kwargs": {SYNC_EACH_BATCH}}}')
             new = cst.Arg(keyword=cst.Name("accelerator_config"), value=value, equal=keyword.equal)
             args = inserted_after(call.args, list(call.args).index(keyword), new, call.whitespace_before_args)
             message = (
@@ -523,34 +496,13 @@ for step, batch in enumerate(loader):
                 "(less memory, slower)"
             )
             return Fix(Applicability.UNSAFE, message, replacements=((call, call.with_changes(args=args)),))
-        replacement = self._config_with_sync(config)
+        replacement = with_sync_each_batch(config)
         if replacement is None:
             return None
         message = (
             "Set `sync_each_batch` in the `gradient_accumulation_kwargs` of `accelerator_config` (less memory, slower)"
         )
         return Fix(Applicability.UNSAFE, message, replacements=((config, replacement),))
-
-    def _config_with_sync(self, config: cst.BaseExpression) -> cst.BaseExpression | None:
-        """``accelerator_config`` given as a dict literal or ``AcceleratorConfig(...)``, with sync_each_batch added."""
-        readable, kwargs = accumulation_kwargs(config)
-        if not readable:
-            return None
-        if kwargs is None and isinstance(config, cst.Dict):
-            element = cst.DictElement(
-                key=cst.SimpleString('"gradient_accumulation_kwargs"'), value=cst.parse_expression(SYNC_KWARGS)
-            )
-            return config.with_changes(elements=appended(config.elements, element, config.lbrace.whitespace_after))
-        if kwargs is None:
-            new = cst.Arg(
-                keyword=cst.Name("gradient_accumulation_kwargs"), value=cst.parse_expression(SYNC_KWARGS), equal=TIGHT
-            )
-            return config.with_changes(args=appended(config.args, new, config.whitespace_before_args))
-        if not isinstance(kwargs, cst.Dict) or not readable_mapping(kwargs):
-            return None
-        sync = cst.DictElement(key=cst.SimpleString('"sync_each_batch"'), value=cst.Name("True"))
-        elements = appended(kwargs.elements, sync, kwargs.lbrace.whitespace_after)
-        return config.deep_replace(kwargs, kwargs.with_changes(elements=elements))
 
     # -- raw FSDP1 and FSDP2 ------------------------------------------------------------------
 

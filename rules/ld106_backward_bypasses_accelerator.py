@@ -347,9 +347,7 @@ class Module(pl.LightningModule):
             if self._lightning(site):
                 continue
             statement = self.loop.statement_of(site.call)
-            if statement is None:
-                continue
-            if site.kind == "scaler" and not self._own_scaler(site):
+            if statement is None or (site.kind == "scaler" and not self._own_scaler(site)):
                 continue
             prepare = self.loop.loss_model(site.loss, statement)
             if prepare is not None:
@@ -402,20 +400,15 @@ class Module(pl.LightningModule):
                 f'unscales twice; set `mixed_precision="fp16"` on the Accelerator, call '
                 f"`{shown}.backward({loss_text})` and drop the scaler's `step`/`update`"
             )
-            severity = Severity.ERROR if certain or acc.state == "configured" else Severity.WARNING
-            self.report(site.call, message, severity=severity)
+            self.report(site.call, message, severity=None if certain or acc.state == "configured" else Severity.WARNING)
             return
         fix, why_not = self._fix(site, accelerator, acc, division)
-        if reasons:
-            consequence = "; ".join(reasons)
-        elif division is not None:
-            consequence = (
+        if not reasons:
+            reasons.append(
                 "the division by the accumulation steps stands in for accelerate's today, but fp16 scaling and "
                 "DeepSpeed's backward would be skipped"
-            )
-        else:
-            consequence = (
-                "it gives the same gradient only while the script runs without fp16, DeepSpeed and accumulation"
+                if division is not None
+                else "it gives the same gradient only while the script runs without fp16, DeepSpeed and accumulation"
             )
         known = ""
         note = self.facts.stand_in_note(prepare)
@@ -425,7 +418,7 @@ class Module(pl.LightningModule):
         where = f"inside `{shown}.accumulate(...)`" if inside else "for a model prepared by accelerate"
         message = (
             f"`{loss_text}.backward()` bypasses `{shown}.backward` {where}{known}: "
-            f"{consequence}; call `{shown}.backward({loss_text})`"
+            f"{'; '.join(reasons)}; call `{shown}.backward({loss_text})`"
         )
         if division is not None:
             message += f" and delete the division by `{cst.Module([]).code_for_node(division.term.expr)}`"
@@ -473,10 +466,8 @@ class Module(pl.LightningModule):
                 f"`self.manual_backward({loss_text})`"
             )
             new_call = receiver_as_argument(site.call, site.loss, "self.manual_backward")
-            fix = (
-                Fix(Applicability.SAFE, "Call `self.manual_backward(...)`", replacements=((site.call, new_call),))
-                if new_call is not None
-                else None
-            )
+            fix = None
+            if new_call is not None:
+                fix = Fix(Applicability.SAFE, "Call `self.manual_backward(...)`", replacements=((site.call, new_call),))
             self.report(site.call, message, fix=fix, severity=None if scales_loss(self.facts) else Severity.WARNING)
         return True

@@ -260,24 +260,33 @@ for batch in loader:
             if statement is None:
                 continue
             acc = self.loop.accumulation(site.receiver, site.call)
-            if acc.state == "none":
-                self._deepspeed_steps(site, statement, seen)
-                continue
-            division = self.loop.accumulation_division(site.loss, statement, acc)
+            # one step: only a divisor read from the DeepSpeed config, whose engine divides by those steps itself
+            searched = Accumulation("unknown") if acc.state == "none" else acc
+            division = self.loop.accumulation_division(site.loss, statement, searched)
             if division is None or id(division.term.expr) in seen:
+                continue
+            if acc.state == "none" and not any(
+                reads_accumulation_steps(o.node) for o in self.facts.origins(division.term.expr, statement)
+            ):
                 continue
             seen.add(id(division.term.expr))
             self._report(site.call, site.receiver, division, acc)
 
     def _report(self, call: cst.Call, receiver: cst.BaseExpression, division: Division, acc: Accumulation) -> None:
-        divisor = _operand_text(division.term.expr)
+        divisor = cst.Module([]).code_for_node(division.term.expr)
         accelerator = get_full_name_for_node(receiver) or "accelerator"
         where = self.facts.parent(division.term.expr)
         node = where if isinstance(where, (cst.BinaryOperation, cst.AugAssign)) else division.term.expr
-        fix = None
-        certain = acc.state == "configured" or division.exact
-        if certain:
+        if acc.state == "none":
+            message = (
+                f"the loss is divided by `{divisor}`, the accumulation steps of the DeepSpeed config, and under "
+                "DeepSpeed the engine's backward (`accelerator.backward`) divides by the same steps again, so every "
+                "optimizer step's gradient is that many times too small; delete the division for DeepSpeed runs"
+            )
+            self.report(node, message, severity=Severity.WARNING)
+        elif acc.state == "configured" or division.exact:
             replacements, why_not = remove_division(self.facts, division, call)
+            fix = None
             if replacements is not None:
                 fix = Fix(Applicability.SAFE, f"Delete the division by `{divisor}`", replacements=replacements)
             message = (
@@ -297,29 +306,3 @@ for batch in loader:
                 f"(`Accelerator(gradient_accumulation_steps={divisor})`) and delete the division"
             )
             self.report(node, message, severity=Severity.WARNING)
-
-    def _deepspeed_steps(self, site, statement: cst.CSTNode, seen: set[int]) -> None:
-        """An Accelerator with one step, and a loss divided by steps read from the DeepSpeed config
-        (``args.gradient_accumulation_steps = accelerator.state.deepspeed_plugin.deepspeed_config[...]``): under
-        DeepSpeed the engine's backward divides by those same steps again (accelerate's own DeepSpeed example,
-        fixed by accelerate PR 1775)."""
-        division = self.loop.accumulation_division(site.loss, statement, Accumulation("unknown"))
-        if division is None or id(division.term.expr) in seen:
-            return
-        if not any(reads_accumulation_steps(o.node) for o in self.facts.origins(division.term.expr, statement)):
-            return
-        seen.add(id(division.term.expr))
-        divisor = _operand_text(division.term.expr)
-        where = self.facts.parent(division.term.expr)
-        node = where if isinstance(where, (cst.BinaryOperation, cst.AugAssign)) else division.term.expr
-        self.report(
-            node,
-            f"the loss is divided by `{divisor}`, the accumulation steps of the DeepSpeed config, and under DeepSpeed "
-            "the engine's backward (`accelerator.backward`) divides by the same steps again, so every optimizer step's "
-            "gradient is that many times too small; delete the division for DeepSpeed runs",
-            severity=Severity.WARNING,
-        )
-
-
-def _operand_text(expr: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(expr)

@@ -228,14 +228,12 @@ for step, (x, y) in enumerate(loader):
                 isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is attribute
             ):
                 continue
-            prepare = self._prepare_of(receiver, attribute)
-            if prepare is None:
-                continue
-            self._report_prepared(attribute, receiver, prepare)
-
-    def _prepare_of(self, receiver: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
-        """The ``accelerator.prepare(...)`` / ``prepare_model(...)`` call the receiver's value came from."""
-        return next((o.node for o in self.facts.origins(receiver, at) if self.loop.is_accelerate_prepare(o.node)), None)
+            # the ``accelerator.prepare(...)`` / ``prepare_model(...)`` call the receiver's value came from
+            prepare = next(
+                (o.node for o in facts.origins(receiver, attribute) if self.loop.is_accelerate_prepare(o.node)), None
+            )
+            if prepare is not None:
+                self._report_prepared(attribute, receiver, prepare)
 
     def _report_prepared(self, attribute: cst.Attribute, receiver: cst.BaseExpression, prepare: cst.Call) -> None:
         facts = self.facts
@@ -304,7 +302,7 @@ for step, (x, y) in enumerate(loader):
                 continue
             if id(block.node) in reported:
                 continue
-            ddp = self._decides_in_forward(block)
+            ddp, identified = self._decides_in_forward(block)
             if ddp is False:
                 continue
             calls = facts.reachable_calls(block.node.body)
@@ -313,53 +311,38 @@ for step, (x, y) in enumerate(loader):
                 continue
             reported.add(id(block.node))
             model = self.context.module.code_for_node(block.model)
-            identified = facts.identified(block.model, block.node, "ddp") or self._named_helper(block)
-            known = f" ({identified})" if identified else ""
-            where = block.call if facts.is_within(block.call, block.node) else block.node.items[0].item
             if ddp is None:  # a snippet's `model.no_sync()`: FSDP1 reads the flag in the backward and would be right
-                self.report(
-                    where,
-                    f"this no_sync block runs a backward but no forward of `{model}`: if `{model}` is a DDP model "
-                    "(nothing in sight says what wraps it), DDP decides in the forward whether the backward "
-                    "all-reduces, so the gradients are still synchronized on every micro-batch; move the forward "
-                    "pass into the block",
-                    severity=Severity.INFO,
-                )
-                continue
+                known = f": if `{model}` is a DDP model (nothing in sight says what wraps it), DDP"
+            else:
+                known = (f" ({identified})" if identified else "") + ": DDP"
+            where = block.call if facts.is_within(block.call, block.node) else block.node.items[0].item
             self.report(
                 where,
-                f"this no_sync block runs a backward but no forward of `{model}`{known}: DDP decides in the forward "
+                f"this no_sync block runs a backward but no forward of `{model}`{known} decides in the forward "
                 "whether the backward all-reduces, so the gradients are still synchronized on every micro-batch; "
                 "move the forward pass into the block",
+                severity=Severity.INFO if ddp is None else None,
             )
 
-    def _decides_in_forward(self, block: NoSync) -> bool | None:
-        """The model is a DDP module: wrapped here (or by a helper named for DDP whose body is not in sight), or
+    def _decides_in_forward(self, block: NoSync) -> tuple[bool | None, str | None]:
+        """Whether the model is a DDP module, and the evidence to name when a snippet's use of it or the name of
+        the helper that made it says so: wrapped here (or by a helper named for DDP whose body is not in sight), or
         prepared by accelerate with no FSDP/DeepSpeed backend. None where nothing in sight binds the model at all
         (a snippet's bare ``model``): it may be DDP."""
         facts = self.facts
         origins = facts.origins(block.model, block.node)
+        identified = facts.identified(block.model, block.node, "ddp")  # a snippet: `.no_sync()` and `.module`
         if is_wrapped(facts, block.model, block.node):
-            return True
-        if any(isinstance(o.node, cst.Call) and facts.named_ddp_helper(o.node) for o in origins):
-            return True
-        if facts.identified(block.model, block.node, "ddp") is not None:  # a snippet: `.no_sync()` and `.module`
-            return True
-        prepared = any(self.loop.is_accelerate_prepare(o.node) for o in origins)
-        if prepared:
-            return self.loop.backend is None
+            return True, identified
+        helper = next(
+            (n for o in origins if isinstance(o.node, cst.Call) and (n := facts.named_ddp_helper(o.node))), None
+        )
+        if helper:
+            return True, identified or f"made by `{helper}`, a helper named for DDP whose body is not in sight"
+        if identified is not None:
+            return True, identified
+        if any(self.loop.is_accelerate_prepare(o.node) for o in origins):
+            return self.loop.backend is None, None
         if block.kind == "model" and facts.unbound(block.model, block.node):
-            return None
-        return False
-
-    def _named_helper(self, block: NoSync) -> str | None:
-        """The evidence when the model is DDP by the name of the helper that made it alone."""
-        facts = self.facts
-        if is_wrapped(facts, block.model, block.node):
-            return None
-        origins = facts.origins(block.model, block.node)
-        for origin in origins:
-            name = facts.named_ddp_helper(origin.node) if isinstance(origin.node, cst.Call) else None
-            if name:
-                return f"made by `{name}`, a helper named for DDP whose body is not in sight"
-        return None
+            return None, None
+        return False, None

@@ -16,7 +16,9 @@ from lintdist.backends import (
     is_training_arguments,
     launch_fsdp,
     sets_sync_each_batch,
+    trainer_syncs_each_batch,
     training_arguments_fsdp,
+    with_sync_each_batch,
 )
 from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts
 from lintdist.launch import LaunchSettings, Setting
@@ -170,3 +172,48 @@ def test_imported_name_keeps_an_alias_or_asks_for_an_import():
     assert imported_name(missing, plugin, fallback) == ("GradientAccumulationPlugin", (fallback,))
     taken = _facts("GradientAccumulationPlugin = None\n")
     assert imported_name(taken, plugin, fallback) == (None, ())
+
+
+@pytest.mark.parametrize(
+    ("text", "fixed"),
+    [
+        (
+            '{"split_batches": True}',
+            '{"split_batches": True, "gradient_accumulation_kwargs": {"sync_each_batch": True}}',
+        ),
+        ("{}", '{"gradient_accumulation_kwargs": {"sync_each_batch": True}}'),
+        (
+            '{"gradient_accumulation_kwargs": {"num_steps": 2}}',
+            '{"gradient_accumulation_kwargs": {"num_steps": 2, "sync_each_batch": True}}',
+        ),
+        (
+            "AcceleratorConfig(split_batches=True)",
+            'AcceleratorConfig(split_batches=True, gradient_accumulation_kwargs={"sync_each_batch": True})',
+        ),
+        ('{"gradient_accumulation_kwargs": kwargs}', None),
+        ("{**base}", None),
+        ('"accelerator_config.json"', None),
+    ],
+)
+def test_with_sync_each_batch(text, fixed):
+    new = with_sync_each_batch(cst.parse_expression(text))
+    assert (cst.Module([]).code_for_node(new) if new is not None else None) == fixed
+
+
+@pytest.mark.parametrize(
+    ("arguments", "mentioned", "answer"),
+    [
+        ("fsdp=True", True, False),  # no accelerator_config
+        ("**options", True, True),  # the unpacked options may hold one
+        ("**options", False, False),
+        ('accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": False}}', False, True),
+        ('accelerator_config={"split_batches": True}', True, False),  # read: it does not
+        ("accelerator_config=config", True, True),  # out of sight, and the file mentions it
+        ("accelerator_config=config", False, False),
+        ('accelerator_config="accelerate.json"', False, True),
+    ],
+)
+def test_trainer_syncs_each_batch(arguments, mentioned, answer):
+    facts = _facts(f"from transformers import TrainingArguments\nargs = TrainingArguments({arguments})\n")
+    call = facts.index.module.body[1].body[0].value
+    assert trainer_syncs_each_batch(facts, call, mentioned) is answer
