@@ -14,7 +14,7 @@ from pathlib import Path
 from lintdist.launch import LaunchSettings
 from lintdist.model import Finding, Span
 from lintdist.pages import Block, Page, read_docstrings, read_page, write_back
-from lintdist.sources import CONFIG_MARKERS
+from lintdist.sources import CONFIG_MARKERS, SourceError
 
 PAGE_SUFFIXES = frozenset({".md", ".mdx", ".rst"})
 
@@ -42,7 +42,7 @@ def check_page(
         common = {"path": path, "display": display, "kind": kind, "settings": None, "explicit": False}
         if kind == "python":
             common["blocks"] = tuple((block.first + 1, block.last + 1) for block in blocks)
-            common["settings"] = page_launch(outcome.text, path, display)
+            common["settings"] = None if docstrings else page_launch(outcome.text, path, display)
         if not fix:
             found, _ = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
             outcome.findings += found if page is None else [_placed(f, page) for f in found]
@@ -73,14 +73,42 @@ def check_page(
 
 def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     """How the page's own shell blocks launch the code it shows ("save it as run.py and launch it with
-    ``torchrun --nproc_per_node=2 run.py``"): what all its launch lines agree on, or None where it has none."""
-    from lintdist.launch import build_project
-    from lintdist.sources import launch_text, parse_launch
+    ``torchrun --nproc_per_node=2 run.py``"): what all its launch lines agree on, or None where it has none. An
+    ``accelerate launch`` line without ``--config_file`` reads the reader's default config: the page's one
+    accelerate config block stands for it, and with none (or several) the launch is not known."""
+    from lintdist.launch import build_project, reads_default_config
+    from lintdist.sources import launch_text, parse_config, parse_launch
 
     launch = parse_launch(launch_text(text, path))
-    if not any(command.script is not None for command in launch.commands):
+    commands = [command for command in launch.commands if command.script is not None]
+    if not commands:
         return None
-    project = build_project({}, {path: (launch, text)}, [], [], {path: display}, lambda _: None)
+    configs = []
+    for block in read_page(text, path.suffix).blocks:
+        if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
+            try:
+                document = parse_config(block.text)
+            except SourceError:
+                continue
+            if document is not None and document.flavour == "accelerate":
+                configs.append(document)
+    default = path.with_name(f"{path.name}.accelerate-config") if len(configs) == 1 else None
+    reads_default = [
+        command
+        for command in commands
+        if reads_default_config(command) and not any(flag.name == "config_file" for flag in command.flags)
+    ]
+    if default is None and reads_default:
+        return None
+    project = build_project(
+        {},
+        {path: (launch, text)},
+        [],
+        [],
+        {path: display},
+        lambda wanted: configs[0] if wanted == default else None,
+        default,
+    )
     found = list(project.links.values())
     settings = found[0] if found else None
     for other in found[1:]:

@@ -205,3 +205,35 @@ def test_the_page_launch_lines_are_the_launch_of_its_program(tmp_path):
     assert "LD407" not in _check(tmp_path, "one.rst", one_node, "--select", "LD407")[0].output
     assert "LD407" in _check(tmp_path, "two.rst", two_nodes, "--select", "LD407")[0].output
     assert "LD407" in _check(tmp_path, "unknown.rst", unknown, "--select", "LD407")[0].output
+
+
+PLUGIN_PAGE = """Save this config with `accelerate config`:
+
+```yaml
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  WRAP
+num_processes: 2
+```
+
+Override what the config leaves out in code:
+
+```python
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+accelerator = Accelerator(fsdp_plugin=plugin)
+```
+
+```bash
+accelerate launch train.py
+```
+"""
+
+
+def test_an_accelerate_launch_without_config_file_reads_the_page_config(tmp_path):
+    # The plugin reads what it leaves out from the launcher's environment, set from the config the page shows.
+    with_policy = PLUGIN_PAGE.replace("WRAP", "fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP")
+    without = PLUGIN_PAGE.replace("WRAP", "fsdp_offload_params: false")
+    assert "LD309" not in _check(tmp_path, "a.md", with_policy, "--select", "LD309")[0].output
+    assert "LD309" in _check(tmp_path, "b.md", without, "--select", "LD309")[0].output
