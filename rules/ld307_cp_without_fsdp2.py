@@ -34,6 +34,7 @@ from lintdist.launch import (
 from lintdist.literals import is_name
 from lintdist.model import Severity
 from lintdist.parallelism import PARALLELISM_CONFIGS, SIZE_POSITIONS
+from lintdist.receivers import receiving_calls
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.values import known_value, python_value
 
@@ -244,24 +245,12 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
             if not isinstance(cp, int) or isinstance(cp, bool) or cp <= 1:
                 continue
             arg = next(a for a in call.args if a.value is value)
-            for accelerator in self._accelerators(call):
+            for accelerator, _ in receiving_calls(facts, call, ACCELERATOR_CLASSES, "parallelism_config"):
                 problem = self._accelerator_problem(accelerator, settings)
                 if problem is not None:
                     hatch = HATCH if STANDALONE in self.context.text else ""
                     self.report(arg, f"`cp_size={cp}` turns on context parallelism, but {problem}{hatch}")
                     break
-
-    def _accelerators(self, config: cst.Call) -> list[cst.Call]:
-        """The ``Accelerator(...)`` calls whose ``parallelism_config=`` can be this call."""
-        facts = self.facts
-        found = []
-        for call in facts.calls:
-            if not facts.callee_is(call, ACCELERATOR_CLASSES):
-                continue
-            given = argument_of(call, "parallelism_config", None)
-            if given is not None and any(o.node is config and o.index is None for o in facts.origins(given, call)):
-                found.append(call)
-        return found
 
     def _accelerator_problem(self, accelerator: cst.Call, settings: LaunchSettings | None) -> str | None:
         facts = self.facts

@@ -14,6 +14,7 @@ import libcst as cst
 from lintdist.edits import without_argument
 from lintdist.facts import FABRIC_CLASSES, LIGHTNING_TRAINERS, argument_of, string_value
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.receivers import receiving_calls
 from lintdist.rule import Invalid, Rule, Valid
 
 
@@ -295,7 +296,7 @@ trainer = Trainer(devices=devices, strategy=strategy)
         new_strategy = without_argument(strategy, arg)
         if new_strategy is None:
             return None
-        runners = self._runners(strategy)
+        runners = receiving_calls(self.facts, strategy, RUNNER_CLASSES, "strategy")
         if len(runners) != 1:
             return None
         runner, strategy_arg = runners[0]
@@ -335,18 +336,6 @@ trainer = Trainer(devices=devices, strategy=strategy)
 
     def _removal(self, strategy: cst.Call, new_strategy: cst.Call, message: str) -> Fix:
         return Fix(Applicability.SAFE, message, replacements=((strategy, new_strategy),))
-
-    def _runners(self, strategy: cst.Call) -> list[tuple[cst.Call, cst.BaseExpression]]:
-        """The ``Trainer(...)``/``Fabric(...)`` calls whose ``strategy=`` can be this call, with that argument."""
-        facts = self.facts
-        found = []
-        for call in facts.calls:
-            if not facts.callee_is(call, RUNNER_CLASSES):
-                continue
-            given = next((a for a in call.args if a.keyword is not None and a.keyword.value == "strategy"), None)
-            if given is not None and any(o.node is strategy for o in facts.origins(given.value, call)):
-                found.append((call, given))
-        return found
 
     def _only_this_strategy(self, strategy_arg: cst.Arg, runner: cst.Call, strategy: cst.Call) -> bool:
         origins = self.facts.origins(strategy_arg.value, runner)
