@@ -1002,3 +1002,8 @@ def top_key_setting(document: ConfigDocument, key: str, path: str) -> Setting | 
     if position is None:
         return None
     return Setting(key, document.data.get(key), path, *position, "yaml", raw=key, keys=(key,))
+
+
+def setting_place(setting: Setting) -> str:
+    """Where a setting is said, for messages: its file's name and line (``config.yaml:3``)."""
+    return f"{os.path.basename(setting.path)}:{setting.line}"

@@ -6,8 +6,6 @@ makes of each option is ``lintdist.fsdp2_options``'s; LD302 converts with the sa
 
 from __future__ import annotations
 
-import os
-
 from lintdist.edits import with_arg_changes
 from lintdist.fsdp import (
     FSDP2_ACCELERATE,
@@ -26,6 +24,7 @@ from lintdist.launch import (
     flag_spelling,
     launcher_owns_env,
     linked_config,
+    setting_place,
     setting_span,
 )
 from lintdist.model import Applicability, Fix, Severity, TextEdit
@@ -272,7 +271,7 @@ torchrun --nproc_per_node 2 train.py
             version, setting = plugin_version(facts, call, self.context.settings, self.context.text)
             if version != 2:
                 continue
-            origin = "" if setting is None else f" (FSDP2 comes from {_where(setting)})"
+            origin = "" if setting is None else f" (FSDP2 comes from {setting_place(setting)})"
             for problem in judge_plugin(facts, call):
                 if not problem.certain:
                     continue
@@ -363,7 +362,3 @@ def _text_fix(problem: Problem, edits: tuple[TextEdit, ...]) -> Fix | None:
     else:
         message = f"Set it to {str(problem.value).lower()}"
     return Fix(Applicability.SAFE if problem.safe else Applicability.UNSAFE, message, edits=edits)
-
-
-def _where(setting: Setting) -> str:
-    return f"{os.path.basename(setting.path)}:{setting.line}"

@@ -12,9 +12,6 @@ The escape hatch only moves the crash: with it, `AcceleratorState` switches to F
 
 from __future__ import annotations
 
-import os
-from dataclasses import replace
-
 import libcst as cst
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
@@ -27,6 +24,7 @@ from lintdist.launch import (
     linked_config,
     number,
     parallelism_exported,
+    setting_place,
     setting_span,
     switched_on,
     written,
@@ -236,7 +234,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
     def check_python(self) -> None:
         facts = self.facts
-        settings = _launched(self.context.settings)
+        settings = self.context.settings  # the launch's own: code keywords are read from the code here
         for call in facts.calls:
             if not facts.callee_is(call, PARALLELISM_CONFIGS):
                 continue
@@ -295,9 +293,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
     def check_config(self, document) -> None:
         if document.flavour != "accelerate":
             return
-        settings = LaunchSettings()
-        for setting in config_settings(document, self.context.display_name):
-            settings.set(setting)
+        settings = LaunchSettings({s.name: s for s in config_settings(document, self.context.display_name)})
         cp = settings.get(CP_SETTING)
         if cp is None or cp.keys[:1] != ("parallelism_config",) or not _above_one(cp):
             return
@@ -311,19 +307,15 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
         for command in launch.commands:
             if command.launcher != "accelerate":
                 continue
-            settings = LaunchSettings()
             document, config_name = linked_config(command, self.context.path)
-            if document is not None:
-                for setting in config_settings(document, config_name):
-                    settings.set(setting)
             line_settings = command_settings(command, launch, self.context.text, self.context.display_name)
-            for setting in line_settings:
-                settings.set(setting)
+            said = [*(config_settings(document, config_name) if document is not None else ()), *line_settings]
+            settings = LaunchSettings({s.name: s for s in said})
             cp = settings.get(CP_SETTING)
             if cp is None or cp.spelling != "flag" or not _above_one(cp):
                 continue  # a config's value is reported in the config
-            flags = {s.name: s for s in line_settings if s.spelling == "flag"}
-            problem = _launch_problem(settings, command_line=tuple(flags))
+            flags = tuple(s.name for s in line_settings if s.spelling == "flag")
+            problem = _launch_problem(settings, command_line=flags)
             if problem is not None and "raises ValueError ('You cannot" not in problem:
                 # an `export` counts for the commands after it
                 exported = [e for e in launch.exports if cp.token is None or e[2].start < cp.token.start]
@@ -334,13 +326,6 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
 
 # -- what the launch says ---------------------------------------------------------------------------
-
-
-def _launched(settings: LaunchSettings | None) -> LaunchSettings | None:
-    """The launch's own settings (configs, flags, environment): code keywords are read from the code here."""
-    if settings is None:
-        return None
-    return LaunchSettings({k: s for k, s in settings.values.items() if s.spelling != "python"})
 
 
 def _above_one(setting: Setting) -> bool:
@@ -434,4 +419,4 @@ def _unknown(devices: bool | None) -> str:
 
 
 def _where(setting: Setting) -> str:
-    return written(replace(setting, path=os.path.basename(setting.path)))
+    return f"{written(setting, where=False)} at {setting_place(setting)}"

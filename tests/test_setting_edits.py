@@ -12,6 +12,7 @@ from lintdist.launch import (
     command_settings,
     config_settings,
     edit_setting,
+    setting_place,
     setting_span,
     top_key_setting,
 )
@@ -272,3 +273,9 @@ def test_a_top_level_key_is_a_setting_spanning_its_line():
     assert top_key_setting(document, "use_cpu", "config.yaml") is None
     merged = parse_config("base: &b\n  distributed_type: FSDP\n<<: *b\nnum_processes: 2\n")
     assert top_key_setting(merged, "distributed_type", "c.yaml") is None
+
+
+def test_a_setting_is_placed_by_its_file_name_and_line():
+    settings = {s.name: s for s in config_settings(parse_config(CONFIG), "configs/fsdp/config.yaml")}
+    assert setting_place(settings["num_processes"]) == "config.yaml:9"
+    assert setting_place(settings["fsdp_version"]) == "config.yaml:4"
