@@ -17,6 +17,7 @@ from lintdist.fsdp import (
     config_version,
     fsdp_config_settings,
     fsdp_section,
+    launch_line_options,
     plugin_version,
     runs_fsdp,
     section_options,
@@ -322,23 +323,21 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         document, _ = linked_config(command, self.context.path)
         if accelerate_runs_fsdp(command, document) is False:
             return  # another backend: the FSDP flags do nothing
-        config = config_options(document)
         if version_flag is not None:
             if str(version_flag.value).strip() != "1":
                 return
             where, said = version_flag, f"`--{version_flag.raw} 1`"
-        elif use_fsdp is not None and use_fsdp.value is None and "fsdp_version" not in config:
+        elif use_fsdp is not None and use_fsdp.value is None and "fsdp_version" not in config_options(document):
             where, said = use_fsdp, "no `--fsdp_version`, so 1"
         else:
             return  # the config says the version, and its own check reports it
         message = f"This launch runs FSDP1 ({said}). {WHY}; pass `--fsdp_version 2`"
-        fix = self._command_fix(flags, config, use_fsdp, version_flag)
+        fix = self._command_fix(flags, launch_line_options(command, document), use_fsdp, version_flag)
         self.report(None, message, fix=fix, span=setting_span(text, where))
 
-    def _command_fix(self, flags: dict[str, Setting], config: dict, use_fsdp, version_flag) -> Fix | None:
+    def _command_fix(self, flags: dict[str, Setting], options: dict, use_fsdp, version_flag) -> Fix | None:
         text = self.context.text
         fsdp_flags = {name: s for name, s in flags.items() if name.startswith("fsdp_")}
-        options = {**config, **{name: flag.value for name, flag in fsdp_flags.items()}}
         # A problem with a key of the linked config gives no fix: converting the config is that file's fix.
         # Converting only this line would run the config's FSDP1 options under FSDP2 (or leave it for other lines).
         edits = repair_all(text, options, fsdp_flags, str, yaml=False)

@@ -37,6 +37,7 @@ from lintdist.fsdp import (
     PLUGIN_CLASSES,
     config_version,
     fsdp_section,
+    launch_line_options,
     normalised_key,
     plugin_version,
     runs_fsdp,
@@ -418,9 +419,7 @@ num_processes: 8
                 options = (
                     {"fsdp_auto_wrap_policy": env["FSDP_AUTO_WRAP_POLICY"][0]} if "FSDP_AUTO_WRAP_POLICY" in env else {}
                 )
-                section = fsdp_section(document)
-                options.update(section_options(section))
-                options.update({f.name: f.value for f in command.flags if f.name.startswith("fsdp_")})
+                options.update(launch_line_options(command, document))
                 wrapping = _options_wrapping(options, launcher_default=True, version=options.get("fsdp_version"))
                 span = self._span(flag.token.start, flag.token.end)
                 spelled = (
