@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of, string_key
@@ -19,6 +20,7 @@ MESH_METHODS = {"get_group": "mesh_dim", "get_local_rank": "mesh_dim", "size": "
 # A condition that decides by what the mesh holds or by the SP backend: the code under it is a fallback.
 GUARD_WORDS = re.compile(r"device_mesh|sp_backend|deepspeed|mesh_dim_names", re.IGNORECASE)
 MAX_GUARD_DEPTH = 20
+GET_GROUP = m.Call(func=m.Attribute(attr=m.Name("get_group")), args=[])
 
 
 class UlyssesGroupFromMesh(Rule):
@@ -202,16 +204,8 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
             if accelerator is None or self._guarded(node, node.value):
                 continue
             parent = facts.parent(node)
-            grand = facts.parent(parent) if parent is not None else None
-            target = node
-            if (
-                isinstance(parent, cst.Attribute)
-                and parent.attr.value == "get_group"
-                and isinstance(grand, cst.Call)
-                and grand.func is parent
-                and not grand.args
-            ):
-                target = grand
+            grand = facts.parent(parent)  # `<mesh>["sp"].get_group()` yields the group
+            target = grand if m.matches(grand, GET_GROUP) and grand.func is parent else node
             reported.add(id(target))
             self._report(target, accelerator, yields_group=target is not node)
         for call in facts.calls:
@@ -323,17 +317,9 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
     def _stored_on_self(self, name: str, function: cst.FunctionDef) -> cst.BaseExpression | None:
         """``self.accelerator`` when ``function`` (a method) runs ``self.accelerator = <name>``."""
         facts = self.facts
-        for statement in facts.within(function, cst.Assign):
-            if isinstance(statement.value, cst.Name) and statement.value.value == name:
-                for target in statement.targets:
-                    node = target.target
-                    if (
-                        isinstance(node, cst.Attribute)
-                        and isinstance(node.value, cst.Name)
-                        and node.value.value == "self"
-                    ):
-                        return node
-        return None
+        stores = (s for s in facts.within(function, cst.Assign) if m.matches(s.value, m.Name(name)))
+        targets = (t.target for s in stores for t in s.targets)
+        return next((t for t in targets if m.matches(t, m.Attribute(value=m.Name("self")))), None)
 
     def _loss_without_labels(self) -> bool:
         """The script reads ``.loss`` of a model call given ``**batch`` and no ``labels=``, and never puts

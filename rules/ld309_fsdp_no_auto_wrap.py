@@ -506,12 +506,10 @@ def _accelerate_fsdp(settings: LaunchSettings | None) -> bool:
     return backend is not None and backend.spelling in {"yaml", "flag"} and str(backend.value).upper() == "FSDP"
 
 
-def _launched(settings: LaunchSettings | None, name: str, launcher: bool) -> object:
+def _launched(settings: LaunchSettings, name: str, launcher: bool) -> object:
     """A launch-side setting that reaches a plugin built in code: a YAML key or flag only through an
     ``accelerate launch`` that runs FSDP, a variable always. None when absent."""
-    if not name or settings is None:
-        return None
-    setting: Setting | None = settings.get(name)
+    setting = settings.get(name)
     if setting is None:
         return None
     if setting.spelling in {"yaml", "flag"} and not launcher:
