@@ -87,45 +87,36 @@ def judge(wrapping: Wrapping, *, spelled: str) -> tuple[Severity, str] | None:
     policy = wrapping.policy
     if policy is UNKNOWN or policy == "TRANSFORMER_BASED_WRAP":
         return None
+    advice = f"set {spelled}"
     if policy == "SIZE_BASED_WRAP":
         minimum = wrapping.min_num_params
         if minimum is None:
             minimum = LAUNCHER_MIN_NUM_PARAMS if wrapping.launcher_default else 0
         if not isinstance(minimum, int) or minimum > 0:
             return None
-        given = (
-            "with `min_num_params` 0"
-            if wrapping.min_num_params is not None
-            else ("without `min_num_params` (nor `FSDP_MIN_NUM_PARAMS`) reads 0")
-        )
+        given = "with `min_num_params` 0"
+        if wrapping.min_num_params is None:
+            given = "without `min_num_params` (nor `FSDP_MIN_NUM_PARAMS`) reads 0"
         why = f"`size_based_wrap` {given}, and accelerate then drops the policy silently (`set_auto_wrap_policy`)"
         advice = "set `min_num_params` (e.g. 100_000_000) or use `transformer_based_wrap`"
     elif policy == "NO_WRAP":
         why = "`NO_WRAP` is set"
-        advice = f"set {spelled}"
     else:
         why = "no auto-wrap policy is given, and accelerate's default is `NO_WRAP`"
-        advice = f"set {spelled}"
-    checkpointing = wrapping.checkpointing
-    if checkpointing is True and wrapping.version == 2:
-        return (
-            Severity.ERROR,
-            (
-                f"FSDP2 with activation checkpointing and no wrap policy: {why}, so `fsdp2_apply_ac` calls a None "
-                f"policy and `accelerator.prepare` raises TypeError ('NoneType' object is not callable); {advice}"
-            ),
+    checkpointing = wrapping.checkpointing is True
+    if checkpointing and wrapping.version == 2:
+        return Severity.ERROR, (
+            f"FSDP2 with activation checkpointing and no wrap policy: {why}, so `fsdp2_apply_ac` calls a None "
+            f"policy and `accelerator.prepare` raises TypeError ('NoneType' object is not callable); {advice}"
         )
     if policy == "NO_WRAP":
         return None  # a deliberate choice, harmless without activation checkpointing
     extra = ""
-    if checkpointing is True and wrapping.version == 1:
+    if checkpointing and wrapping.version == 1:
         extra = "; activation checkpointing then wraps every submodule, nested, recomputing inner layers again"
-    return (
-        Severity.WARNING,
-        (
-            f"FSDP shards the model as one unit: {why}, so every layer is all-gathered at once in forward and "
-            f"backward and peak memory holds the whole unsharded model{extra}; {advice}"
-        ),
+    return Severity.WARNING, (
+        f"FSDP shards the model as one unit: {why}, so every layer is all-gathered at once in forward and "
+        f"backward and peak memory holds the whole unsharded model{extra}; {advice}"
     )
 
 
