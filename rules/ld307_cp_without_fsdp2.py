@@ -344,10 +344,8 @@ def _device_count(settings: LaunchSettings | None) -> bool | None:
         return False
     counts = [number(settings.get(name)) for name in ("num_processes", "nproc_per_node")]
     nodes = number(settings.get("num_machines")) or number(settings.get("nnodes")) or 1
-    known = [c for c in counts if c is not None]
-    if known:
-        return known[0] * nodes > 1
-    return None
+    count = next((c for c in counts if c is not None), None)
+    return None if count is None else count * nodes > 1
 
 
 def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
@@ -363,10 +361,9 @@ def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
     name = str(backend.value).upper() if backend is not None else None
     if name in MULTI_DEVICE:
         return None, _where(backend)
-    if name is None and settings.get("num_processes") is not None:
-        return None, _where(settings.get("num_processes"))  # torchrun / accelerate without a backend: plain DDP
-    if name is None and settings.get("nproc_per_node") is not None:
-        return None, _where(settings.get("nproc_per_node"))
+    count = settings.get("num_processes") or settings.get("nproc_per_node")
+    if name is None and count is not None:
+        return None, _where(count)  # torchrun / accelerate without a backend: plain DDP
     return None
 
 
