@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of, string_key
+from lintdist.literals import is_name
 from lintdist.loop import is_loss_field, string_literal
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.parallelism import mesh_accelerator, parallelism_size
@@ -20,7 +20,6 @@ MESH_METHODS = {"get_group": "mesh_dim", "get_local_rank": "mesh_dim", "size": "
 # A condition that decides by what the mesh holds or by the SP backend: the code under it is a fallback.
 GUARD_WORDS = re.compile(r"device_mesh|sp_backend|deepspeed|mesh_dim_names", re.IGNORECASE)
 MAX_GUARD_DEPTH = 20
-GET_GROUP = m.Call(func=m.Attribute(attr=m.Name("get_group")), args=[])
 
 
 class UlyssesGroupFromMesh(Rule):
@@ -204,8 +203,11 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
             if accelerator is None or self._guarded(node, node.value):
                 continue
             parent = facts.parent(node)
-            grand = facts.parent(parent)  # `<mesh>["sp"].get_group()` yields the group
-            target = grand if m.matches(grand, GET_GROUP) and grand.func is parent else node
+            grand = facts.parent(parent)
+            method = parent.attr.value if isinstance(parent, cst.Attribute) else None
+            # `<mesh>["sp"].get_group()` yields the group
+            yields = method == "get_group" and isinstance(grand, cst.Call) and grand.func is parent and not grand.args
+            target = grand if yields else node
             reported.add(id(target))
             self._report(target, accelerator, yields_group=target is not node)
         for call in facts.calls:
@@ -317,9 +319,9 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
     def _stored_on_self(self, name: str, function: cst.FunctionDef) -> cst.BaseExpression | None:
         """``self.accelerator`` when ``function`` (a method) runs ``self.accelerator = <name>``."""
         facts = self.facts
-        stores = (s for s in facts.within(function, cst.Assign) if m.matches(s.value, m.Name(name)))
+        stores = (s for s in facts.within(function, cst.Assign) if is_name(s.value, name))
         targets = (t.target for s in stores for t in s.targets)
-        return next((t for t in targets if m.matches(t, m.Attribute(value=m.Name("self")))), None)
+        return next((t for t in targets if isinstance(t, cst.Attribute) and is_name(t.value, "self")), None)
 
     def _loss_without_labels(self) -> bool:
         """The script reads ``.loss`` of a model call given ``**batch`` and no ``labels=``, and never puts

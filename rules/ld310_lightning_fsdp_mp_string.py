@@ -10,7 +10,6 @@ plugin, and `_setup_model`/`setup_module` pass it to `FullyShardedDataParallel(m
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from lintdist.edits import keyword_arg, without_argument
 from lintdist.facts import FABRIC_CLASSES, LIGHTNING_TRAINERS, argument_of, string_value
@@ -276,7 +275,7 @@ trainer = Trainer(devices=devices, strategy=strategy)
                 continue
             if isinstance(node, cst.Dict):
                 entries = [(e, string_value(e.key)) for e in node.elements if isinstance(e, cst.DictElement)]
-            elif m.matches(node, m.Call(func=m.Name("dict"))):
+            elif _is_builtin_dict(node):
                 entries = [(a, a.keyword.value) for a in node.args if a.keyword is not None]
             else:
                 continue
@@ -348,6 +347,10 @@ def _message(written: str) -> str:
         f"`AttributeError: 'str' object has no attribute 'param_dtype'` when the model is wrapped (a strategy value "
         f"also overrides the `precision=` of the `Trainer`/`Fabric`); {use}"
     )
+
+
+def _is_builtin_dict(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "dict"
 
 
 def _last(call: cst.Call) -> str:
