@@ -180,3 +180,9 @@ def given_plugins(
         else:
             return None
     return found or None
+
+
+def launch_line_options(command: LaunchCommand, document: ConfigDocument | None) -> dict[str, object]:
+    """The FSDP options an ``accelerate launch`` line gives its script, by the launcher's names: the ``fsdp_config``
+    of its config (``document``, the one ``--config_file`` names), overridden by its ``--fsdp_*`` flags."""
+    return {**config_options(document), **{f.name: f.value for f in command.flags if f.name.startswith("fsdp_")}}

@@ -277,3 +277,18 @@ def unreadable_option(facts: PythonFacts, arg: cst.Arg) -> bool:
     if arg.keyword is None or arg.keyword.value not in VALUE_CHECKED_OPTIONS:
         return False
     return known_value(facts, arg.value, FSDP1_OPTION_CLASSES) is None and not is_name(arg.value, "None")
+
+
+def repair_all(
+    text: str, options: dict[str, object], settings: dict[str, Setting], written: Callable[[str], str], *, yaml: bool
+) -> list[TextEdit] | None:
+    """The edits that repair every problem FSDP2 finds in ``options``, each at its setting (``repair``); None when
+    one is said by no setting of ``settings`` (another file's) or cannot be repaired cleanly."""
+    edits: list[TextEdit] = []
+    for problem in judge_launch_options(options, written, yaml=yaml):
+        setting = settings.get(problem.name)
+        edit = repair(text, setting, problem) if setting is not None else ()
+        if not edit:
+            return None
+        edits.extend(edit)
+    return edits

@@ -993,3 +993,17 @@ def script_launch(context) -> Launch:
         spawns = any(word in context.text for word in SPAWN_WORDS)
         facts._memo["launch"] = (spawns and spawned(facts, context.span, context.display_name)) or linked or Launch()
     return facts._memo["launch"]
+
+
+def top_key_setting(document: ConfigDocument, key: str, path: str) -> Setting | None:
+    """A top-level key of an accelerate config as a setting (a section such as ``fsdp_config`` too), for the span
+    of a finding about it or an edit beside it; None when the file does not write the key."""
+    position = document.key_position(key)
+    if position is None:
+        return None
+    return Setting(key, document.data.get(key), path, *position, "yaml", raw=key, keys=(key,))
+
+
+def setting_place(setting: Setting) -> str:
+    """Where a setting is said, for messages: its file's name and line (``config.yaml:3``)."""
+    return f"{os.path.basename(setting.path)}:{setting.line}"

@@ -93,3 +93,18 @@ def _local_to(facts: PythonFacts, use: cst.Name, function: cst.FunctionDef | Non
     if facts.parameter(use.value, use) is not None:
         return True
     return any(binding.function is function for binding in facts.bindings(use.value, use))
+
+
+def receiving_calls(
+    facts: PythonFacts, value: cst.Call, classes: frozenset[str], keyword: str
+) -> list[tuple[cst.Call, cst.Arg]]:
+    """The calls of ``classes`` whose keyword argument ``keyword`` can hold what ``value`` builds (directly or
+    through names), each with that argument: the ``Accelerator(...)`` a ``ParallelismConfig(...)`` reaches."""
+    found = []
+    for call in facts.calls:
+        if not facts.callee_is(call, classes):
+            continue
+        given = next((a for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
+        if given is not None and any(o.node is value and o.index is None for o in facts.origins(given.value, call)):
+            found.append((call, given))
+    return found

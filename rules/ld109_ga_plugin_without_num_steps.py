@@ -13,6 +13,7 @@ from lintdist.facts import ACCELERATOR_CLASSES, argument_of
 from lintdist.in_sight import holds_value, named_value_in_sight
 from lintdist.loop import GA_PLUGIN_CLASSES
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.receivers import receiving_calls
 from lintdist.rule import Invalid, Rule, Valid
 
 # Names of a gradient-accumulation count (`gradient_accumulation_steps`, `grad_accum_steps`, `accum_iter`...):
@@ -255,25 +256,13 @@ accelerator = Accelerator(gradient_accumulation_plugin=plugin)
                 return True
         return False
 
-    def _accelerators(self, plugin: cst.Call) -> list[cst.Call]:
-        """The ``Accelerator(...)`` calls this plugin reaches through ``gradient_accumulation_plugin=``."""
-        facts = self.facts
-        found = []
-        for call in facts.calls:
-            if not facts.callee_is(call, ACCELERATOR_CLASSES):
-                continue
-            given = argument_of(call, "gradient_accumulation_plugin", None)
-            if given is not None and any(o.node is plugin for o in facts.origins(given, call)):
-                found.append(call)
-        return found
-
     # -- the report and its fix -------------------------------------------------------------
 
     def _report(self, plugin: cst.Call, given: cst.BaseExpression | None) -> None:
-        accelerators = self._accelerators(plugin)
+        accelerators = receiving_calls(self.facts, plugin, ACCELERATOR_CLASSES, "gradient_accumulation_plugin")
         both = [
             (call, arg)
-            for call in accelerators
+            for call, _ in accelerators
             for arg in call.args
             if arg.keyword is not None
             and arg.keyword.value == "gradient_accumulation_steps"

@@ -6,16 +6,14 @@ makes of each option is ``lintdist.fsdp2_options``'s; LD302 converts with the sa
 
 from __future__ import annotations
 
-import os
-
 from lintdist.edits import with_arg_changes
 from lintdist.fsdp import (
     FSDP2_ACCELERATE,
     PLUGIN_CLASSES,
-    config_options,
     config_version,
     fsdp_config_settings,
     fsdp_section,
+    launch_line_options,
     launch_settings,
     plugin_version,
 )
@@ -26,6 +24,7 @@ from lintdist.launch import (
     flag_spelling,
     launcher_owns_env,
     linked_config,
+    setting_place,
     setting_span,
 )
 from lintdist.model import Applicability, Fix, Severity, TextEdit
@@ -272,7 +271,7 @@ torchrun --nproc_per_node 2 train.py
             version, setting = plugin_version(facts, call, self.context.settings, self.context.text)
             if version != 2:
                 continue
-            origin = "" if setting is None else f" (FSDP2 comes from {_where(setting)})"
+            origin = "" if setting is None else f" (FSDP2 comes from {setting_place(setting)})"
             for problem in judge_plugin(facts, call):
                 if not problem.certain:
                     continue
@@ -305,19 +304,17 @@ torchrun --nproc_per_node 2 train.py
             accelerate = command is not None and command.launcher == "accelerate"
             if accelerate and accelerate_runs_fsdp(command, document) is not False:
                 flags = {s.name: s for s in settings if s.spelling == "flag" and s.name.startswith("fsdp_")}
-                self._check_flags(flags, config_options(document), config_name, reported)
+                self._check_flags(flags, launch_line_options(command, document), config_name, reported)
             if not launcher_owns_env(command, document):
                 env = {s.name: s for s in settings if s.spelling == "env" and s.raw.startswith("FSDP_")}
                 if "fsdp_version" in env and str(env["fsdp_version"].value).strip() == "2":
                     self._report_settings(env, str.upper, yaml=False, reported=reported)
 
-    def _check_flags(self, flags: dict[str, Setting], config: dict, config_name: str, reported: set[int]) -> None:
-        version = flags["fsdp_version"].value if "fsdp_version" in flags else config.get("fsdp_version")
-        if str(version).strip() != "2":
+    def _check_flags(self, flags: dict[str, Setting], options: dict, config_name: str, reported: set[int]) -> None:
+        # the config's keys join the judgement (a flag may conflict with one) but are reported in the config
+        if str(options.get("fsdp_version")).strip() != "2":
             return
         origin = "" if "fsdp_version" in flags else f" (FSDP2 comes from {config_name})"
-        # the config's keys join the judgement (a flag may conflict with one) but are reported in the config
-        options = {**config, **{name: flag.value for name, flag in flags.items()}}
         spelled = {name: flag_spelling(flag.token, name) for name, flag in flags.items()}
         self._report_settings(
             flags, lambda n: spelled.get(n, n), yaml=False, reported=reported, origin=origin, options=options
@@ -363,7 +360,3 @@ def _text_fix(problem: Problem, edits: tuple[TextEdit, ...]) -> Fix | None:
     else:
         message = f"Set it to {str(problem.value).lower()}"
     return Fix(Applicability.SAFE if problem.safe else Applicability.UNSAFE, message, edits=edits)
-
-
-def _where(setting: Setting) -> str:
-    return f"{os.path.basename(setting.path)}:{setting.line}"

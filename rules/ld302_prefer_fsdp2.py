@@ -17,19 +17,22 @@ from lintdist.fsdp import (
     config_version,
     fsdp_config_settings,
     fsdp_section,
+    launch_line_options,
     plugin_version,
     runs_fsdp,
     section_options,
 )
-from lintdist.fsdp2_options import judge_launch_options, judge_plugin, repair, unreadable_option
+from lintdist.fsdp2_options import judge_plugin, repair_all, unreadable_option
 from lintdist.launch import (
     Setting,
     accelerate_runs_fsdp,
     add_setting,
     command_settings,
     edit_setting,
+    key_line,
     linked_config,
     setting_span,
+    top_key_setting,
 )
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Rule, Valid
@@ -264,37 +267,29 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         version = config_version(section) if section is not None else None
         if version is not None and str(version).strip() != "1":
             return
-        settings = fsdp_config_settings(document, self.context.display_name)
+        path = self.context.display_name
+        settings = fsdp_config_settings(document, path)
         if "fsdp_version" in settings:
-            where, message = settings["fsdp_version"], "This config runs FSDP1 (`fsdp_version: 1`)"
+            where, said = settings["fsdp_version"], "`fsdp_version: 1`"
         elif section is not None:
-            where, message = self._top_key("fsdp_config"), "This config runs FSDP1 (no `fsdp_version`, so 1)"
+            where, said = top_key_setting(document, "fsdp_config", path), "no `fsdp_version`, so 1"
         else:
-            where, message = (
-                self._top_key("distributed_type"),
-                "This config runs FSDP1 (no `fsdp_config`, so version 1)",
-            )
-        message = f"{message}. {WHY}; set `fsdp_version: 2` (`accelerate to-fsdp2 --config_file ...` converts the rest)"
+            where, said = top_key_setting(document, "distributed_type", path), "no `fsdp_config`, so version 1"
+        message = (
+            f"This config runs FSDP1 ({said}). {WHY}; set `fsdp_version: 2` "
+            "(`accelerate to-fsdp2 --config_file ...` converts the rest)"
+        )
         fix = self._config_fix(section, settings) if where is not None else None
         span = setting_span(text, where) if where is not None else Span(1, 1, 1, 1)
         self.report(None, message, fix=fix, span=span)
 
-    def _top_key(self, key: str) -> Setting | None:
-        position = self.context.config.key_position(key)
-        if position is None:
-            return None
-        return Setting(key, None, self.context.display_name, *position, "yaml", raw=key, keys=(key,))
-
     def _config_fix(self, section: dict | None, settings: dict[str, Setting]) -> Fix | None:
         document, text = self.context.config, self.context.text
         # every key joins the judgement; one merged in from an anchor has no setting here, so no repair
-        options = section_options(section)
-        edits: list[TextEdit] = []
-        for problem in judge_launch_options(options, lambda n: settings[n].raw if n in settings else n, yaml=True):
-            edit = repair(text, settings[problem.name], problem) if problem.name in settings else ()
-            if not edit:
-                return None
-            edits.extend(edit)
+        written = {name: s.raw for name, s in settings.items()}
+        edits = repair_all(text, section_options(section), settings, lambda n: written.get(n, n), yaml=True)
+        if edits is None:
+            return None
         if "fsdp_version" in settings:
             edit = edit_setting(text, settings["fsdp_version"], value=2)
             if not edit:
@@ -309,12 +304,12 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
                 return None  # merged in from an anchor, or an empty or flow-style mapping: leave it to the user
             addition = add_setting(text, first, "fsdp_version", 2, before=True)
             return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=(*edits, *addition)) if addition else None
-        line = (document.key_position("distributed_type") or (0, 0))[0]
-        if not line:
+        backend = top_key_setting(document, "distributed_type", self.context.display_name)
+        entry = key_line(text, backend.line) if backend is not None else None
+        if entry is None:
             return None
-        end_of_line = _line_end(text, line)
-        newline = "\r\n" if text.startswith("\r", end_of_line) else "\n"
-        edits.append(TextEdit(end_of_line, end_of_line, f"{newline}fsdp_config:{newline}  fsdp_version: 2"))
+        newline = "\r\n" if text.startswith("\r", entry.end) else "\n"
+        edits.append(TextEdit(entry.end, entry.end, f"{newline}fsdp_config:{newline}  fsdp_version: 2"))
         return Fix(Applicability.UNSAFE, FIX_MESSAGE, edits=tuple(edits))
 
     # -- launch files -----------------------------------------------------------------------------
@@ -328,34 +323,26 @@ accelerate launch --use_fsdp --fsdp_version 2 \\
         document, _ = linked_config(command, self.context.path)
         if accelerate_runs_fsdp(command, document) is False:
             return  # another backend: the FSDP flags do nothing
-        config = config_options(document)
         if version_flag is not None:
             if str(version_flag.value).strip() != "1":
                 return
             where, said = version_flag, f"`--{version_flag.raw} 1`"
-        elif use_fsdp is not None and use_fsdp.value is None and "fsdp_version" not in config:
+        elif use_fsdp is not None and use_fsdp.value is None and "fsdp_version" not in config_options(document):
             where, said = use_fsdp, "no `--fsdp_version`, so 1"
         else:
             return  # the config says the version, and its own check reports it
         message = f"This launch runs FSDP1 ({said}). {WHY}; pass `--fsdp_version 2`"
-        fix = self._command_fix(flags, config, use_fsdp, version_flag)
+        fix = self._command_fix(flags, launch_line_options(command, document), use_fsdp, version_flag)
         self.report(None, message, fix=fix, span=setting_span(text, where))
 
-    def _command_fix(self, flags: dict[str, Setting], config: dict, use_fsdp, version_flag) -> Fix | None:
+    def _command_fix(self, flags: dict[str, Setting], options: dict, use_fsdp, version_flag) -> Fix | None:
         text = self.context.text
         fsdp_flags = {name: s for name, s in flags.items() if name.startswith("fsdp_")}
-        options = {**config, **{name: flag.value for name, flag in fsdp_flags.items()}}
-        edits: list[TextEdit] = []
-        for problem in judge_launch_options(options, lambda n: n, yaml=False):
-            flag = fsdp_flags.get(problem.name)
-            if flag is None:
-                # A key of the linked config: converting the config is that file's fix. Converting only
-                # this line would run the config's FSDP1 options under FSDP2 (or leave it for other lines).
-                return None
-            edit = repair(text, flag, problem)
-            if not edit:
-                return None
-            edits.extend(edit)
+        # A problem with a key of the linked config gives no fix: converting the config is that file's fix.
+        # Converting only this line would run the config's FSDP1 options under FSDP2 (or leave it for other lines).
+        edits = repair_all(text, options, fsdp_flags, str, yaml=False)
+        if edits is None:
+            return None
         if version_flag is not None:
             edits.extend(edit_setting(text, version_flag, value=2))
         else:
@@ -372,13 +359,3 @@ def _python_fix(call: cst.Call, new_call: cst.Call) -> Fix:
 
 def _absent(setting: Setting | None) -> str:
     return "no `fsdp_version`, so 1" if setting is None else f"`fsdp_version` 1 from {setting.path}:{setting.line}"
-
-
-def _line_end(text: str, line: int) -> int:
-    """The offset of the line break that ends a 1-based line (its comment included)."""
-    start = 0
-    for _ in range(line - 1):
-        start = text.find("\n", start) + 1
-    end = text.find("\n", start)
-    end = len(text) if end < 0 else end
-    return end - 1 if text[start:end].endswith("\r") else end

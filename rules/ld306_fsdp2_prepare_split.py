@@ -10,7 +10,6 @@ and so does a model that is only used for inference.
 
 from __future__ import annotations
 
-import os
 import re
 
 import libcst as cst
@@ -18,6 +17,7 @@ import libcst as cst
 from lintdist.backends import accelerators_behind
 from lintdist.facts import argument_of
 from lintdist.fsdp import given_plugins, launched_fsdp
+from lintdist.launch import setting_place
 from lintdist.literals import is_name
 from lintdist.model import Severity
 from lintdist.object_kinds import ObjectKinds
@@ -244,19 +244,16 @@ model = accelerator.prepare(model)
         launched = self._launched_fsdp2() if not plugins or None in plugins else ""  # the plugin from the launch
         if launched is None:
             return None
-        wheres = [
-            launched
-            if plugin is None
-            else f"the plugin at line {self.context.span(plugin[0]).line}"
-            + (f", {_where(plugin[2])}" if plugin[2] is not None else "")
-            for plugin in plugins
-        ]
-        return wheres[0] if wheres else launched
+        if not plugins or plugins[0] is None:
+            return launched
+        plugin, _, setting = plugins[0]
+        where = f", {setting_place(setting)}" if setting is not None else ""
+        return f"the plugin at line {self.context.span(plugin).line}{where}"
 
     def _launched_fsdp2(self) -> str | None:
         """FSDP with ``fsdp_version: 2`` selected by the launch that runs this script (no plugin in code)."""
         launched = launched_fsdp(self.context.settings)
-        return _where(launched[1]) if launched is not None and launched[0] == 2 else None
+        return setting_place(launched[1]) if launched is not None and launched[0] == 2 else None
 
     # -- the message ----------------------------------------------------------------------------
 
@@ -297,7 +294,3 @@ model = accelerator.prepare(model)
             "ValueError; pass the model and its optimizer in one call "
             "(`model, optimizer = accelerator.prepare(model, optimizer)`)"
         )
-
-
-def _where(setting) -> str:
-    return f"{os.path.basename(setting.path)}:{setting.line}"

@@ -12,9 +12,6 @@ The escape hatch only moves the crash: with it, `AcceleratorState` switches to F
 
 from __future__ import annotations
 
-import os
-from dataclasses import replace
-
 import libcst as cst
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
@@ -27,6 +24,7 @@ from lintdist.launch import (
     linked_config,
     number,
     parallelism_exported,
+    setting_place,
     setting_span,
     switched_on,
     written,
@@ -34,6 +32,7 @@ from lintdist.launch import (
 from lintdist.literals import is_name
 from lintdist.model import Severity
 from lintdist.parallelism import PARALLELISM_CONFIGS, SIZE_POSITIONS
+from lintdist.receivers import receiving_calls
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.values import known_value, python_value
 
@@ -235,7 +234,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
     def check_python(self) -> None:
         facts = self.facts
-        settings = _launched(self.context.settings)
+        settings = self.context.settings  # the launch's own: code keywords are read from the code here
         for call in facts.calls:
             if not facts.callee_is(call, PARALLELISM_CONFIGS):
                 continue
@@ -244,24 +243,12 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
             if not isinstance(cp, int) or isinstance(cp, bool) or cp <= 1:
                 continue
             arg = next(a for a in call.args if a.value is value)
-            for accelerator in self._accelerators(call):
+            for accelerator, _ in receiving_calls(facts, call, ACCELERATOR_CLASSES, "parallelism_config"):
                 problem = self._accelerator_problem(accelerator, settings)
                 if problem is not None:
                     hatch = HATCH if STANDALONE in self.context.text else ""
                     self.report(arg, f"`cp_size={cp}` turns on context parallelism, but {problem}{hatch}")
                     break
-
-    def _accelerators(self, config: cst.Call) -> list[cst.Call]:
-        """The ``Accelerator(...)`` calls whose ``parallelism_config=`` can be this call."""
-        facts = self.facts
-        found = []
-        for call in facts.calls:
-            if not facts.callee_is(call, ACCELERATOR_CLASSES):
-                continue
-            given = argument_of(call, "parallelism_config", None)
-            if given is not None and any(o.node is config and o.index is None for o in facts.origins(given, call)):
-                found.append(call)
-        return found
 
     def _accelerator_problem(self, accelerator: cst.Call, settings: LaunchSettings | None) -> str | None:
         facts = self.facts
@@ -306,9 +293,7 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
     def check_config(self, document) -> None:
         if document.flavour != "accelerate":
             return
-        settings = LaunchSettings()
-        for setting in config_settings(document, self.context.display_name):
-            settings.set(setting)
+        settings = LaunchSettings({s.name: s for s in config_settings(document, self.context.display_name)})
         cp = settings.get(CP_SETTING)
         if cp is None or cp.keys[:1] != ("parallelism_config",) or not _above_one(cp):
             return
@@ -322,19 +307,15 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
         for command in launch.commands:
             if command.launcher != "accelerate":
                 continue
-            settings = LaunchSettings()
             document, config_name = linked_config(command, self.context.path)
-            if document is not None:
-                for setting in config_settings(document, config_name):
-                    settings.set(setting)
             line_settings = command_settings(command, launch, self.context.text, self.context.display_name)
-            for setting in line_settings:
-                settings.set(setting)
+            said = [*(config_settings(document, config_name) if document is not None else ()), *line_settings]
+            settings = LaunchSettings({s.name: s for s in said})
             cp = settings.get(CP_SETTING)
             if cp is None or cp.spelling != "flag" or not _above_one(cp):
                 continue  # a config's value is reported in the config
-            flags = {s.name: s for s in line_settings if s.spelling == "flag"}
-            problem = _launch_problem(settings, command_line=tuple(flags))
+            flags = tuple(s.name for s in line_settings if s.spelling == "flag")
+            problem = _launch_problem(settings, command_line=flags)
             if problem is not None and "raises ValueError ('You cannot" not in problem:
                 # an `export` counts for the commands after it
                 exported = [e for e in launch.exports if cp.token is None or e[2].start < cp.token.start]
@@ -345,13 +326,6 @@ accelerate launch --use_fsdp --fsdp_version 1 --num_processes 2 \\
 
 
 # -- what the launch says ---------------------------------------------------------------------------
-
-
-def _launched(settings: LaunchSettings | None) -> LaunchSettings | None:
-    """The launch's own settings (configs, flags, environment): code keywords are read from the code here."""
-    if settings is None:
-        return None
-    return LaunchSettings({k: s for k, s in settings.values.items() if s.spelling != "python"})
 
 
 def _above_one(setting: Setting) -> bool:
@@ -370,10 +344,8 @@ def _device_count(settings: LaunchSettings | None) -> bool | None:
         return False
     counts = [number(settings.get(name)) for name in ("num_processes", "nproc_per_node")]
     nodes = number(settings.get("num_machines")) or number(settings.get("nnodes")) or 1
-    known = [c for c in counts if c is not None]
-    if known:
-        return known[0] * nodes > 1
-    return None
+    count = next((c for c in counts if c is not None), None)
+    return None if count is None else count * nodes > 1
 
 
 def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
@@ -389,10 +361,9 @@ def _launch_fsdp(settings: LaunchSettings) -> tuple[int | None, str] | None:
     name = str(backend.value).upper() if backend is not None else None
     if name in MULTI_DEVICE:
         return None, _where(backend)
-    if name is None and settings.get("num_processes") is not None:
-        return None, _where(settings.get("num_processes"))  # torchrun / accelerate without a backend: plain DDP
-    if name is None and settings.get("nproc_per_node") is not None:
-        return None, _where(settings.get("nproc_per_node"))
+    count = settings.get("num_processes") or settings.get("nproc_per_node")
+    if name is None and count is not None:
+        return None, _where(count)  # torchrun / accelerate without a backend: plain DDP
     return None
 
 
@@ -445,4 +416,4 @@ def _unknown(devices: bool | None) -> str:
 
 
 def _where(setting: Setting) -> str:
-    return written(replace(setting, path=os.path.basename(setting.path)))
+    return f"{written(setting, where=False)} at {setting_place(setting)}"

@@ -8,6 +8,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import argument_of, string_key
+from lintdist.literals import is_name
 from lintdist.loop import is_loss_field, string_literal
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.parallelism import mesh_accelerator, parallelism_size
@@ -202,16 +203,11 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
             if accelerator is None or self._guarded(node, node.value):
                 continue
             parent = facts.parent(node)
-            grand = facts.parent(parent) if parent is not None else None
-            target = node
-            if (
-                isinstance(parent, cst.Attribute)
-                and parent.attr.value == "get_group"
-                and isinstance(grand, cst.Call)
-                and grand.func is parent
-                and not grand.args
-            ):
-                target = grand
+            grand = facts.parent(parent)
+            method = parent.attr.value if isinstance(parent, cst.Attribute) else None
+            # `<mesh>["sp"].get_group()` yields the group
+            yields = method == "get_group" and isinstance(grand, cst.Call) and grand.func is parent and not grand.args
+            target = grand if yields else node
             reported.add(id(target))
             self._report(target, accelerator, yields_group=target is not node)
         for call in facts.calls:
@@ -323,17 +319,9 @@ sp_world_size = accelerator.torch_device_mesh["sp"].size()
     def _stored_on_self(self, name: str, function: cst.FunctionDef) -> cst.BaseExpression | None:
         """``self.accelerator`` when ``function`` (a method) runs ``self.accelerator = <name>``."""
         facts = self.facts
-        for statement in facts.within(function, cst.Assign):
-            if isinstance(statement.value, cst.Name) and statement.value.value == name:
-                for target in statement.targets:
-                    node = target.target
-                    if (
-                        isinstance(node, cst.Attribute)
-                        and isinstance(node.value, cst.Name)
-                        and node.value.value == "self"
-                    ):
-                        return node
-        return None
+        stores = (s for s in facts.within(function, cst.Assign) if is_name(s.value, name))
+        targets = (t.target for s in stores for t in s.targets)
+        return next((t for t in targets if isinstance(t, cst.Attribute) and is_name(t.value, "self")), None)
 
     def _loss_without_labels(self) -> bool:
         """The script reads ``.loss`` of a model call given ``**batch`` and no ``labels=``, and never puts

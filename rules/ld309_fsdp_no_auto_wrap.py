@@ -37,6 +37,7 @@ from lintdist.fsdp import (
     PLUGIN_CLASSES,
     config_version,
     fsdp_section,
+    launch_line_options,
     normalised_key,
     plugin_version,
     runs_fsdp,
@@ -46,19 +47,19 @@ from lintdist.launch import (
     LaunchSettings,
     Setting,
     accelerate_runs_fsdp,
-    key_line,
     linked_config,
     resolve_launch_path,
+    setting_span,
+    top_key_setting,
 )
 from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sources import LaunchCommand, SourceError, line_col, read_source, shell_tokens
-from lintdist.values import python_value
+from lintdist.values import BOOL_WORDS, known_value, python_value
 
 POLICIES = frozenset({"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"})
 LAUNCHER_MIN_NUM_PARAMS = int(1e8)  # `accelerate launch --fsdp_min_num_params` default, always exported
 TRUE_WORDS = frozenset({"y", "yes", "t", "true", "on", "1"})
-FALSE_WORDS = frozenset({"n", "no", "f", "false", "off", "0"})
 # The plugin field order (a dataclass): `auto_wrap_policy` is the sixth.
 POLICY_POSITION = 5
 # A script that names these may set the policy itself (its own plugin, a Trainer's `fsdp_config`, the variable).
@@ -70,9 +71,9 @@ UNKNOWN = object()
 
 @dataclass(frozen=True)
 class Wrapping:
-    """What one FSDP setup says about wrapping. ``policy``: an upper-case policy name, "CALLABLE" for a
-    function, None when absent, UNKNOWN when lintdist cannot read it; ``min_num_params`` and
-    ``checkpointing`` likewise (None: absent); ``version``: 1, 2 or None (unknown)."""
+    """What one FSDP setup says about wrapping. ``policy``: an upper-case policy name, None when absent,
+    UNKNOWN when lintdist cannot read it (a function, an expression); ``min_num_params`` and ``checkpointing``
+    likewise; ``version``: 1, 2 or None (unknown)."""
 
     policy: object
     min_num_params: object
@@ -84,66 +85,54 @@ class Wrapping:
 def judge(wrapping: Wrapping, *, spelled: str) -> tuple[Severity, str] | None:
     """The finding for one setup, or None. ``spelled`` names where a policy goes (`auto_wrap_policy=...`)."""
     policy = wrapping.policy
-    if policy is UNKNOWN or policy == "CALLABLE" or policy == "TRANSFORMER_BASED_WRAP":
+    if policy is UNKNOWN or policy == "TRANSFORMER_BASED_WRAP":
         return None
+    advice = f"set {spelled}"
     if policy == "SIZE_BASED_WRAP":
         minimum = wrapping.min_num_params
         if minimum is None:
             minimum = LAUNCHER_MIN_NUM_PARAMS if wrapping.launcher_default else 0
-        if minimum is UNKNOWN or not isinstance(minimum, int) or minimum > 0:
+        if not isinstance(minimum, int) or minimum > 0:
             return None
-        given = (
-            "with `min_num_params` 0"
-            if wrapping.min_num_params is not None
-            else ("without `min_num_params` (nor `FSDP_MIN_NUM_PARAMS`) reads 0")
-        )
+        given = "with `min_num_params` 0"
+        if wrapping.min_num_params is None:
+            given = "without `min_num_params` (nor `FSDP_MIN_NUM_PARAMS`) reads 0"
         why = f"`size_based_wrap` {given}, and accelerate then drops the policy silently (`set_auto_wrap_policy`)"
         advice = "set `min_num_params` (e.g. 100_000_000) or use `transformer_based_wrap`"
     elif policy == "NO_WRAP":
         why = "`NO_WRAP` is set"
-        advice = f"set {spelled}"
     else:
         why = "no auto-wrap policy is given, and accelerate's default is `NO_WRAP`"
-        advice = f"set {spelled}"
-    checkpointing = wrapping.checkpointing
-    if checkpointing is True and wrapping.version == 2:
-        return (
-            Severity.ERROR,
-            (
-                f"FSDP2 with activation checkpointing and no wrap policy: {why}, so `fsdp2_apply_ac` calls a None "
-                f"policy and `accelerator.prepare` raises TypeError ('NoneType' object is not callable); {advice}"
-            ),
+    checkpointing = wrapping.checkpointing is True
+    if checkpointing and wrapping.version == 2:
+        return Severity.ERROR, (
+            f"FSDP2 with activation checkpointing and no wrap policy: {why}, so `fsdp2_apply_ac` calls a None "
+            f"policy and `accelerator.prepare` raises TypeError ('NoneType' object is not callable); {advice}"
         )
     if policy == "NO_WRAP":
         return None  # a deliberate choice, harmless without activation checkpointing
     extra = ""
-    if checkpointing is True and wrapping.version == 1:
+    if checkpointing and wrapping.version == 1:
         extra = "; activation checkpointing then wraps every submodule, nested, recomputing inner layers again"
-    return (
-        Severity.WARNING,
-        (
-            f"FSDP shards the model as one unit: {why}, so every layer is all-gathered at once in forward and "
-            f"backward and peak memory holds the whole unsharded model{extra}; {advice}"
-        ),
+    return Severity.WARNING, (
+        f"FSDP shards the model as one unit: {why}, so every layer is all-gathered at once in forward and "
+        f"backward and peak memory holds the whole unsharded model{extra}; {advice}"
     )
 
 
 def truth(value: object) -> object:
-    """A boolean setting as accelerate's ``str_to_bool`` reads it; UNKNOWN for anything else."""
-    if isinstance(value, bool):
+    """A boolean setting as accelerate's ``str_to_bool`` reads it; None when absent, UNKNOWN for anything else."""
+    if value is None or isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in TRUE_WORDS:
-        return True
-    if text in FALSE_WORDS:
-        return False
-    return UNKNOWN
+    return text in TRUE_WORDS if text in BOOL_WORDS else UNKNOWN
 
 
 def integer(value: object) -> object:
+    """A count as accelerate reads it (``1e8`` too); None when absent, UNKNOWN for anything else."""
     if isinstance(value, bool):
         return UNKNOWN
-    if isinstance(value, int):
+    if value is None or isinstance(value, int):
         return value
     try:
         return int(float(str(value).strip()))
@@ -371,15 +360,11 @@ num_processes: 8
                 return UNKNOWN
             return _launched(settings, normalised_key(name), launcher)
 
-        policy = field("auto_wrap_policy", POLICY_POSITION)
-        minimum = field("min_num_params")
-        checkpointing = field("activation_checkpointing")
-        version, _ = plugin_version(facts, call, settings, text)
         return Wrapping(
-            policy=policy_name(policy) if isinstance(policy, str) or policy is None else UNKNOWN,
-            min_num_params=minimum if minimum is None or minimum is UNKNOWN else integer(minimum),
-            checkpointing=checkpointing if checkpointing is None or checkpointing is UNKNOWN else truth(checkpointing),
-            version=version,
+            policy=policy_name(field("auto_wrap_policy", POLICY_POSITION)),
+            min_num_params=integer(field("min_num_params")),
+            checkpointing=truth(field("activation_checkpointing")),
+            version=plugin_version(facts, call, settings, text)[0],
             launcher_default=launcher,
         )
 
@@ -399,8 +384,12 @@ num_processes: 8
         if found is None or self._sibling_decides():
             return
         severity, message = found
-        key = "fsdp_config" if section is not None and document.key_position("fsdp_config") else "distributed_type"
-        self.report(None, message, severity=severity, span=_key_span(self.context.text, document, key))
+        path = self.context.display_name
+        key = top_key_setting(document, "fsdp_config", path) if section is not None else None
+        key = key or top_key_setting(document, "distributed_type", path)
+        if key is None:  # merged in from an anchor (`<<: *base`), written nowhere: the first line stands for it
+            key = Setting("distributed_type", None, path, 1, 1, "yaml")
+        self.report(None, message, severity=severity, span=setting_span(self.context.text, key))
 
     # -- launch files -----------------------------------------------------------------------------
 
@@ -421,9 +410,7 @@ num_processes: 8
                 options = (
                     {"fsdp_auto_wrap_policy": env["FSDP_AUTO_WRAP_POLICY"][0]} if "FSDP_AUTO_WRAP_POLICY" in env else {}
                 )
-                section = fsdp_section(document)
-                options.update(section_options(section))
-                options.update({f.name: f.value for f in command.flags if f.name.startswith("fsdp_")})
+                options.update(launch_line_options(command, document))
                 wrapping = _options_wrapping(options, launcher_default=True, version=options.get("fsdp_version"))
                 span = self._span(flag.token.start, flag.token.end)
                 spelled = (
@@ -493,14 +480,11 @@ num_processes: 8
 
 def _options_wrapping(options: dict[str, object], *, launcher_default: bool, version: object) -> Wrapping:
     """The wrapping of launch-side options (normalised ``fsdp_*`` names, YAML or shell values)."""
-    policy = options.get("fsdp_auto_wrap_policy")
-    minimum = options.get("fsdp_min_num_params")
-    checkpointing = options.get("fsdp_activation_checkpointing")
     version_number = integer(version) if version is not None else 1
     return Wrapping(
-        policy=policy_name(policy),
-        min_num_params=None if minimum is None else integer(minimum),
-        checkpointing=None if checkpointing is None else truth(checkpointing),
+        policy=policy_name(options.get("fsdp_auto_wrap_policy")),
+        min_num_params=integer(options.get("fsdp_min_num_params")),
+        checkpointing=truth(options.get("fsdp_activation_checkpointing")),
         version=version_number if version_number in (1, 2) else None,
         launcher_default=launcher_default,
     )
@@ -513,12 +497,10 @@ def _accelerate_fsdp(settings: LaunchSettings | None) -> bool:
     return backend is not None and backend.spelling in {"yaml", "flag"} and str(backend.value).upper() == "FSDP"
 
 
-def _launched(settings: LaunchSettings | None, name: str, launcher: bool) -> object:
+def _launched(settings: LaunchSettings, name: str, launcher: bool) -> object:
     """A launch-side setting that reaches a plugin built in code: a YAML key or flag only through an
     ``accelerate launch`` that runs FSDP, a variable always. None when absent."""
-    if not name or settings is None:
-        return None
-    setting: Setting | None = settings.get(name)
+    setting = settings.get(name)
     if setting is None:
         return None
     if setting.spelling in {"yaml", "flag"} and not launcher:
@@ -529,27 +511,11 @@ def _launched(settings: LaunchSettings | None, name: str, launcher: bool) -> obj
     return value
 
 
-def _literal(facts, expr: cst.BaseExpression | None) -> object:
+def _literal(facts, expr: cst.BaseExpression) -> object:
     """A keyword's value: a string, number or boolean literal (through names bound once), None for a
     literal None, UNKNOWN otherwise."""
-    if expr is None:
-        return UNKNOWN
-    origins = facts.origins(expr)
-    if len(origins) != 1 or origins[0].index is not None:
-        return UNKNOWN
-    node = origins[0].node
-    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.Integer)) or (
-        isinstance(node, cst.Name) and node.value in {"True", "False", "None"}
-    ):
-        return python_value(node)
+    node = known_value(facts, expr)
     if isinstance(node, cst.Float):
-        return int(node.evaluated_value) if float(node.evaluated_value).is_integer() else UNKNOWN
-    return UNKNOWN
-
-
-def _key_span(text: str, document, key: str) -> Span:
-    """A top-level YAML key with its value on its line (the key alone when the value is a nested mapping)."""
-    line, column = document.key_position(key) or (1, 1)
-    entry = key_line(text, line)
-    end = entry.value[1] - entry.start + 1 if entry else column + len(key)
-    return Span(line, column, line, end)
+        return int(node.evaluated_value) if node.evaluated_value.is_integer() else UNKNOWN
+    value = python_value(node)
+    return UNKNOWN if node is None or isinstance(value, cst.CSTNode) else value

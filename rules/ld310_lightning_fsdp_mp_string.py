@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.edits import without_argument
+from lintdist.edits import keyword_arg, without_argument
 from lintdist.facts import FABRIC_CLASSES, LIGHTNING_TRAINERS, argument_of, string_value
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.receivers import receiving_calls
 from lintdist.rule import Invalid, Rule, Valid
 
 
@@ -273,17 +274,15 @@ trainer = Trainer(devices=devices, strategy=strategy)
             if origin.index is not None:
                 continue
             if isinstance(node, cst.Dict):
-                for element in node.elements:
-                    if isinstance(element, cst.DictElement) and string_value(element.key) == KEYWORD:
-                        written = string_value(element.value)
-                        if written:
-                            self.report(element, _message(written) + " (it reaches the strategy through `**`)")
+                entries = [(e, string_value(e.key)) for e in node.elements if isinstance(e, cst.DictElement)]
             elif _is_builtin_dict(node):
-                for arg in node.args:
-                    if arg.keyword is not None and arg.keyword.value == KEYWORD:
-                        written = string_value(arg.value)
-                        if written:
-                            self.report(arg, _message(written) + " (it reaches the strategy through `**`)")
+                entries = [(a, a.keyword.value) for a in node.args if a.keyword is not None]
+            else:
+                continue
+            for entry, key in entries:
+                written = string_value(entry.value) if key == KEYWORD else None
+                if written:
+                    self.report(entry, _message(written) + " (it reaches the strategy through `**`)")
 
     # -- the fix ----------------------------------------------------------------------------
 
@@ -295,7 +294,7 @@ trainer = Trainer(devices=devices, strategy=strategy)
         new_strategy = without_argument(strategy, arg)
         if new_strategy is None:
             return None
-        runners = self._runners(strategy)
+        runners = receiving_calls(self.facts, strategy, RUNNER_CLASSES, "strategy")
         if len(runners) != 1:
             return None
         runner, strategy_arg = runners[0]
@@ -310,13 +309,7 @@ trainer = Trainer(devices=devices, strategy=strategy)
             return self._removal(strategy, new_strategy, "Remove `mixed_precision` (full precision is the default)")
         if stars or not self._only_this_strategy(strategy_arg, runner, strategy):
             return None  # `**kwargs` may hold `precision` already; another strategy's run would get it too
-        precision_arg = cst.Arg(
-            keyword=cst.Name("precision"),
-            value=cst.SimpleString(f'"{precision}"'),
-            equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-            ),
-        )
+        precision_arg = keyword_arg("precision", cst.SimpleString(f'"{precision}"'))
         if strategy_arg.value is strategy:  # written inline: one replacement of the runner holds both edits
             inner = runner.with_changes(
                 args=[a.with_changes(value=new_strategy) if a is strategy_arg else a for a in runner.args]
@@ -335,18 +328,6 @@ trainer = Trainer(devices=devices, strategy=strategy)
 
     def _removal(self, strategy: cst.Call, new_strategy: cst.Call, message: str) -> Fix:
         return Fix(Applicability.SAFE, message, replacements=((strategy, new_strategy),))
-
-    def _runners(self, strategy: cst.Call) -> list[tuple[cst.Call, cst.BaseExpression]]:
-        """The ``Trainer(...)``/``Fabric(...)`` calls whose ``strategy=`` can be this call, with that argument."""
-        facts = self.facts
-        found = []
-        for call in facts.calls:
-            if not facts.callee_is(call, RUNNER_CLASSES):
-                continue
-            given = next((a for a in call.args if a.keyword is not None and a.keyword.value == "strategy"), None)
-            if given is not None and any(o.node is strategy for o in facts.origins(given.value, call)):
-                found.append((call, given))
-        return found
 
     def _only_this_strategy(self, strategy_arg: cst.Arg, runner: cst.Call, strategy: cst.Call) -> bool:
         origins = self.facts.origins(strategy_arg.value, runner)
@@ -380,9 +361,7 @@ def _last(call: cst.Call) -> str:
 def _append_argument(call: cst.Call, new: cst.Arg) -> cst.Call:
     """``call`` with ``new`` as its last argument, in the call's layout: on its own line when the arguments are
     one per line (keeping a trailing comma and the last argument's comment where they were), else after ", "."""
-    args = list(call.args)
-    if not args:
-        return call.with_changes(args=[new])
+    args = list(call.args)  # never empty: the call is given the strategy
     last = args[-1]
     if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
         separator = args[-2].comma.whitespace_after

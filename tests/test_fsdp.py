@@ -14,6 +14,7 @@ from lintdist.fsdp import (
     fsdp_section,
     given_plugins,
     is_local_state_dict,
+    launch_line_options,
     launch_settings,
     launched_fsdp,
     normalised_key,
@@ -132,3 +133,14 @@ def test_given_plugins():
     assert sorted(str(p[1]) if p else "none" for p in found) == ["2", "none"]
     assert given_plugins(facts, cst.parse_expression("Accelerator()"), None, text) == []
     assert given_plugins(facts, cst.parse_expression("Accelerator(fsdp_plugin=make())"), None, text) is None
+
+
+def test_a_launch_lines_fsdp_options_are_its_configs_overridden_by_its_flags():
+    document = parse_config("distributed_type: FSDP\nfsdp_config:\n  version: 1\n  fsdp_use_orig_params: true\n")
+    (command,) = parse_launch(
+        "accelerate launch --config_file c.yaml --fsdp-version 2 --num_processes 2 train.py --fsdp_x 1\n"
+    ).commands
+    assert launch_line_options(command, document) == {"fsdp_version": "2", "fsdp_use_orig_params": True}
+    assert launch_line_options(command, None) == {"fsdp_version": "2"}
+    other = parse_config("distributed_type: MULTI_GPU\nfsdp_config:\n  fsdp_version: 2\n")
+    assert launch_line_options(command, other) == {"fsdp_version": "2"}  # a config that runs no FSDP gives none

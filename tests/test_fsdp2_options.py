@@ -6,10 +6,13 @@ import textwrap
 
 import libcst as cst
 
+from lintdist.engine import apply_text_edits
 from lintdist.facts import PythonFacts
-from lintdist.fsdp2_options import judge_launch_options, judge_plugin, unreadable_option
+from lintdist.fsdp import fsdp_config_settings
+from lintdist.fsdp2_options import judge_launch_options, judge_plugin, repair_all, unreadable_option
 from lintdist.model import Severity
 from lintdist.names import NameResolver
+from lintdist.sources import parse_config
 from lintdist.syntax import SyntaxIndex
 
 
@@ -78,3 +81,16 @@ def test_unreadable_options_are_those_whose_values_fsdp2_checks():
         """
     )
     assert [unreadable_option(facts, a) for a in call.args] == [True, False, False]
+
+
+def test_repair_all_repairs_every_problem_or_none():
+    text = "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_use_orig_params: true\n"
+    settings = fsdp_config_settings(parse_config(text), "c.yaml")
+    options = {name: s.value for name, s in settings.items()}
+    edits = repair_all(text, options, settings, str, yaml=True)
+    assert apply_text_edits(text, edits) == "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+    assert repair_all(text, {"fsdp_version": 2}, settings, str, yaml=True) == []
+    # a problem said by no setting here (another file's key) has no repair
+    assert repair_all(text, {**options, "fsdp_sync_module_states": True}, settings, str, yaml=True) is None
+    # nor has one that cannot be repaired (LOCAL_STATE_DICT)
+    assert repair_all(text, {**options, "fsdp_state_dict_type": "LOCAL_STATE_DICT"}, settings, str, yaml=True) is None

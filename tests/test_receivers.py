@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.receivers import never_received, only_consumer
+from lintdist.receivers import never_received, only_consumer, receiving_calls
 from lintdist.syntax import SyntaxIndex
 
 
@@ -66,3 +66,26 @@ def test_only_consumer():
     assert only_consumer(facts, first, p1, line)
     assert not only_consumer(facts, second, p2, line)
     assert only_consumer(facts, third, p3, line)
+
+
+def test_receiving_calls_follow_names_and_keep_to_the_keyword():
+    facts = _facts(
+        """
+        from accelerate import Accelerator, ParallelismConfig
+
+        config = ParallelismConfig(cp_size=2)
+        other = ParallelismConfig(cp_size=4)
+        first = Accelerator(parallelism_config=config)
+        second = Accelerator(parallelism_config=config if big else other)
+        third = Accelerator(config)
+        fourth = Accelerator(parallelism_config=other)
+        """
+    )
+    config, other = _calls(facts, "ParallelismConfig")
+    classes = frozenset({"accelerate.Accelerator"})
+    found = receiving_calls(facts, config, classes, "parallelism_config")
+    assert [cst.Module([]).code_for_node(call.func) for call, _ in found] == ["Accelerator", "Accelerator"]
+    assert [arg.keyword.value for _, arg in found] == ["parallelism_config", "parallelism_config"]
+    assert len(receiving_calls(facts, other, classes, "parallelism_config")) == 2
+    assert receiving_calls(facts, config, classes, "fsdp_plugin") == []
+    assert receiving_calls(facts, config, frozenset({"accelerate.Other"}), "parallelism_config") == []

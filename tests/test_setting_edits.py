@@ -6,7 +6,17 @@ import libcst as cst
 
 from lintdist.edits import with_arg_changes, with_keyword
 from lintdist.engine import apply_text_edits
-from lintdist.launch import LaunchSettings, add_setting, command_settings, config_settings, edit_setting, setting_span
+from lintdist.launch import (
+    LaunchSettings,
+    add_setting,
+    command_settings,
+    config_settings,
+    edit_setting,
+    setting_place,
+    setting_span,
+    top_key_setting,
+)
+from lintdist.model import Span
 from lintdist.sources import parse_config, parse_launch
 
 CONFIG = """\
@@ -251,3 +261,21 @@ def test_the_launcher_exports_parallelism_settings_only_when_asked():
     assert not parallelism_exported(settings("", "accelerate launch --parallelism_config_cp_size 2 train.py\n"))
     flag = "accelerate launch --use_fsdp --use_parallelism_config --parallelism_config_cp_size 2 train.py\n"
     assert parallelism_exported(settings("", flag))
+
+
+def test_a_top_level_key_is_a_setting_spanning_its_line():
+    document = parse_config(CONFIG)
+    backend = top_key_setting(document, "distributed_type", "config.yaml")
+    assert (backend.line, backend.column, backend.value, backend.keys) == (2, 1, "FSDP", ("distributed_type",))
+    assert setting_span(CONFIG, backend) == Span(2, 1, 2, 23)  # the key and its value, not the comment
+    section = top_key_setting(document, "fsdp_config", "config.yaml")
+    assert setting_span(CONFIG, section) == Span(3, 1, 3, 12)  # a mapping: the key alone
+    assert top_key_setting(document, "use_cpu", "config.yaml") is None
+    merged = parse_config("base: &b\n  distributed_type: FSDP\n<<: *b\nnum_processes: 2\n")
+    assert top_key_setting(merged, "distributed_type", "c.yaml") is None
+
+
+def test_a_setting_is_placed_by_its_file_name_and_line():
+    settings = {s.name: s for s in config_settings(parse_config(CONFIG), "configs/fsdp/config.yaml")}
+    assert setting_place(settings["num_processes"]) == "config.yaml:9"
+    assert setting_place(settings["fsdp_version"]) == "config.yaml:4"
