@@ -993,3 +993,17 @@ def script_launch(context) -> Launch:
         spawns = any(word in context.text for word in SPAWN_WORDS)
         facts._memo["launch"] = (spawns and spawned(facts, context.span, context.display_name)) or linked or Launch()
     return facts._memo["launch"]
+
+
+# Classes whose objects are processes a script starts itself, one at a time.
+PROCESS_CLASSES = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process"})
+STARTER_NAMES = SPAWN_NAMES | PROCESS_CLASSES
+STARTER_WORDS = SPAWN_WORDS | {"Process"}
+
+
+def starts_processes(facts) -> bool:
+    """The script starts its processes itself: ``mp.spawn``/``start_processes``, accelerate's
+    ``notebook_launcher``/``debug_launcher``, or a ``multiprocessing.Process``."""
+    return any(
+        facts.method_name(call) in STARTER_WORDS and facts.callee_is(call, STARTER_NAMES) for call in facts.calls
+    )

@@ -6,40 +6,20 @@ import re
 
 import libcst as cst
 
+from lintdist.collectives import ACCELERATE_OBJECTS
+from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.environment import environment_key, environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
-from lintdist.launch import LaunchSettings, command_launch, command_settings
+from lintdist.launch import LaunchSettings, command_launch, command_settings, starts_processes
 from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sources import line_col
+from lintdist.surrounding_tests import surrounding_tests
 
 RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 # Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
 # `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
 LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
-INIT_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
-)
-# Launchers that start the processes themselves in this file: one node, and the address must be set here.
-SPAWNERS = frozenset(
-    {
-        "torch.multiprocessing.spawn",
-        "torch.multiprocessing.start_processes",
-        "torch.multiprocessing.spawn.spawn",
-        "torch.multiprocessing.spawn.start_processes",
-        "torch.multiprocessing.Process",
-        "multiprocessing.Process",
-        "accelerate.notebook_launcher",
-        "accelerate.launchers.notebook_launcher",
-        "accelerate.debug_launcher",
-        "accelerate.launchers.debug_launcher",
-    }
-)
-ACCELERATE_STATES = frozenset(
-    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelerate.PartialState"}
-    | {"accelerate.state.PartialState"}
-)
-SPAWN_NAMES = frozenset({"spawn", "start_processes", "Process", "notebook_launcher", "debug_launcher"})
 # Launch-file flags that fix the rendezvous, per launcher, and the flags that count the nodes.
 ADDRESS_FLAGS = {
     "torchrun": ("master_addr", "rdzv_endpoint"),
@@ -217,7 +197,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
 
     def check_python(self) -> None:
         facts = self.facts
-        if facts is None or self._spawns():
+        if facts is None or starts_processes(facts):
             return
         rendezvous = self.launch.rendezvous
         if rendezvous is not None and rendezvous.value is False:
@@ -231,8 +211,8 @@ local_rank = int(os.environ["LOCAL_RANK"])
         launcher = self.launch.launcher
         # not `deepspeed`: its workers host their own store at the port, so one written value reaches them all
         launched = (
-            self.launch.rendezvous is not None
-            and self.launch.rendezvous.value is True
+            rendezvous is not None
+            and rendezvous.value is True
             and launcher is not None
             and launcher.value in {"torchrun", "accelerate"}
         )
@@ -242,7 +222,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
                 # default of its static and c10d rendezvous) every worker is a client of the agent's store
                 self.report(
                     node,
-                    f"{what} overwrites the port of the rendezvous that {self.launch.launcher.where()} starts: under "
+                    f"{what} overwrites the port of the rendezvous that {launcher.where()} starts: under "
                     "torchrun (and `accelerate launch`, which runs it) every worker connects as a client to the store "
                     "the launcher hosts at `MASTER_ADDR:MASTER_PORT`, so a port written here points the workers "
                     "where nothing listens and `init_process_group` times out (unless it happens to equal the "
@@ -259,10 +239,6 @@ local_rank = int(os.environ["LOCAL_RANK"])
             )
 
     # -- Python -----------------------------------------------------------------------------------
-
-    def _spawns(self) -> bool:
-        facts = self.facts
-        return any(facts.method_name(call) in SPAWN_NAMES and facts.callee_is(call, SPAWNERS) for call in facts.calls)
 
     def _environment_writes(self) -> list[tuple[cst.CSTNode, str]]:
         found = []
@@ -309,18 +285,14 @@ local_rank = int(os.environ["LOCAL_RANK"])
     def _env_tested(self, node: cst.CSTNode) -> bool:
         """An ``if`` around the write reads the environment (``"MASTER_ADDR" not in os.environ``,
         ``os.environ.get("RANK") is None``): a fallback that keeps what the launcher set."""
-        for ancestor in self.facts.ancestors(node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
-                return False
-            if isinstance(ancestor, (cst.If, cst.While)) and (
-                spells_environment(self.facts, ancestor.test)
-                or any(
-                    string_value(s) in RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES
-                    for s in self.facts.within(ancestor.test, cst.SimpleString)
-                )
-            ):
-                return True
-        return False
+        facts = self.facts
+        variables = RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES
+        around = surrounding_tests(facts, node, kinds=(cst.If, cst.While), scopes=(cst.FunctionDef, cst.ClassDef))
+        return any(
+            spells_environment(facts, branch.test)
+            or any(string_value(s) in variables for s in facts.within(branch.test, cst.SimpleString))
+            for branch in around
+        )
 
     def _launched(self) -> str | None:
         """What says a launcher starts this script, in words; None when nothing does."""
@@ -345,7 +317,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
                     and not (method or "").startswith(("tcp://", "file://"))
                 ):
                     return "`init_process_group()` takes its rank and world size from the environment"
-            elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_STATES):
+            elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_OBJECTS):
                 return f"`{name}()` reads the environment `accelerate launch` sets"
         launch = self.launch
         if launch.rendezvous is not None and launch.rendezvous.value is True:

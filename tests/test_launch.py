@@ -277,3 +277,32 @@ def test_markdown_blocks_carry_srun_and_mpirun_lines():
     ]
     srun = launch.commands[0].wrapper
     assert readme[srun.token.start : srun.token.end] == "srun"
+
+
+def _python_facts(code: str):
+    import libcst as cst
+
+    from lintdist.facts import PythonFacts
+    from lintdist.names import NameResolver
+    from lintdist.syntax import SyntaxIndex
+
+    index = SyntaxIndex(cst.parse_module(code))
+    return PythonFacts(index, NameResolver(index))
+
+
+def test_starts_processes_knows_spawns_launchers_and_process_objects():
+    from lintdist.launch import starts_processes
+
+    for code in (
+        "import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)\n",
+        "from torch.multiprocessing.spawn import start_processes\nstart_processes(main)\n",
+        "from accelerate import notebook_launcher\nnotebook_launcher(main, num_processes=2)\n",
+        "import multiprocessing\nmultiprocessing.Process(target=main).start()\n",
+    ):
+        assert starts_processes(_python_facts(code)), code
+    for code in (
+        "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
+        "from my_pool import Process\nProcess(main)\n",  # a class of the project's, not multiprocessing's
+        "spawn(main)\n",  # nothing imports it: not torch's
+    ):
+        assert not starts_processes(_python_facts(code)), code
