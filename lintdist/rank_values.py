@@ -295,8 +295,7 @@ def global_rank(
     another module, follow no further helpers."""
     if depth > MAX_RANK_DEPTH:
         return None
-    if isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
-        return global_rank(facts, expr.args[0].value, at, depth, crossed)
+    expr = unconverted(expr)
     found = global_rank_read(facts, expr, crossed)
     if found is not None or not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
         return found
@@ -349,3 +348,10 @@ def _rank_helper(facts: PythonFacts, call: cst.Call) -> str | None:
             if how is not None:
                 return f"`{qualified.rsplit('.', 1)[-1]}()` returns {how}"
     return None
+
+
+def unconverted(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The value under ``int(...)``/``str(...)`` conversions: ``x`` of ``int(x)`` and of ``str(int(x))``."""
+    while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
+        expr = expr.args[0].value
+    return expr

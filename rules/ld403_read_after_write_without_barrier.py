@@ -7,6 +7,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.barriers import barrier_spelling, guarded_places, unwaited
+from lintdist.blocks import statement_before
+from lintdist.control import statement_of
 from lintdist.facts import MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
 from lintdist.file_io import READ_NAMES, WRITE_NAMES, path_values, read_files, temporary_path, written_file
 from lintdist.model import Applicability, Fix, Severity
@@ -244,28 +246,18 @@ state = torch.load(path, map_location="cpu")
 
     def _fix(self, read_anchor: cst.CSTNode) -> tuple[Fix | None, str]:
         facts = self.facts
-        statement = next(
-            (
-                a
-                for a in [read_anchor, *facts.ancestors(read_anchor)]
-                if isinstance(a, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
-            ),
-            None,
-        )
+        statement = statement_of(facts, read_anchor)
         if statement is None or not isinstance(facts.parent(statement), (cst.IndentedBlock, cst.Module)):
             return None, "lintdist finds no statement to put it before"
         reach = facts.all_ranks_reach(statement)
         if reach.value is not True:
             return None, barrier_unsafe(reach)
         barrier, imports, spelled = barrier_spelling(facts, read_anchor)
-        line = cst.SimpleStatementLine(
-            body=[cst.Expr(cst.parse_expression(barrier))], leading_lines=statement.leading_lines
-        )
-        moved = statement.with_changes(leading_lines=())
+        line = cst.SimpleStatementLine(body=[cst.Expr(cst.parse_expression(barrier))])
         fix = Fix(
             Applicability.SAFE,
             f"Insert `{spelled}` before the read",
-            replacements=((statement, cst.FlattenSentinel([line, moved])),),
+            replacements=((statement, statement_before(statement, statement, line)),),
             imports=imports,
         )
         return fix, ""

@@ -186,3 +186,12 @@ def test_code_text_is_the_source_without_surrounding_whitespace():
     statement = cst.parse_statement("if  loss.item( ) < best :  # noted\n    pass\n")
     assert code_text(statement.test) == "loss.item( ) < best"
     assert code_text(cst.parse_expression("( a + b )")) == "( a + b )"
+
+
+def test_unconverted_strips_int_and_str_conversions_only():
+    from lintdist.rank_values import unconverted
+
+    code = cst.Module([]).code_for_node
+    assert code(unconverted(cst.parse_expression('str(int(os.environ["RANK"]))'))) == 'os.environ["RANK"]'
+    assert code(unconverted(cst.parse_expression("float(rank)"))) == "float(rank)"
+    assert code(unconverted(cst.parse_expression("int()"))) == "int()"
