@@ -100,3 +100,13 @@ def builds_deepspeed_placeholders(facts: PythonFacts) -> bool:
             for call in facts.calls
         )
     return facts._memo["deepspeed placeholders"]
+
+
+def needs_every_rank(facts: PythonFacts, settings: LaunchSettings | None, kind: str, method: str | None) -> bool:
+    """Whether a collective of ``kind`` (``collectives.collective_kind``) needs every rank under what this project
+    selects: an "always" one does; a "sharded" one (an Accelerator's ``method``) where the launch or the script
+    selects FSDP or DeepSpeed, or, for ``save_state``, where automatic checkpoint naming makes it call
+    ``wait_for_everyone()`` under any backend."""
+    if kind != "sharded" or sharded(facts, settings):
+        return True
+    return method == "save_state" and automatic_checkpoint_naming(facts)
