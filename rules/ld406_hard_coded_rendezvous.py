@@ -6,27 +6,23 @@ import re
 
 import libcst as cst
 
-from lintdist.collectives import ACCELERATE_OBJECTS
 from lintdist.devices import INIT_PROCESS_GROUP
-from lintdist.environment import environment_key, environment_writes, reads_environment, spells_environment
+from lintdist.environment import environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
-from lintdist.launch import LaunchSettings, command_launch, command_settings, starts_processes
+from lintdist.launch import most_nodes, starts_processes
+from lintdist.launcher_signs import LAUNCHER_VARIABLES, launcher_evidence
 from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sources import line_col
 from lintdist.surrounding_tests import surrounding_tests
 
 RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
-# Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
-# `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
-LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
-# Launch-file flags that fix the rendezvous, per launcher, and the flags that count the nodes.
+# Launch-file flags that fix the rendezvous, per launcher.
 ADDRESS_FLAGS = {
     "torchrun": ("master_addr", "rdzv_endpoint"),
     "accelerate": ("main_process_ip",),
     "deepspeed": ("master_addr",),
 }
-NODE_FLAGS = {"torchrun": ("nnodes",), "accelerate": ("num_machines",), "deepspeed": ("num_nodes",)}
 SHELL_VALUE = re.compile(r"[$`]")
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
 # A value that stands for an address to fill in: `<MASTER_IP>`, `{head_node}`, `xxx.xxx.xxx.xxx`, `MASTER_IP`,
@@ -205,7 +201,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
         found = [*self._environment_writes(), *self._tcp_init_methods()]
         if not found:
             return
-        evidence = self._launched()
+        evidence = launcher_evidence(facts, self.launch, self.context.settings)
         if evidence is None:
             return
         launcher = self.launch.launcher
@@ -294,53 +290,15 @@ local_rank = int(os.environ["LOCAL_RANK"])
             for branch in around
         )
 
-    def _launched(self) -> str | None:
-        """What says a launcher starts this script, in words; None when nothing does."""
-        facts = self.facts
-        for node in facts.index.nodes(cst.Subscript):
-            key = environment_key(facts, node)
-            if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
-                return f'it reads `os.environ["{key}"]`'
-        for call in facts.calls:
-            name = facts.method_name(call)
-            if name in {"get", "getenv"}:
-                variable = environment_key(facts, call)
-                if variable in LAUNCHER_VARIABLES:
-                    return f"it reads `{variable}` from the environment"
-            elif name == "init_process_group" and facts.callee_is(call, INIT_PROCESS_GROUP):
-                given = {a.keyword.value for a in call.args if a.keyword is not None}
-                positional = sum(1 for a in call.args if a.keyword is None)
-                method = string_value(argument_of(call, "init_method", 1))
-                if (
-                    not given & {"rank", "world_size", "store"}
-                    and positional <= 2
-                    and not (method or "").startswith(("tcp://", "file://"))
-                ):
-                    return "`init_process_group()` takes its rank and world size from the environment"
-            elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_OBJECTS):
-                return f"`{name}()` reads the environment `accelerate launch` sets"
-        launch = self.launch
-        if launch.rendezvous is not None and launch.rendezvous.value is True:
-            return f"{launch.launcher.where()} starts it"
-        settings = self.context.settings
-        if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
-            return "a launch file starts it"
-        return None
-
     # -- launch files --------------------------------------------------------------------------------
 
     def check_launch(self, launch) -> None:
         text = self.context.text
         for command in launch.commands:
-            flags = {f.name: f for f in command.flags}
-            nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
-            count = _node_count(nodes.value if nodes is not None else None)
-            written = f"--{nodes.name} {nodes.value}" if nodes is not None else ""
-            if count is None and command.wrapper is not None:  # `srun -N 2 torchrun --nnodes "$NNODES" ...`
-                started = self._started_nodes(command)
-                count, written = (started.value, started.words) if started is not None else (None, "")
+            count, written = most_nodes(command, launch, text, self.context.display_name)
             if count is None or count <= 1:
                 continue
+            flags = {f.name: f for f in command.flags}
             for name in ADDRESS_FLAGS.get(command.launcher, ()):
                 flag = flags.get(name)
                 if flag is None or flag.value is None or SHELL_VALUE.search(flag.value):
@@ -358,19 +316,3 @@ local_rank = int(os.environ["LOCAL_RANK"])
                 end = flag.value_token.end if flag.value_token is not None else flag.token.end
                 span = Span(*line_col(text, flag.token.start), *line_col(text, end))
                 self.report(None, message, span=span)
-
-    def _started_nodes(self, command):
-        """The nodes the line's ``srun``/``mpiexec`` starts the launcher on, as the engine reads the line."""
-        launch = self.context.launch
-        settings = LaunchSettings()
-        for setting in command_settings(command, launch, self.context.text, self.context.display_name):
-            settings.set(setting)
-        return command_launch(command, launch, settings, self.context.text, self.context.display_name).nodes
-
-
-def _node_count(value: str | None) -> int | None:
-    """``2`` -> 2; torchrun's elastic ``1:4`` -> 4 (the most it may run); None when unknown (``$NNODES``)."""
-    if value is None:
-        return None
-    last = value.rsplit(":", 1)[-1]
-    return int(last) if last.isdigit() else None

@@ -306,3 +306,21 @@ def test_starts_processes_knows_spawns_launchers_and_process_objects():
         "spawn(main)\n",  # nothing imports it: not torch's
     ):
         assert not starts_processes(_python_facts(code)), code
+
+
+def test_most_nodes_reads_the_node_flag_the_elastic_maximum_and_the_starter():
+    from lintdist.launch import most_nodes
+
+    text = (
+        "torchrun --nnodes 2 --nproc_per_node 8 train.py\n"
+        "torchrun --nnodes 1:4 train.py\n"
+        "accelerate launch --num_machines 1 train.py\n"
+        'srun -N 3 torchrun --nnodes "$SLURM_NNODES" train.py\n'
+        'torchrun --nnodes "$NNODES" train.py\n'
+        "python train.py\n"
+    )
+    launch = parse_launch(text)
+    found = [most_nodes(command, launch, text, "run.sh") for command in launch.commands]
+    assert found[:3] == [(2, "--nnodes 2"), (4, "--nnodes 1:4"), (1, "--num_machines 1")]
+    assert found[3][0] == 3 and "-N 3" in found[3][1]
+    assert found[4:] == [(None, ""), (None, "")]
