@@ -15,6 +15,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
 from lintdist.main_process import never_with_main, others_branch, outermost_function
+from lintdist.rule import words
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -265,3 +266,16 @@ def others_only_collectives(facts: PythonFacts) -> list[tuple[cst.Call, cst.If]]
             continue
         found.append((call, branch))
     return found
+
+
+# A rule's trigger group (``Rule.also_triggers``) for a file that may make a collective ``collective_kind`` knows
+# (`state_dict()` is one only inside `state_dict_type(...)`).
+COLLECTIVE_TEXTS = (
+    words(
+        *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
+        *ACCELERATOR_COLLECTIVES,
+        *ACCELERATOR_SHARD_GATHERS,
+        *("checkpoint", "save_checkpoint", "state_dict_type", "optim_state_dict"),
+        *("full_optim_state_dict", "sharded_optim_state_dict"),
+    ),
+)

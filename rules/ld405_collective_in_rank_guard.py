@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist import sharding
 from lintdist.collectives import (
-    ACCELERATOR_COLLECTIVES,
-    ACCELERATOR_SHARD_GATHERS,
-    TORCH_COLLECTIVES,
+    COLLECTIVE_TEXTS,
     collective_elsewhere,
     collective_kind,
     joined_by_others,
     others_only_collectives,
 )
-from lintdist.facts import MAIN_FLAG_WORDS, MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES
 from lintdist.hoist import NoHoist, Ordering, collective_ordering, split_guard
-from lintdist.main_process import main_only, main_or_deepspeed_guard
+from lintdist.main_process import MAIN_GUARD_TEXTS, main_only, main_or_deepspeed_guard
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Pattern, Rule, Valid, words
+from lintdist.rule import Invalid, Rule, Valid
 
 # A model export (weights only): not a training checkpoint, which `save_state` on every rank writes.
 ALL_RANKS_PATTERN = (
@@ -50,12 +45,6 @@ _BY_BACKEND = {
     ),
 }
 UNSELECTED = "nothing in this project selects FSDP or DeepSpeed"
-
-
-RANK_TEST = Pattern(
-    ("rank",),
-    re.compile(r"(?m)rank\w*\s*(?:[=!<>]=|[<>%]|in\b|not\s+in\b|:\s*$|and\b|or\b)"),
-)
 
 
 class CollectiveInRankGuard(Rule):
@@ -223,28 +212,7 @@ class CollectiveInRankGuard(Rule):
     fix_kind = "unsafe"
     triggers = ("distributed", "accelerat", "deepspeed")
     # a main-process guard, and a collective
-    also_triggers = (
-        # a main-process guard the facts recognise (a rank, a main-process flag or decorator) ...
-        (
-            words(*(RANK_NAMES - {"rank"}), *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),
-            # a bare `rank` only where something tests it (`rank == 0`, `rank % n == 0`, `if not rank:`): the
-            # word alone is in every low-rank adapter and tensor-parallel module of a library tree
-            RANK_TEST,
-            # a project's own flag (`self.is_main`, `env.is_global_main()`), which the facts read by its name
-            *MAIN_FLAG_WORDS,
-        ),
-        # ... and a collective
-        (
-            words(
-                *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
-                *ACCELERATOR_COLLECTIVES,
-                *ACCELERATOR_SHARD_GATHERS,
-                # `state_dict()` is one only inside `state_dict_type(...)`
-                *("checkpoint", "save_checkpoint", "state_dict_type", "optim_state_dict"),
-                *("full_optim_state_dict", "sharded_optim_state_dict"),
-            ),
-        ),
-    )
+    also_triggers = (MAIN_GUARD_TEXTS, COLLECTIVE_TEXTS)
 
     VALID = (
         Valid(

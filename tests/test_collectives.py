@@ -247,3 +247,17 @@ def test_others_only_collectives_are_those_the_main_process_never_joins():
     found = others_only_collectives(facts)
     assert [(facts.method_name(call), type(branch).__name__) for call, branch in found] == [("barrier", "If")]
     assert cst.Module([]).code_for_node(found[0][1].test) == "rank == 0"
+
+
+def test_collective_texts_find_a_collective_by_its_name_only():
+    from lintdist.collectives import COLLECTIVE_TEXTS
+    from lintdist.rule import _found
+
+    def found(text: str) -> bool:
+        return any(_found(trigger, text) for trigger in COLLECTIVE_TEXTS)
+
+    assert found("dist.all_reduce(t)")
+    assert found("with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT):")
+    assert found("import torch.distributed.checkpoint as dcp")
+    assert not found("model.state_dict()")  # a collective only inside `state_dict_type(...)`
+    assert not found("all_reduced = 3")
