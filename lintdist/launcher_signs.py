@@ -13,7 +13,7 @@ import libcst as cst
 
 from lintdist.collectives import ACCELERATE_OBJECTS
 from lintdist.devices import INIT_PROCESS_GROUP
-from lintdist.environment import environment_key
+from lintdist.environment import environment_key, reads_environment
 from lintdist.facts import argument_of, string_value
 
 if TYPE_CHECKING:
@@ -64,3 +64,16 @@ def launcher_evidence(facts: PythonFacts, launch: Launch, settings: LaunchSettin
     if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
         return "a launch file starts it"
     return None
+
+
+def own_group(facts: PythonFacts, call: cst.Call) -> bool:
+    """``init_process_group`` given its rank and world size from anything but the launcher's environment (a
+    one-process group in a test, ``world_size=1, rank=0``)."""
+    rank = argument_of(call, "rank", 4)
+    size = argument_of(call, "world_size", 3)
+    return (
+        rank is not None
+        and size is not None
+        and not reads_environment(facts, rank)
+        and not reads_environment(facts, size)
+    )

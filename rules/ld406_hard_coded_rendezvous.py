@@ -9,12 +9,12 @@ import libcst as cst
 from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.environment import environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
-from lintdist.launch import most_nodes, starts_processes
-from lintdist.launcher_signs import LAUNCHER_VARIABLES, launcher_evidence
-from lintdist.model import Severity, Span
+from lintdist.launch import most_nodes, setting_span, starts_processes
+from lintdist.launcher_signs import LAUNCHER_VARIABLES, launcher_evidence, own_group
+from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.sources import line_col
 from lintdist.surrounding_tests import surrounding_tests
+from lintdist.values import string_of
 
 RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 # Launch-file flags that fix the rendezvous, per launcher.
@@ -257,26 +257,10 @@ local_rank = int(os.environ["LOCAL_RANK"])
             if facts.method_name(call) != "init_process_group" or not facts.callee_is(call, INIT_PROCESS_GROUP):
                 continue
             method = argument_of(call, "init_method", 1)
-            text = string_value(method)
-            if text is None:
-                origins = [o.node for o in facts.origins(method, call)] if method is not None else []
-                texts = {string_value(o) for o in origins if isinstance(o, cst.BaseExpression)}
-                text = texts.pop() if len(texts) == 1 else None
-            if text is not None and text.startswith("tcp://") and not self._own_group(call):
+            text = string_of(facts, method, call)
+            if text is not None and text.startswith("tcp://") and not own_group(facts, call):
                 found.append((method, f'`init_process_group(init_method="{text}")`'))
         return found
-
-    def _own_group(self, call: cst.Call) -> bool:
-        """``init_process_group`` given its rank and world size from anything but the launcher's environment (a
-        one-process group in a test, ``world_size=1, rank=0``): the address is the script's own business."""
-        rank = argument_of(call, "rank", 4)
-        size = argument_of(call, "world_size", 3)
-        return (
-            rank is not None
-            and size is not None
-            and not reads_environment(self.facts, rank)
-            and not reads_environment(self.facts, size)
-        )
 
     def _env_tested(self, node: cst.CSTNode) -> bool:
         """An ``if`` around the write reads the environment (``"MASTER_ADDR" not in os.environ``,
@@ -313,6 +297,4 @@ local_rank = int(os.environ["LOCAL_RANK"])
                     + "; pass it in from the scheduler (`$MASTER_ADDR`, `$SLURM_...`, a script argument) so the job "
                     "runs wherever node 0 lands"
                 )
-                end = flag.value_token.end if flag.value_token is not None else flag.token.end
-                span = Span(*line_col(text, flag.token.start), *line_col(text, end))
-                self.report(None, message, span=span)
+                self.report(None, message, span=setting_span(text, flag))

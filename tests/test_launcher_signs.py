@@ -65,3 +65,22 @@ def test_environment_initialised_wants_no_rank_size_store_or_address() -> None:
         """
     )
     assert [environment_initialised(facts, call) for call in facts.calls] == [True, True, False, False, False]
+
+
+def test_own_group_gives_rank_and_size_not_read_from_the_environment() -> None:
+    from lintdist.launcher_signs import own_group
+
+    facts = _facts(
+        """
+        import os
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group("nccl", rank=int(os.environ["RANK"]), world_size=2)
+        dist.init_process_group("nccl", rank=0)
+        """
+    )
+    assert [own_group(facts, call) for call in facts.calls if facts.method_name(call) == "init_process_group"] == [
+        True,
+        False,
+        False,
+    ]
