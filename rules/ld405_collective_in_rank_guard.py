@@ -381,15 +381,15 @@ def save(output_dir):
             # one finding per guarded block, at the first collective it reaches
             group.sort(key=lambda item: (order(item[3] or item[0]), order(item[0])))
             call, what, guard, via, either = group[0]
-            if either and not self._either_applies(call, what):
+            settings, method = self.context.settings, facts.method_name(call)
+            if either and not sharding.hangs_under_main_or_deepspeed(facts, settings, what, method, self._line):
                 continue
-            anchors: list[cst.CSTNode] = []
-            orderings: dict[int, Ordering] = {}
+            # each collective, or the helper call reaching it, once, in order, with how it is ordered
+            firsts = {}
             for other, _, _, other_via, _ in group:
-                anchor = other_via or other
-                if id(anchor) not in orderings:
-                    anchors.append(anchor)
-                    orderings[id(anchor)] = collective_ordering(facts, other, other_via, guard)
+                firsts.setdefault(id(other_via or other), (other_via or other, other, other_via))
+            anchors = [anchor for anchor, _, _ in firsts.values()]
+            orderings = {key: collective_ordering(facts, c, v, guard) for key, (_, c, v) in firsts.items()}
             self._report(call, what, guard, via, either, anchors, orderings)
 
     # -- collectives in the project's other modules -------------------------------------------
@@ -454,25 +454,11 @@ def save(output_dir):
 
     # -- what the project says of the backend -------------------------------------------------
 
-    def _either_applies(self, call: cst.Call, what: str) -> bool:
-        """Under a DeepSpeed-or-main guard: silent when the launch selects DeepSpeed (every rank enters). A plain
-        collective hangs under any other backend. `save_state`/`save_model`/`get_state_dict` gather only under FSDP
-        there (DDP saves locally): reported only where the project says FSDP, or, for `save_state`, where
-        automatic checkpoint naming makes it wait for every rank."""
-        backend = sharding.launch_backend(self.context.settings)
-        if backend == "DEEPSPEED":
-            return False
-        if what != "sharded":
-            return True
-        if backend is not None and backend != "FSDP" and not self._waits_for_everyone(call):
-            return False
-        return self._fsdp_evidence() is not None or self._waits_for_everyone(call)
-
     def _fsdp_evidence(self) -> str | None:
-        return sharding.fsdp_evidence(self.facts, self.context.settings, lambda node: self.context.span(node).line)
+        return sharding.fsdp_evidence(self.facts, self.context.settings, self._line)
 
-    def _waits_for_everyone(self, call: cst.Call) -> bool:
-        return self.facts.method_name(call) == "save_state" and sharding.automatic_checkpoint_naming(self.facts)
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.context.span(node).line
 
     # -- the report -------------------------------------------------------------------------
 
@@ -542,10 +528,9 @@ def save(output_dir):
                 "backend only the main process reaches it"
             )
         fix, why_not = self._fix(guard, anchors, orderings)
-        basis = ""
-        if isinstance(call.func, cst.Attribute):
-            identified = facts.identified(call.func.value, call, "accelerator")
-            basis = f" ({identified})" if identified else ""
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        identified = facts.identified(receiver, call, "accelerator") if receiver is not None else None
+        basis = f" ({identified})" if identified else ""
         if conditional:
             message = f"`{callee}()`{basis} runs only on the main process ({where}): it {does}; {remedy}"
         else:
