@@ -361,13 +361,10 @@ for epoch in range(10):
         if guard is None and not (self.loop.distributed or accelerator_methods(facts, loop)):
             return None  # a main-process guard inside the loop is itself the sign of several processes
         branches = surrounding_tests(facts, exit_node, until=loop)
-        if not branches:
+        local = (r for b in branches if (r := rank_local_reason(facts, b.test, b)) is not None)
+        reason = next(local, None) if guard is None else None
+        if not branches or (guard is None and reason is None):
             return None
-        reason = None
-        if guard is None:
-            reason = next((r for b in branches if (r := rank_local_reason(facts, b.test, b)) is not None), None)
-            if reason is None:
-                return None
         return branches[0], reason, guard
 
     # -- the report and the fix -------------------------------------------------------------------
@@ -383,8 +380,7 @@ for epoch in range(10):
         else:
             remedy = f"leave together with `if any_rank(<condition>): {word}` (`from lintdist.runtime import any_rank`)"
         if guard is not None:
-            test = guard.test if isinstance(guard, cst.If) else None
-            shown = f" (`{code_text(test)}`)" if test is not None else ""
+            shown = f" (`{code_text(guard.test)}`)" if isinstance(guard, cst.If) else ""
             message = (
                 f"`{word}` out of the training loop under a main-process guard{shown}: only the main process stops, "
                 f"the other ranks hang at the next collective; {remedy}"

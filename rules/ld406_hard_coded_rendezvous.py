@@ -205,13 +205,9 @@ local_rank = int(os.environ["LOCAL_RANK"])
         if evidence is None:
             return
         launcher = self.launch.launcher
-        # not `deepspeed`: its workers host their own store at the port, so one written value reaches them all
-        launched = (
-            rendezvous is not None
-            and rendezvous.value is True
-            and launcher is not None
-            and launcher.value in {"torchrun", "accelerate"}
-        )
+        # the launcher sets the rendezvous (a launch that does not returned above); not `deepspeed`: its workers host
+        # their own store at the port, so one written value reaches them all
+        launched = rendezvous is not None and launcher is not None and launcher.value in {"torchrun", "accelerate"}
         for node, what in found:
             if launched and "MASTER_PORT" in what:
                 # torch 2.13 `rendezvous._create_c10d_store`: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, the

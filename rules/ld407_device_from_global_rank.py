@@ -273,9 +273,7 @@ for batch in loader:
         if source is None:
             return
         text = cst.Module([]).code_for_node(index)
-        shown = (
-            f"`{text}` is the global rank" if text == source.strip("`") else f"`{text}` is the global rank ({source})"
-        )
+        shown = f"`{text}` is the global rank" + ("" if text == source.strip("`") else f" ({source})")
         self.report(
             index,
             f"{shown}, not this process's GPU on its node: on a second node it "
@@ -303,9 +301,8 @@ for batch in loader:
     def _unpinned(self) -> None:
         """An NCCL script that never picks a device per process: every `cuda` without an index is GPU 0."""
         facts = self.facts
-        if PINNED.search(self.context.text or ""):  # one-process launches are skipped by the engine
-            return
-        if not any(starts_nccl_group(facts, call) for call in facts.calls):
+        # one-process launches are skipped by the engine
+        if PINNED.search(self.context.text or "") or not any(starts_nccl_group(facts, call) for call in facts.calls):
             return
         sites = [call for call in facts.calls if current_device(facts, call)]
         if not sites:
