@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
 from lintdist.accelerators import accelerator_methods, accelerator_spelling
 from lintdist.exits import left_loop
@@ -77,9 +76,6 @@ DISTRIBUTION_WORDS = (
     # a main-process flag (the project's own `distr.is_global_main` too): a test that only several processes need
     *MAIN_FLAG_WORDS,
 )
-# An `if` body that holds only the exit: `if c: break`, or `break` alone in an indented block.
-EXIT = m.Break() | m.Return()
-ONLY_EXIT = m.IndentedBlock(body=[m.SimpleStatementLine(body=[EXIT])]) | m.SimpleStatementSuite(body=[EXIT])
 
 
 class LocalEarlyStop(Rule):
@@ -394,8 +390,10 @@ for epoch in range(10):
 
     def _fix(self, exit_node, holder: cst.If, accelerator: str | None, word: str) -> Fix | None:
         facts = self.facts
-        body = holder.body
-        if holder.orelse is not None or facts.rank_split(holder) is not None or not m.matches(body, ONLY_EXIT):
+        body, line = holder.body, facts.parent(exit_node)
+        # the `if` holds only the exit: `if c: break`, or `break` alone in its indented block
+        alone = len(facts.within(body, cst.BaseSmallStatement)) == 1 and (line is body or facts.parent(line) is body)
+        if holder.orelse is not None or facts.rank_split(holder) is not None or not alone:
             return None
         if not isinstance(facts.parent(holder), (cst.IndentedBlock, cst.Module)):
             return None
