@@ -14,7 +14,8 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import ACCELERATOR_CLASSES, argument_of
-from lintdist.main_process import others_branch, outermost_function
+from lintdist.main_process import never_with_main, others_branch, outermost_function
+from lintdist.rule import words
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -234,3 +235,47 @@ def _fsdp_wrapped(facts: PythonFacts) -> bool:
         any("FullyShardedDataParallel" in q or "fully_shard" in q for q in facts.qualified_names(call.func))
         for call in facts.wrapped_models()
     )
+
+
+def collective_elsewhere(facts: PythonFacts, call: cst.Call) -> tuple[PythonFacts, cst.Call, str] | None:
+    """The first collective that ``call``, a call of a function defined in another module of the project, reaches
+    there outside the branches the main process never takes (``if rank != 0:``), with that module's facts and the
+    collective's kind (``collective_kind``); None when it reaches none or the function is out of sight."""
+    if facts.project is None or not facts.imported_root(call.func) or facts.local_functions(call):
+        return None
+    for qualified in sorted(facts.qualified_names(call.func)):
+        definition = facts.project.definition(qualified, COLLECTIVE_MARKERS)
+        if definition is None or not isinstance(definition[1], cst.FunctionDef):
+            continue
+        other, function = definition
+        for inner in other.reachable_calls(function):
+            kind = collective_kind(other, inner)
+            if kind is not None and not never_with_main(other, inner):
+                return other, inner, kind
+    return None
+
+
+def others_only_collectives(facts: PythonFacts) -> list[tuple[cst.Call, cst.If]]:
+    """The collectives in a branch that leaves the main process out (the ``else:`` of ``if
+    accelerator.is_main_process:``, ``if rank != 0:``) that the main process never makes in the same top-level
+    function (``main_joins``), the first of each branch, with the branch's ``if``: the other ranks wait in them."""
+    found: list[tuple[cst.Call, cst.If]] = []
+    for call in facts.calls:
+        branch = others_branch(facts, call) if collective_kind(facts, call) == "always" else None
+        if branch is None or any(branch is b for _, b in found) or main_joins(facts, call):
+            continue
+        found.append((call, branch))
+    return found
+
+
+# A rule's trigger group (``Rule.also_triggers``) for a file that may make a collective ``collective_kind`` knows
+# (`state_dict()` is one only inside `state_dict_type(...)`).
+COLLECTIVE_TEXTS = (
+    words(
+        *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
+        *ACCELERATOR_COLLECTIVES,
+        *ACCELERATOR_SHARD_GATHERS,
+        *("checkpoint", "save_checkpoint", "state_dict_type", "optim_state_dict"),
+        *("full_optim_state_dict", "sharded_optim_state_dict"),
+    ),
+)

@@ -183,3 +183,23 @@ def saved_on_main_only(facts: PythonFacts, argument: cst.Arg) -> bool:
     if not isinstance(call, cst.Call) or facts.method_name(call) != "save" or argument is not call.args[0]:
         return False
     return isinstance(call.func, cst.Attribute) and facts.is_accelerator(call.func.value, call)
+
+
+def file_writes(facts: PythonFacts) -> list[tuple[cst.Call, cst.BaseExpression, bool]]:
+    """Every call of the file that writes a file lintdist knows (``written_file``): the call, the path, and whether
+    the API writes on the main process only, in the order of the file."""
+    return [
+        (call, *found)
+        for call in facts.calls
+        if facts.method_name(call) in WRITE_NAMES and (found := written_file(facts, call)) is not None
+    ]
+
+
+def file_reads(facts: PythonFacts) -> list[tuple[cst.Call, list[cst.BaseExpression]]]:
+    """Every call of the file that reads a file lintdist knows (``read_files``), with the paths it may read, in the
+    order of the file."""
+    return [
+        (call, found)
+        for call in facts.calls
+        if facts.method_name(call) in READ_NAMES and (found := read_files(facts, call)) is not None
+    ]

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.collectives import collective_kind, is_barrier
 from lintdist.edits import replace_nodes
-from lintdist.facts import MAIN_FLAGS, RANK_GETTERS, RANK_NAMES
-from lintdist.main_process import main_conjuncts, under_main_guard
+from lintdist.facts import MAIN_FLAGS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
+from lintdist.main_process import main_conjuncts, outermost_main_guard, under_main_guard
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -611,3 +612,65 @@ def logs_on_main(facts: PythonFacts, call: cst.Call) -> bool:
         and isinstance(func.value, cst.Name)
         and func.value.value in {"logger", "logging", "log", "LOGGER"}
     )
+
+
+# -- splitting a guard around collectives -------------------------------------------------------------------
+
+# Collectives that return a value, so that a call nested in a larger statement can be bound to a name first.
+VALUE_COLLECTIVES = frozenset({"get_state_dict", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+# Accelerator methods that create the target folder and write files on every rank (`random_states_<i>.pkl`, the
+# shards): rank-0 work before them (checkpoint rotation) must end before the other ranks start them.
+FOLDER_WRITERS = frozenset({"save_state", "save_model"})
+
+
+def binding_stem(facts: PythonFacts, call: cst.Call) -> str | None:
+    """The stem of the name a value-returning collective nested in a larger statement is bound to first
+    (``state_dict`` for ``get_state_dict``, else ``gathered``); None for a collective whose value is not kept."""
+    method = facts.method_name(call)
+    if method not in VALUE_COLLECTIVES:
+        return None
+    return "state_dict" if method == "get_state_dict" else "gathered"
+
+
+def collective_ordering(facts: PythonFacts, call: cst.Call, via: cst.Call | None, guard: cst.CSTNode) -> Ordering:
+    """How the collective ``call`` (reached through the helper call ``via``, if any) is ordered against the rank-0
+    work before it once it leaves ``guard``: a barrier orders that work itself; ``save_state`` and ``save_model``
+    create the folder and write files on every rank, so they need a barrier first, called on the Accelerator as the
+    code at the guard spells it; the other collectives write nothing on the other ranks."""
+    if is_barrier(facts, call):
+        return Ordering(barrier=True)
+    if facts.method_name(call) not in FOLDER_WRITERS or not isinstance(call.func, cst.Attribute):
+        return Ordering()
+    if via is None:
+        return Ordering(writes=True, owner=call.func.value)
+    # an Accelerator as the code at the call names it: an argument of the helper, or the guard's own
+    # (`if accelerator.is_main_process:`), both in scope there
+    test = guard.test if isinstance(guard, cst.If) else None
+    tested = [a.value for a in facts.within(test, cst.Attribute) if a.attr.value in MAIN_FLAGS] if test else []
+    owners = [arg.value for arg in via.args] + tested
+    return Ordering(writes=True, owner=next((o for o in owners if facts.accelerator_like(o, via)), None))
+
+
+def split_guard(
+    facts: PythonFacts, guard: cst.CSTNode, anchors: list[cst.CSTNode], orderings: dict[int, Ordering]
+) -> tuple[cst.If, list[cst.BaseStatement]]:
+    """The outermost main-process ``if`` around ``guard`` and the statements that replace it so that the
+    collectives ``anchors`` (or the local helper calls that reach them) run on every rank; raises ``NoHoist`` with
+    the reason where that is not safe: a helper that does more than collectives and logging, an early ``return`` or
+    a decorator for a guard, a block ``hoist`` cannot split, or a guard that not every rank reaches."""
+    def allowed(inner: cst.Call) -> bool:
+        return collective_kind(facts, inner) is not None or logs_on_main(facts, inner)
+
+    for site in anchors:
+        if not (isinstance(site, cst.Call) and collective_kind(facts, site) is not None):
+            why_not = helper_repeatable(facts, site, allowed)
+            if why_not:
+                raise NoHoist(why_not)
+    if not isinstance(guard, cst.If):
+        raise NoHoist("the guard is an early `return` or a decorator")
+    outer, inner = outermost_main_guard(facts, guard)
+    statements = hoist(facts, outer, anchors, inner, orderings, lambda call: binding_stem(facts, call))
+    reach = facts.all_ranks_reach(outer)
+    if reach.value is not True:
+        raise NoHoist(barrier_unsafe(reach))
+    return outer, statements

@@ -1007,3 +1007,39 @@ def top_key_setting(document: ConfigDocument, key: str, path: str) -> Setting | 
 def setting_place(setting: Setting) -> str:
     """Where a setting is said, for messages: its file's name and line (``config.yaml:3``)."""
     return f"{os.path.basename(setting.path)}:{setting.line}"
+
+
+# Classes whose objects are processes a script starts itself, one at a time.
+PROCESS_CLASSES = frozenset({"torch.multiprocessing.Process", "multiprocessing.Process"})
+STARTER_NAMES = SPAWN_NAMES | PROCESS_CLASSES
+STARTER_WORDS = SPAWN_WORDS | {"Process"}
+
+
+def starts_processes(facts) -> bool:
+    """The script starts its processes itself: ``mp.spawn``/``start_processes``, accelerate's
+    ``notebook_launcher``/``debug_launcher``, or a ``multiprocessing.Process``."""
+    return any(
+        facts.method_name(call) in STARTER_WORDS and facts.callee_is(call, STARTER_NAMES) for call in facts.calls
+    )
+
+
+# The flag that counts a launcher's nodes.
+NODE_FLAGS = {"torchrun": ("nnodes",), "accelerate": ("num_machines",), "deepspeed": ("num_nodes",)}
+
+
+def most_nodes(command: LaunchCommand, launch: LaunchFile, text: str, path: str) -> tuple[int | None, str]:
+    """The most nodes a launch line may start, with the words that say so: its node flag (``--nnodes 2``;
+    torchrun's elastic ``1:4`` counts 4), else, under ``srun``/``mpiexec``, the nodes the starter asks for; (None,
+    "") when nothing says (``--nnodes $NNODES`` alone)."""
+    flags = {f.name: f for f in command.flags}
+    flag = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
+    last = flag.value.rsplit(":", 1)[-1] if flag is not None and flag.value is not None else ""
+    if last.isdigit():
+        return int(last), f"--{flag.name} {flag.value}"
+    if command.wrapper is None:
+        return None, ""
+    settings = LaunchSettings()
+    for setting in command_settings(command, launch, text, path):
+        settings.set(setting)
+    started = command_launch(command, launch, settings, text, path).nodes
+    return (started.value, started.words) if started is not None else (None, "")

@@ -8,12 +8,21 @@ DeepSpeed`` form (``main_or_deepspeed_guard``) and the main-process guards neste
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import MAX_CALLER_DEPTH
+from lintdist.facts import (
+    MAIN_FLAG_WORDS,
+    MAIN_FLAGS,
+    MAIN_ONLY_DECORATORS,
+    MAX_CALLER_DEPTH,
+    RANK_GETTERS,
+    RANK_NAMES,
+)
+from lintdist.rule import Pattern, words
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -170,3 +179,16 @@ def _is_deepspeed_test(test: cst.BaseExpression) -> bool:
     left = (get_full_name_for_node(test.left) or "").rsplit(".", 1)[-1]
     right = (get_full_name_for_node(target.comparator) or "").rsplit(".", 1)[-1]
     return {left, right} == {"distributed_type", "DEEPSPEED"}
+
+
+
+# A rule's trigger group (``Rule.also_triggers``) for a file that may hold a main-process guard the facts recognise.
+MAIN_GUARD_TEXTS = (
+    # a rank, a main-process flag or decorator
+    words(*(RANK_NAMES - {"rank"}), *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),
+    # a bare `rank` only where something tests it (`rank == 0`, `rank % n == 0`, `if not rank:`): the word alone is
+    # in every low-rank adapter and tensor-parallel module of a library tree
+    Pattern(("rank",), re.compile(r"(?m)rank\w*\s*(?:[=!<>]=|[<>%]|in\b|not\s+in\b|:\s*$|and\b|or\b)")),
+    # a project's own flag (`self.is_main`, `env.is_global_main()`), which the facts read by its name
+    *MAIN_FLAG_WORDS,
+)

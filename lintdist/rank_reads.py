@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from lintdist.callgraph import registered
 from lintdist.facts import RANK_GETTERS, RANK_NAMES
 
 if TYPE_CHECKING:
@@ -64,3 +65,22 @@ def rank_tested(facts: PythonFacts, node: cst.CSTNode, depth: int = 0) -> bool:
             return depth < MAX_CALLER_DEPTH and bool(sites) and all(rank_tested(facts, s, depth + 1) for s in sites)
         child = ancestor
     return False
+
+
+def every_rank_callers(facts: PythonFacts, node: cst.CSTNode) -> list[tuple[PythonFacts, cst.Call]] | None:
+    """None unless every process of a distributed run reaches ``node``: no rank test stands around it, in its
+    function or its callers', and it is not in a hook handed to a ``register_*`` call (whoever fires it decides
+    where it runs). Else the calls in other modules that set up the run it is in (``main.py`` builds the DDP model
+    and calls ``checkpoint.save(...)``), or none where this module sets up the processes itself."""
+    function = facts.enclosing_function(node)
+    if function is not None and registered(facts, function):
+        return None
+    reach = facts.all_ranks_reach(node, some_path=True)
+    if reach.value is not True or rank_tested(facts, node):
+        return None
+    if facts.sets_up_processes():
+        return []
+    callers = reach.from_distributed_callers
+    if not callers or any(rank_tested(other, site) for other, site in reach.through):
+        return None  # no caller sets up processes, or one tests the rank in a way the facts do not parse
+    return callers

@@ -68,12 +68,12 @@ def rank_local_reason(facts: PythonFacts, test: cst.BaseExpression, at: cst.CSTN
         return None  # reduced here, or a helper of this file that agrees across ranks (`should_stop_all(val_loss)`)
     for call in calls:
         if facts.callee_is(call, CLOCKS):
-            return f"`{_code(call)}` (each rank reads its own clock)"
+            return f"`{code_text(call)}` (each rank reads its own clock)"
     for call in calls:
         if facts.method_name(call) == "item" and isinstance(call.func, cst.Attribute):
             key = root_key(call.func.value)
             if key is None or not reduced(facts, key, at):
-                return f"`{_code(call)}`"
+                return f"`{code_text(call)}`"
     keys = []
     for node in reads(facts, test):
         key = get_full_name_for_node(node)
@@ -266,7 +266,8 @@ def _reducing_arguments(facts: PythonFacts, call: cst.Call, depth: int) -> bool:
     return any(k and reduced(facts, k, call, depth + 1) for k in keys)
 
 
-def _code(node: cst.CSTNode) -> str:
+def code_text(node: cst.CSTNode) -> str:
+    """The source text of ``node``, without surrounding whitespace (for messages)."""
     return cst.Module([]).code_for_node(node).strip()
 
 
@@ -294,8 +295,7 @@ def global_rank(
     another module, follow no further helpers."""
     if depth > MAX_RANK_DEPTH:
         return None
-    if isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
-        return global_rank(facts, expr.args[0].value, at, depth, crossed)
+    expr = unconverted(expr)
     found = global_rank_read(facts, expr, crossed)
     if found is not None or not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
         return found
@@ -348,3 +348,10 @@ def _rank_helper(facts: PythonFacts, call: cst.Call) -> str | None:
             if how is not None:
                 return f"`{qualified.rsplit('.', 1)[-1]}()` returns {how}"
     return None
+
+
+def unconverted(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The value under ``int(...)``/``str(...)`` conversions: ``x`` of ``int(x)`` and of ``str(int(x))``."""
+    while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
+        expr = expr.args[0].value
+    return expr

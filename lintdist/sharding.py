@@ -100,3 +100,35 @@ def builds_deepspeed_placeholders(facts: PythonFacts) -> bool:
             for call in facts.calls
         )
     return facts._memo["deepspeed placeholders"]
+
+
+def needs_every_rank(facts: PythonFacts, settings: LaunchSettings | None, kind: str, method: str | None) -> bool:
+    """Whether a collective of ``kind`` (``collectives.collective_kind``) needs every rank under what this project
+    selects: an "always" one does; a "sharded" one (an Accelerator's ``method``) where the launch or the script
+    selects FSDP or DeepSpeed, or, for ``save_state``, where automatic checkpoint naming makes it call
+    ``wait_for_everyone()`` under any backend."""
+    if kind != "sharded" or sharded(facts, settings):
+        return True
+    return method == "save_state" and automatic_checkpoint_naming(facts)
+
+
+def hangs_under_main_or_deepspeed(
+    facts: PythonFacts,
+    settings: LaunchSettings | None,
+    kind: str,
+    method: str | None,
+    line_of: Callable[[cst.CSTNode], int],
+) -> bool:
+    """Whether a collective of ``kind`` (an Accelerator's ``method`` when "sharded") hangs under ``if
+    accelerator.is_main_process or <DeepSpeed>:`` in this project: never where the launch selects DeepSpeed (every
+    rank enters); a plain collective under any other backend; a sharded one only where the project says FSDP
+    (``fsdp_evidence``), or, for ``save_state``, where automatic checkpoint naming makes it wait for every rank."""
+    backend = launch_backend(settings)
+    if backend == "DEEPSPEED":
+        return False
+    if kind != "sharded":
+        return True
+    waits = method == "save_state" and automatic_checkpoint_naming(facts)
+    if backend is not None and backend != "FSDP" and not waits:
+        return False
+    return fsdp_evidence(facts, settings, line_of) is not None or waits

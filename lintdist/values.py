@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import PythonFacts
+from lintdist.facts import PythonFacts, string_value
 
 # What accelerate's str_to_bool accepts.
 BOOL_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
@@ -132,3 +132,13 @@ def number_literal(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode
             values = {o.node.value for o in origins}
             return values.pop() if len(values) == 1 else None
     return None
+
+
+def string_of(facts: PythonFacts, expr: cst.BaseExpression | None, at: cst.CSTNode) -> str | None:
+    """The text of the string an expression is: a plain string literal, or the one text of the expressions it may
+    come from (``facts.origins``), when each of them is such a literal; None otherwise."""
+    text = string_value(expr)
+    if text is not None or expr is None:
+        return text
+    texts = {string_value(o.node) for o in facts.origins(expr, at) if isinstance(o.node, cst.BaseExpression)}
+    return texts.pop() if len(texts) == 1 else None

@@ -8,10 +8,12 @@ import libcst as cst
 
 from lintdist.accelerators import accelerator_methods, accelerator_spelling
 from lintdist.exits import left_loop
+from lintdist.edits import unparenthesized
 from lintdist.facts import MAIN_FLAG_WORDS
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rank_values import joins_every_rank, rank_local_reason
+from lintdist.rank_values import code_text, joins_every_rank, rank_local_reason
 from lintdist.rule import Invalid, Pattern, Rule, Valid
+from lintdist.surrounding_tests import surrounding_tests
 
 # The rule's own text trigger: an `if` line that reads a loss/metric/stop flag/rank guard, followed within a few
 # lines by a `break`/`return` (or `if c: break` on one line). Read backwards (`Pattern(..., backwards=True)`), so
@@ -74,15 +76,6 @@ DISTRIBUTION_WORDS = (
     # a main-process flag (the project's own `distr.is_global_main` too): a test that only several processes need
     *MAIN_FLAG_WORDS,
 )
-# Wall-clock readings: each rank reads its own, so a time budget runs out at different steps on different ranks.
-CLOCKS = frozenset({"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns"})
-# Objects that hold the run's settings: the same on every rank.
-CONFIG_ROOTS = frozenset(
-    {"args", "config", "cfg", "conf", "opt", "opts", "hparams", "hp", "params", "FLAGS", "settings"}
-)
-# Flags every rank holds alike: transformers' `TrainerControl` is set by callbacks from gathered metrics and step
-# counts on every process.
-UNIFORM_FLAGS = frozenset({"should_training_stop", "should_epoch_stop"})
 
 
 class LocalEarlyStop(Rule):
@@ -363,20 +356,12 @@ for epoch in range(10):
         guard = facts.rank_guard(exit_node)
         if guard is None and not (self.loop.distributed or accelerator_methods(facts, loop)):
             return None  # a main-process guard inside the loop is itself the sign of several processes
-        holder = None
-        reason = None
-        child = exit_node
-        for ancestor in facts.ancestors(exit_node):
-            if ancestor is loop:
-                break
-            if isinstance(ancestor, cst.If) and child is not ancestor.test:
-                holder = holder or ancestor
-                if guard is None and reason is None:
-                    reason = rank_local_reason(facts, ancestor.test, ancestor)
-            child = ancestor
-        if holder is None or (guard is None and reason is None):
+        branches = surrounding_tests(facts, exit_node, until=loop)
+        local = (r for b in branches if (r := rank_local_reason(facts, b.test, b)) is not None)
+        reason = next(local, None) if guard is None else None
+        if not branches or (guard is None and reason is None):
             return None
-        return holder, reason, guard
+        return branches[0], reason, guard
 
     # -- the report and the fix -------------------------------------------------------------------
 
@@ -391,8 +376,7 @@ for epoch in range(10):
         else:
             remedy = f"leave together with `if any_rank(<condition>): {word}` (`from lintdist.runtime import any_rank`)"
         if guard is not None:
-            test = guard.test if isinstance(guard, cst.If) else None
-            shown = f" (`{_code(test)}`)" if test is not None else ""
+            shown = f" (`{code_text(guard.test)}`)" if isinstance(guard, cst.If) else ""
             message = (
                 f"`{word}` out of the training loop under a main-process guard{shown}: only the main process stops, "
                 f"the other ranks hang at the next collective; {remedy}"
@@ -406,28 +390,16 @@ for epoch in range(10):
 
     def _fix(self, exit_node, holder: cst.If, accelerator: str | None, word: str) -> Fix | None:
         facts = self.facts
-        if holder.orelse is not None or facts.rank_split(holder) is not None:
+        body, line = holder.body, facts.parent(exit_node)
+        # the `if` holds only the exit: `if c: break`, or `break` alone in its indented block
+        alone = len(facts.within(body, cst.BaseSmallStatement)) == 1 and (line is body or facts.parent(line) is body)
+        if holder.orelse is not None or facts.rank_split(holder) is not None or not alone:
             return None
-        body = holder.body
-        statements = body.body
-        if isinstance(body, cst.IndentedBlock):
-            if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
-                return None
-            small = statements[0].body
-        else:
-            small = statements
-        if len(small) != 1 or small[0] is not exit_node:
-            return None
-        parent = facts.parent(holder)
-        if not isinstance(parent, (cst.IndentedBlock, cst.Module)):
+        if not isinstance(facts.parent(holder), (cst.IndentedBlock, cst.Module)):
             return None
         if accelerator:
-            set_line = cst.parse_statement(f"{accelerator}.set_trigger()\n")
-            if isinstance(body, cst.IndentedBlock):
-                new_body = body.with_changes(body=[statements[0].with_changes(body=set_line.body)])
-            else:
-                new_body = body.with_changes(body=set_line.body)
-            first = holder.with_changes(body=new_body)
+            set_trigger = cst.Expr(cst.parse_expression(f"{accelerator}.set_trigger()"))
+            first = holder.with_changes(body=body.deep_replace(exit_node, set_trigger))
             check = cst.parse_expression(f"{accelerator}.check_trigger()")
             # the trailing comment of `if c:  # why` stays on the first `if`
             plain = body.with_changes(header=cst.TrailingWhitespace()) if isinstance(body, cst.IndentedBlock) else body
@@ -439,18 +411,10 @@ for epoch in range(10):
             )
         if not self.context.runtime_name_free("any_rank"):
             return None
-        test = holder.test
-        wrapped = cst.Call(
-            func=cst.Name("any_rank"),
-            args=[cst.Arg(test.with_changes(lpar=(), rpar=()) if test.lpar else test)],
-        )
+        wrapped = cst.Call(func=cst.Name("any_rank"), args=[cst.Arg(unparenthesized(holder.test))])
         return Fix(
             Applicability.SAFE,
             f"Take the `{word}` on every rank when the condition holds on any: `any_rank(...)`",
             replacements=((holder.test, wrapped),),
             imports=(("lintdist.runtime", "any_rank"),),
         )
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node).strip()

@@ -7,8 +7,10 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.barriers import barrier_spelling, guarded_places, unwaited
+from lintdist.blocks import statement_before
+from lintdist.control import statement_of
 from lintdist.facts import MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
-from lintdist.file_io import READ_NAMES, WRITE_NAMES, path_values, read_files, temporary_path, written_file
+from lintdist.file_io import READ_NAMES, WRITE_NAMES, file_reads, file_writes, path_values, temporary_path
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid, words
 from lintdist.sharding import builds_deepspeed_placeholders
@@ -193,16 +195,10 @@ state = torch.load(path, map_location="cpu")
     def finish(self) -> None:
         facts = self.facts
         # names first (cheap), resolution only in a file that has both a write and a read by name
-        named = [(call, facts.method_name(call)) for call in facts.calls]
-        if not any(name in WRITE_NAMES for _, name in named) or not any(name in READ_NAMES for _, name in named):
+        names = {facts.method_name(call) for call in facts.calls}
+        if not names & WRITE_NAMES or not names & READ_NAMES:
             return
-        writes, reads = [], []
-        for call, name in named:
-            write = written_file(facts, call) if name in WRITE_NAMES else None
-            if write is not None:
-                writes.append((call, *write))
-            elif name in READ_NAMES and (read := read_files(facts, call)) is not None:
-                reads.append((call, read))
+        writes, reads = file_writes(facts), file_reads(facts)
         # the values a path can have first; whether it lies in a temporary folder only for a pair that matches
         keys = {id(write_call): path_values(facts, write_path, write_call) for write_call, write_path, _ in writes}
         written = set().union(*keys.values())
@@ -244,28 +240,18 @@ state = torch.load(path, map_location="cpu")
 
     def _fix(self, read_anchor: cst.CSTNode) -> tuple[Fix | None, str]:
         facts = self.facts
-        statement = next(
-            (
-                a
-                for a in [read_anchor, *facts.ancestors(read_anchor)]
-                if isinstance(a, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
-            ),
-            None,
-        )
+        statement = statement_of(facts, read_anchor)
         if statement is None or not isinstance(facts.parent(statement), (cst.IndentedBlock, cst.Module)):
             return None, "lintdist finds no statement to put it before"
         reach = facts.all_ranks_reach(statement)
         if reach.value is not True:
             return None, barrier_unsafe(reach)
         barrier, imports, spelled = barrier_spelling(facts, read_anchor)
-        line = cst.SimpleStatementLine(
-            body=[cst.Expr(cst.parse_expression(barrier))], leading_lines=statement.leading_lines
-        )
-        moved = statement.with_changes(leading_lines=())
+        line = cst.SimpleStatementLine(body=[cst.Expr(cst.parse_expression(barrier))])
         fix = Fix(
             Applicability.SAFE,
             f"Insert `{spelled}` before the read",
-            replacements=((statement, cst.FlattenSentinel([line, moved])),),
+            replacements=((statement, statement_before(statement, statement, line)),),
             imports=imports,
         )
         return fix, ""

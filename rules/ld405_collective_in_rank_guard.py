@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist import sharding
 from lintdist.collectives import (
-    ACCELERATOR_COLLECTIVES,
-    ACCELERATOR_SHARD_GATHERS,
-    COLLECTIVE_MARKERS,
-    TORCH_COLLECTIVES,
+    COLLECTIVE_TEXTS,
+    collective_elsewhere,
     collective_kind,
-    is_barrier,
     joined_by_others,
-    main_joins,
+    others_only_collectives,
 )
-from lintdist.facts import MAIN_FLAG_WORDS, MAIN_FLAGS, MAIN_ONLY_DECORATORS, RANK_GETTERS, RANK_NAMES, barrier_unsafe
-from lintdist.hoist import NoHoist, Ordering, helper_repeatable, hoist, logs_on_main
-from lintdist.main_process import (
-    main_only,
-    main_or_deepspeed_guard,
-    never_with_main,
-    others_branch,
-    outermost_main_guard,
-)
+from lintdist.hoist import NoHoist, Ordering, collective_ordering, split_guard
+from lintdist.main_process import MAIN_GUARD_TEXTS, main_only, main_or_deepspeed_guard
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Pattern, Rule, Valid, words
+from lintdist.rule import Invalid, Rule, Valid
 
 # A model export (weights only): not a training checkpoint, which `save_state` on every rank writes.
 ALL_RANKS_PATTERN = (
@@ -57,17 +45,6 @@ _BY_BACKEND = {
     ),
 }
 UNSELECTED = "nothing in this project selects FSDP or DeepSpeed"
-# Accelerator methods that create the target folder and write files on every rank (`random_states_<i>.pkl`, the
-# shards): rank-0 work before them (checkpoint rotation) must end before the other ranks start them.
-FOLDER_WRITERS = frozenset({"save_state", "save_model"})
-# Collectives that return a value, so that a call nested in a larger statement can be bound to a name first.
-VALUE_COLLECTIVES = frozenset({"get_state_dict", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
-
-
-RANK_TEST = Pattern(
-    ("rank",),
-    re.compile(r"(?m)rank\w*\s*(?:[=!<>]=|[<>%]|in\b|not\s+in\b|:\s*$|and\b|or\b)"),
-)
 
 
 class CollectiveInRankGuard(Rule):
@@ -235,28 +212,7 @@ class CollectiveInRankGuard(Rule):
     fix_kind = "unsafe"
     triggers = ("distributed", "accelerat", "deepspeed")
     # a main-process guard, and a collective
-    also_triggers = (
-        # a main-process guard the facts recognise (a rank, a main-process flag or decorator) ...
-        (
-            words(*(RANK_NAMES - {"rank"}), *RANK_GETTERS, *MAIN_FLAGS, *MAIN_ONLY_DECORATORS, "RANK", "LOCAL_RANK"),
-            # a bare `rank` only where something tests it (`rank == 0`, `rank % n == 0`, `if not rank:`): the
-            # word alone is in every low-rank adapter and tensor-parallel module of a library tree
-            RANK_TEST,
-            # a project's own flag (`self.is_main`, `env.is_global_main()`), which the facts read by its name
-            *MAIN_FLAG_WORDS,
-        ),
-        # ... and a collective
-        (
-            words(
-                *(name.rsplit(".", 1)[-1] for name in TORCH_COLLECTIVES),
-                *ACCELERATOR_COLLECTIVES,
-                *ACCELERATOR_SHARD_GATHERS,
-                # `state_dict()` is one only inside `state_dict_type(...)`
-                *("checkpoint", "save_checkpoint", "state_dict_type", "optim_state_dict"),
-                *("full_optim_state_dict", "sharded_optim_state_dict"),
-            ),
-        ),
-    )
+    also_triggers = (MAIN_GUARD_TEXTS, COLLECTIVE_TEXTS)
 
     VALID = (
         Valid(
@@ -416,61 +372,45 @@ def save(output_dir):
                 hit, either = (guard, None), True
             if hit is not None and not joined_by_others(facts, hit[1] or call):
                 found.setdefault(id(hit[0]), []).append((call, what, hit[0], hit[1], either))
-        for call, guard, collective, helper in self._helpers_elsewhere():
+        for call, guard, *reached in self._helpers_elsewhere():
             if id(guard) not in found:
-                self._report_elsewhere(call, collective, helper, guard)
+                self._report_elsewhere(call, guard, *reached)
         self._others_only_collectives()
         order = facts.index.order
         for group in found.values():
             # one finding per guarded block, at the first collective it reaches
             group.sort(key=lambda item: (order(item[3] or item[0]), order(item[0])))
             call, what, guard, via, either = group[0]
-            if either and not self._either_applies(call, what):
+            settings, method = self.context.settings, facts.method_name(call)
+            if either and not sharding.hangs_under_main_or_deepspeed(facts, settings, what, method, self._line):
                 continue
-            anchors: list[cst.CSTNode] = []
-            orderings: dict[int, Ordering] = {}
+            # each collective, or the helper call reaching it, once, in order, with how it is ordered
+            firsts = {}
             for other, _, _, other_via, _ in group:
-                anchor = other_via or other
-                if id(anchor) not in orderings:
-                    anchors.append(anchor)
-                    orderings[id(anchor)] = self._ordering(other, other_via, guard)
+                firsts.setdefault(id(other_via or other), (other_via or other, other, other_via))
+            anchors = [anchor for anchor, _, _ in firsts.values()]
+            orderings = {key: collective_ordering(facts, c, v, guard) for key, (_, c, v) in firsts.items()}
             self._report(call, what, guard, via, either, anchors, orderings)
 
     # -- collectives in the project's other modules -------------------------------------------
 
-    def _helpers_elsewhere(self) -> list[tuple[cst.Call, cst.CSTNode, tuple[cst.Call, str], Rule]]:
+    def _helpers_elsewhere(self) -> list[tuple[cst.Call, cst.CSTNode, cst.Call, str, Rule]]:
         """Calls under a main-process guard of functions defined in the project's other modules that reach a
-        collective there (the first one), with the guard and this rule asked of that module. The guard is
-        found first: only a guarded call's module is read."""
+        collective there (the first one), with the guard, the collective, its kind and this rule asked of that
+        module. The guard is found first: only a guarded call's module is read."""
         facts = self.facts
-        if facts.project is None:
-            return []
         found = []
-        for call in facts.calls:
-            if not facts.imported_root(call.func) or facts.local_functions(call):
+        for call in facts.calls if facts.project is not None else ():
+            if not any(facts.project.of_project(q) for q in facts.qualified_names(call.func)):
                 continue
-            names = sorted(q for q in facts.qualified_names(call.func) if facts.project.of_project(q))
-            hit = main_only(facts, call) if names else None
-            for qualified in names if hit is not None else ():
-                definition = facts.project.definition(qualified, COLLECTIVE_MARKERS)
-                if definition is None or not isinstance(definition[1], cst.FunctionDef):
-                    continue
-                other, helper = definition
-                collective = next(
-                    (
-                        (inner, what)
-                        for inner in other.reachable_calls(helper)
-                        if (what := collective_kind(other, inner)) is not None and not never_with_main(other, inner)
-                    ),
-                    None,
-                )
-                if collective is not None:
-                    found.append((call, hit[0], collective, self.elsewhere(other)))
-                    break
+            hit = main_only(facts, call)
+            reached = collective_elsewhere(facts, call) if hit is not None else None
+            if reached is not None:
+                other, inner, what = reached
+                found.append((call, hit[0], inner, what, self.elsewhere(other)))
         return found
 
-    def _report_elsewhere(self, call: cst.Call, collective: tuple[cst.Call, str], there: Rule, guard) -> None:
-        inner, what = collective
+    def _report_elsewhere(self, call: cst.Call, guard, inner: cst.Call, what: str, there: Rule) -> None:
         helper = get_full_name_for_node(call.func) or "this helper"
         reached = get_full_name_for_node(inner.func) or "a collective"
         place = f"{there.context.path.name}:{there.context.span(inner).line}"
@@ -480,8 +420,7 @@ def save(output_dir):
             "(no automatic fix: the collective is in another module)"
         )
         method = there.facts.method_name(inner)
-        waits = method == "save_state" and sharding.automatic_checkpoint_naming(self.facts)
-        if what == "sharded" and not (sharding.sharded(self.facts, self.context.settings) or waits):
+        if not sharding.needs_every_rank(self.facts, self.context.settings, what, method):
             # nothing in the project selects a backend under which it hangs: say what it costs under each
             message = (
                 f"`{helper}()` reaches `{reached}()` ({place}), and only the main process calls it here (the "
@@ -504,13 +443,7 @@ def save(output_dir):
         process never makes in the same top-level function: the other ranks wait in it forever. The rank-0-first idiom
         (``if rank != 0: dist.barrier()`` ... ``if rank == 0: dist.barrier()``) and a root collective made on
         both sides are joined, and not reported."""
-        facts = self.facts
-        reported: set[int] = set()
-        for call in facts.calls:
-            branch = others_branch(facts, call) if collective_kind(facts, call) == "always" else None
-            if branch is None or id(branch) in reported or main_joins(facts, call):
-                continue
-            reported.add(id(branch))
+        for call, branch in others_only_collectives(self.facts):
             callee = get_full_name_for_node(call.func) or "this call"
             message = (
                 f"`{callee}()` is a collective, but the main process never reaches it (the branch at line "
@@ -521,25 +454,11 @@ def save(output_dir):
 
     # -- what the project says of the backend -------------------------------------------------
 
-    def _either_applies(self, call: cst.Call, what: str) -> bool:
-        """Under a DeepSpeed-or-main guard: silent when the launch selects DeepSpeed (every rank enters). A plain
-        collective hangs under any other backend. `save_state`/`save_model`/`get_state_dict` gather only under FSDP
-        there (DDP saves locally): reported only where the project says FSDP, or, for `save_state`, where
-        automatic checkpoint naming makes it wait for every rank."""
-        backend = sharding.launch_backend(self.context.settings)
-        if backend == "DEEPSPEED":
-            return False
-        if what != "sharded":
-            return True
-        if backend is not None and backend != "FSDP" and not self._waits_for_everyone(call):
-            return False
-        return self._fsdp_evidence() is not None or self._waits_for_everyone(call)
-
     def _fsdp_evidence(self) -> str | None:
-        return sharding.fsdp_evidence(self.facts, self.context.settings, lambda node: self.context.span(node).line)
+        return sharding.fsdp_evidence(self.facts, self.context.settings, self._line)
 
-    def _waits_for_everyone(self, call: cst.Call) -> bool:
-        return self.facts.method_name(call) == "save_state" and sharding.automatic_checkpoint_naming(self.facts)
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.context.span(node).line
 
     # -- the report -------------------------------------------------------------------------
 
@@ -562,14 +481,12 @@ def save(output_dir):
             where = f"`{helper}()` called under {where}, line {self.context.span(via).line}"
         severity = None
         tail = ""
-        sharded = sharding.sharded(facts, self.context.settings)
+        sharded = sharding.needs_every_rank(facts, self.context.settings, what, method)
         if what == "sharded" and method == "save_state":
             does = (
                 "is a collective under FSDP and under DeepSpeed at every ZeRO stage (the engine's `save_checkpoint`), "
                 "and under any backend with `automatic_checkpoint_naming` (it calls `wait_for_everyone()`)"
             )
-            # with automatic checkpoint naming it waits for every rank whatever the backend
-            sharded = sharded or self._waits_for_everyone(call)
             if sharded or either:
                 tail = "; every rank also writes its own RNG state (`random_states_<i>.pkl`) there"
             remedy = (
@@ -580,7 +497,7 @@ def save(output_dir):
             does = "gathers the model's shards under FSDP and DeepSpeed ZeRO-3"
             remedy = SAVE_MODEL_REMEDY if method == "save_model" else ALL_RANKS_PATTERN
         else:
-            does, sharded = "is a collective", True
+            does = "is a collective"
             remedy = "call it on every rank and keep only the file writes and logging under the guard"
         # nothing in the project selects a backend under which it hangs: say what it costs under each
         conditional = not sharded and not either
@@ -611,10 +528,9 @@ def save(output_dir):
                 "backend only the main process reaches it"
             )
         fix, why_not = self._fix(guard, anchors, orderings)
-        basis = ""
-        if isinstance(call.func, cst.Attribute):
-            identified = facts.identified(call.func.value, call, "accelerator")
-            basis = f" ({identified})" if identified else ""
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        identified = facts.identified(receiver, call, "accelerator") if receiver is not None else None
+        basis = f" ({identified})" if identified else ""
         if conditional:
             message = f"`{callee}()`{basis} runs only on the main process ({where}): it {does}; {remedy}"
         else:
@@ -633,55 +549,13 @@ def save(output_dir):
     ) -> tuple[Fix | None, str]:
         """The fix that calls the collectives (``anchors``: them, or the helper calls that reach them) on every
         rank, or why none is offered."""
-        facts = self.facts
-
-        def allowed(inner: cst.Call) -> bool:
-            return collective_kind(facts, inner) is not None or logs_on_main(facts, inner)
-
-        for site in anchors:
-            if not (isinstance(site, cst.Call) and collective_kind(facts, site) is not None):
-                why_not = helper_repeatable(facts, site, allowed)
-                if why_not:
-                    return None, why_not
-        if not isinstance(guard, cst.If):
-            return None, "the guard is an early `return` or a decorator"
-        outer, inner = outermost_main_guard(facts, guard)
         try:
-            statements = hoist(facts, outer, anchors, inner, orderings, self._bindable)
+            outer, statements = split_guard(self.facts, guard, anchors, orderings)
         except NoHoist as reason:
             return None, str(reason)
-        reach = facts.all_ranks_reach(outer)
-        if reach.value is not True:
-            return None, barrier_unsafe(reach)
         fix = Fix(
             Applicability.UNSAFE,
             "Call the collective on every rank; keep the rank-0 work under the guard",
             replacements=((outer, cst.FlattenSentinel(statements)),),
         )
         return fix, ""
-
-    def _bindable(self, call: cst.Call) -> str | None:
-        """The stem of the name a value-returning collective nested in a larger statement is bound to first."""
-        method = self.facts.method_name(call)
-        if method not in VALUE_COLLECTIVES:
-            return None
-        return "state_dict" if method == "get_state_dict" else "gathered"
-
-    def _ordering(self, call: cst.Call, via: cst.Call | None, guard: cst.CSTNode) -> Ordering:
-        """How the collective ``call`` (reached through the helper call ``via``, if any) is ordered against the
-        rank-0 work before it once it leaves the guard: a barrier orders that work itself; ``save_state`` and
-        ``save_model`` create the folder and write files on every rank, so they need a barrier first, called on the
-        Accelerator as the code at the guard spells it; the other collectives write nothing on the other ranks."""
-        if is_barrier(self.facts, call):
-            return Ordering(barrier=True)
-        if self.facts.method_name(call) not in FOLDER_WRITERS or not isinstance(call.func, cst.Attribute):
-            return Ordering()
-        if via is None:
-            return Ordering(writes=True, owner=call.func.value)
-        # an Accelerator as the code at the call names it: an argument of the helper, or the guard's own
-        # (`if accelerator.is_main_process:`), both in scope there
-        facts = self.facts
-        test = guard.test if isinstance(guard, cst.If) else None
-        tested = [a.value for a in facts.within(test, cst.Attribute) if a.attr.value in MAIN_FLAGS] if test else []
-        owners = [arg.value for arg in via.args] + tested
-        return Ordering(writes=True, owner=next((o for o in owners if facts.accelerator_like(o, via)), None))

@@ -6,47 +6,23 @@ import re
 
 import libcst as cst
 
-from lintdist.environment import environment_key, environment_writes, reads_environment, spells_environment
+from lintdist.devices import INIT_PROCESS_GROUP
+from lintdist.environment import environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
-from lintdist.launch import LaunchSettings, command_launch, command_settings
-from lintdist.model import Severity, Span
+from lintdist.launch import most_nodes, setting_span, starts_processes
+from lintdist.launcher_signs import LAUNCHER_VARIABLES, launcher_evidence, own_group
+from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.sources import line_col
+from lintdist.surrounding_tests import surrounding_tests
+from lintdist.values import string_of
 
 RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
-# Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
-# `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
-LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
-INIT_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
-)
-# Launchers that start the processes themselves in this file: one node, and the address must be set here.
-SPAWNERS = frozenset(
-    {
-        "torch.multiprocessing.spawn",
-        "torch.multiprocessing.start_processes",
-        "torch.multiprocessing.spawn.spawn",
-        "torch.multiprocessing.spawn.start_processes",
-        "torch.multiprocessing.Process",
-        "multiprocessing.Process",
-        "accelerate.notebook_launcher",
-        "accelerate.launchers.notebook_launcher",
-        "accelerate.debug_launcher",
-        "accelerate.launchers.debug_launcher",
-    }
-)
-ACCELERATE_STATES = frozenset(
-    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "accelerate.PartialState"}
-    | {"accelerate.state.PartialState"}
-)
-SPAWN_NAMES = frozenset({"spawn", "start_processes", "Process", "notebook_launcher", "debug_launcher"})
-# Launch-file flags that fix the rendezvous, per launcher, and the flags that count the nodes.
+# Launch-file flags that fix the rendezvous, per launcher.
 ADDRESS_FLAGS = {
     "torchrun": ("master_addr", "rdzv_endpoint"),
     "accelerate": ("main_process_ip",),
     "deepspeed": ("master_addr",),
 }
-NODE_FLAGS = {"torchrun": ("nnodes",), "accelerate": ("num_machines",), "deepspeed": ("num_nodes",)}
 SHELL_VALUE = re.compile(r"[$`]")
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
 # A value that stands for an address to fill in: `<MASTER_IP>`, `{head_node}`, `xxx.xxx.xxx.xxx`, `MASTER_IP`,
@@ -217,7 +193,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
 
     def check_python(self) -> None:
         facts = self.facts
-        if facts is None or self._spawns():
+        if facts is None or starts_processes(facts):
             return
         rendezvous = self.launch.rendezvous
         if rendezvous is not None and rendezvous.value is False:
@@ -225,24 +201,20 @@ local_rank = int(os.environ["LOCAL_RANK"])
         found = [*self._environment_writes(), *self._tcp_init_methods()]
         if not found:
             return
-        evidence = self._launched()
+        evidence = launcher_evidence(facts, self.launch, self.context.settings)
         if evidence is None:
             return
         launcher = self.launch.launcher
-        # not `deepspeed`: its workers host their own store at the port, so one written value reaches them all
-        launched = (
-            self.launch.rendezvous is not None
-            and self.launch.rendezvous.value is True
-            and launcher is not None
-            and launcher.value in {"torchrun", "accelerate"}
-        )
+        # the launcher sets the rendezvous (a launch that does not returned above); not `deepspeed`: its workers host
+        # their own store at the port, so one written value reaches them all
+        launched = rendezvous is not None and launcher is not None and launcher.value in {"torchrun", "accelerate"}
         for node, what in found:
             if launched and "MASTER_PORT" in what:
                 # torch 2.13 `rendezvous._create_c10d_store`: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, the
                 # default of its static and c10d rendezvous) every worker is a client of the agent's store
                 self.report(
                     node,
-                    f"{what} overwrites the port of the rendezvous that {self.launch.launcher.where()} starts: under "
+                    f"{what} overwrites the port of the rendezvous that {launcher.where()} starts: under "
                     "torchrun (and `accelerate launch`, which runs it) every worker connects as a client to the store "
                     "the launcher hosts at `MASTER_ADDR:MASTER_PORT`, so a port written here points the workers "
                     "where nothing listens and `init_process_group` times out (unless it happens to equal the "
@@ -259,10 +231,6 @@ local_rank = int(os.environ["LOCAL_RANK"])
             )
 
     # -- Python -----------------------------------------------------------------------------------
-
-    def _spawns(self) -> bool:
-        facts = self.facts
-        return any(facts.method_name(call) in SPAWN_NAMES and facts.callee_is(call, SPAWNERS) for call in facts.calls)
 
     def _environment_writes(self) -> list[tuple[cst.CSTNode, str]]:
         found = []
@@ -285,90 +253,32 @@ local_rank = int(os.environ["LOCAL_RANK"])
             if facts.method_name(call) != "init_process_group" or not facts.callee_is(call, INIT_PROCESS_GROUP):
                 continue
             method = argument_of(call, "init_method", 1)
-            text = string_value(method)
-            if text is None:
-                origins = [o.node for o in facts.origins(method, call)] if method is not None else []
-                texts = {string_value(o) for o in origins if isinstance(o, cst.BaseExpression)}
-                text = texts.pop() if len(texts) == 1 else None
-            if text is not None and text.startswith("tcp://") and not self._own_group(call):
+            text = string_of(facts, method, call)
+            if text is not None and text.startswith("tcp://") and not own_group(facts, call):
                 found.append((method, f'`init_process_group(init_method="{text}")`'))
         return found
-
-    def _own_group(self, call: cst.Call) -> bool:
-        """``init_process_group`` given its rank and world size from anything but the launcher's environment (a
-        one-process group in a test, ``world_size=1, rank=0``): the address is the script's own business."""
-        rank = argument_of(call, "rank", 4)
-        size = argument_of(call, "world_size", 3)
-        return (
-            rank is not None
-            and size is not None
-            and not reads_environment(self.facts, rank)
-            and not reads_environment(self.facts, size)
-        )
 
     def _env_tested(self, node: cst.CSTNode) -> bool:
         """An ``if`` around the write reads the environment (``"MASTER_ADDR" not in os.environ``,
         ``os.environ.get("RANK") is None``): a fallback that keeps what the launcher set."""
-        for ancestor in self.facts.ancestors(node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
-                return False
-            if isinstance(ancestor, (cst.If, cst.While)) and (
-                spells_environment(self.facts, ancestor.test)
-                or any(
-                    string_value(s) in RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES
-                    for s in self.facts.within(ancestor.test, cst.SimpleString)
-                )
-            ):
-                return True
-        return False
-
-    def _launched(self) -> str | None:
-        """What says a launcher starts this script, in words; None when nothing does."""
         facts = self.facts
-        for node in facts.index.nodes(cst.Subscript):
-            key = environment_key(facts, node)
-            if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
-                return f'it reads `os.environ["{key}"]`'
-        for call in facts.calls:
-            name = facts.method_name(call)
-            if name in {"get", "getenv"}:
-                variable = environment_key(facts, call)
-                if variable in LAUNCHER_VARIABLES:
-                    return f"it reads `{variable}` from the environment"
-            elif name == "init_process_group" and facts.callee_is(call, INIT_PROCESS_GROUP):
-                given = {a.keyword.value for a in call.args if a.keyword is not None}
-                positional = sum(1 for a in call.args if a.keyword is None)
-                method = string_value(argument_of(call, "init_method", 1))
-                if (
-                    not given & {"rank", "world_size", "store"}
-                    and positional <= 2
-                    and not (method or "").startswith(("tcp://", "file://"))
-                ):
-                    return "`init_process_group()` takes its rank and world size from the environment"
-            elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_STATES):
-                return f"`{name}()` reads the environment `accelerate launch` sets"
-        launch = self.launch
-        if launch.rendezvous is not None and launch.rendezvous.value is True:
-            return f"{launch.launcher.where()} starts it"
-        settings = self.context.settings
-        if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
-            return "a launch file starts it"
-        return None
+        variables = RENDEZVOUS_VARIABLES | LAUNCHER_VARIABLES
+        around = surrounding_tests(facts, node, kinds=(cst.If, cst.While), scopes=(cst.FunctionDef, cst.ClassDef))
+        return any(
+            spells_environment(facts, branch.test)
+            or any(string_value(s) in variables for s in facts.within(branch.test, cst.SimpleString))
+            for branch in around
+        )
 
     # -- launch files --------------------------------------------------------------------------------
 
     def check_launch(self, launch) -> None:
         text = self.context.text
         for command in launch.commands:
-            flags = {f.name: f for f in command.flags}
-            nodes = next((flags[n] for n in NODE_FLAGS.get(command.launcher, ()) if n in flags), None)
-            count = _node_count(nodes.value if nodes is not None else None)
-            written = f"--{nodes.name} {nodes.value}" if nodes is not None else ""
-            if count is None and command.wrapper is not None:  # `srun -N 2 torchrun --nnodes "$NNODES" ...`
-                started = self._started_nodes(command)
-                count, written = (started.value, started.words) if started is not None else (None, "")
+            count, written = most_nodes(command, launch, text, self.context.display_name)
             if count is None or count <= 1:
                 continue
+            flags = {f.name: f for f in command.flags}
             for name in ADDRESS_FLAGS.get(command.launcher, ()):
                 flag = flags.get(name)
                 if flag is None or flag.value is None or SHELL_VALUE.search(flag.value):
@@ -383,22 +293,4 @@ local_rank = int(os.environ["LOCAL_RANK"])
                     + "; pass it in from the scheduler (`$MASTER_ADDR`, `$SLURM_...`, a script argument) so the job "
                     "runs wherever node 0 lands"
                 )
-                end = flag.value_token.end if flag.value_token is not None else flag.token.end
-                span = Span(*line_col(text, flag.token.start), *line_col(text, end))
-                self.report(None, message, span=span)
-
-    def _started_nodes(self, command):
-        """The nodes the line's ``srun``/``mpiexec`` starts the launcher on, as the engine reads the line."""
-        launch = self.context.launch
-        settings = LaunchSettings()
-        for setting in command_settings(command, launch, self.context.text, self.context.display_name):
-            settings.set(setting)
-        return command_launch(command, launch, settings, self.context.text, self.context.display_name).nodes
-
-
-def _node_count(value: str | None) -> int | None:
-    """``2`` -> 2; torchrun's elastic ``1:4`` -> 4 (the most it may run); None when unknown (``$NNODES``)."""
-    if value is None:
-        return None
-    last = value.rsplit(":", 1)[-1]
-    return int(last) if last.isdigit() else None
+                self.report(None, message, span=setting_span(text, flag))

@@ -5,16 +5,14 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from lintdist.devices import current_device, device_indices, starts_nccl_group, string_device_index
 from lintdist.environment import environment_key
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rank_values import CONVERSIONS, global_rank, global_rank_read
+from lintdist.rank_values import global_rank, global_rank_read, unconverted
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
-SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
 # What makes a per-process device without an index: set per process, every rank keeps the current device, GPU 0.
 # A device picked per process, by the script or by an API that does it for it: torch 2.13's DeviceMesh sets
 # `LOCAL_RANK`'s device when none is set (`device_mesh.py::_setup_world_group_and_device`), and accelerate's
@@ -259,10 +257,6 @@ for batch in loader:
         if self.context.is_test_module:
             return
         facts = self.facts
-        self._spawns = any(
-            facts.method_name(call) in {"spawn", "start_processes"} and facts.callee_is(call, SPAWNS)
-            for call in facts.calls
-        )
         for call in facts.calls:
             for index in device_indices(facts, call):
                 self._check(index)
@@ -273,15 +267,13 @@ for batch in loader:
         self._unpinned()
 
     def _check(self, index: cst.BaseExpression) -> None:
-        if self._spawns or self.launch.one_node:
-            return  # one node: the global rank is the local one
+        if self.launch.one_node:
+            return  # one node (a launch line, or `mp.spawn` in the script): the global rank is the local one
         source = global_rank(self.facts, index, index)
         if source is None:
             return
         text = cst.Module([]).code_for_node(index)
-        shown = (
-            f"`{text}` is the global rank" if text == source.strip("`") else f"`{text}` is the global rank ({source})"
-        )
+        shown = f"`{text}` is the global rank" + ("" if text == source.strip("`") else f" ({source})")
         self.report(
             index,
             f"{shown}, not this process's GPU on its node: on a second node it "
@@ -293,9 +285,7 @@ for batch in loader:
 
     def _fix(self, index: cst.BaseExpression) -> Fix | None:
         """``"RANK"`` read right here becomes ``"LOCAL_RANK"``; ``x.process_index`` here, ``x.local_process_index``."""
-        expr = index
-        while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
-            expr = expr.args[0].value
+        expr = unconverted(index)
         if global_rank_read(self.facts, expr) is None:
             return None
         if isinstance(expr, cst.Attribute):
@@ -311,9 +301,8 @@ for batch in loader:
     def _unpinned(self) -> None:
         """An NCCL script that never picks a device per process: every `cuda` without an index is GPU 0."""
         facts = self.facts
-        if PINNED.search(self.context.text or ""):  # one-process launches are skipped by the engine
-            return
-        if not any(starts_nccl_group(facts, call) for call in facts.calls):
+        # one-process launches are skipped by the engine
+        if PINNED.search(self.context.text or "") or not any(starts_nccl_group(facts, call) for call in facts.calls):
             return
         sites = [call for call in facts.calls if current_device(facts, call)]
         if not sites:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.callgraph import registered
 from lintdist.collectives import may_gather
 from lintdist.edits import guarded_call, with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.file_io import TORCH_SAVES, in_memory, per_item_path
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.pretrained import pretrained_kind
-from lintdist.rank_reads import rank_tested, reads_rank
+from lintdist.rank_reads import every_rank_callers, reads_rank
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.spelling import main_process_test
 
@@ -330,18 +329,9 @@ if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
     def _every_rank(self, call: cst.Call) -> str | None:
         """None unless every process of a distributed run reaches ``call``; else what a message adds as evidence:
         nothing where this module sets the run up, the callers' places where another module does (a helper)."""
-        facts = self.facts
-        function = facts.enclosing_function(call)
-        if function is not None and registered(facts, function):
-            return None  # a hook (`register_save_state_pre_hook(fn)`): its caller decides which ranks run it
-        reach = facts.all_ranks_reach(call, some_path=True)
-        if reach.value is not True or rank_tested(facts, call):
-            return None
-        if self.loop.distributed:
-            return ""
-        callers = reach.from_distributed_callers
-        if not callers or any(rank_tested(other, site) for other, site in reach.through):
-            return None  # no caller sets up processes, or one tests the rank in a way the facts do not parse
+        callers = every_rank_callers(self.facts, call)
+        if not callers:
+            return None if callers is None else ""
         places = ", ".join(other.where(site) for other, site in callers)
         return f" (reached on every rank from {places}, a run of several processes)"
 

@@ -182,3 +182,82 @@ def test_may_gather_by_name_and_state_dicts_when_sharded() -> None:
         """
     )
     assert may_gather(wrapped, _last_call(wrapped), False)
+
+
+def _project_facts(tmp_path, files: dict[str, str], main: str) -> PythonFacts:
+    from lintdist.project import Project, ProjectView
+
+    for name, code in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(code))
+    facts = _facts((tmp_path / main).read_text())
+    facts.project = ProjectView(Project(), tmp_path / main)
+    return facts
+
+
+def test_collective_elsewhere_follows_a_helper_of_another_module(tmp_path):
+    from lintdist.collectives import collective_elsewhere
+
+    helpers = """
+        import torch.distributed as dist
+
+        def log_metrics(total):
+            if dist.get_rank() != 0:
+                dist.barrier()
+            dist.all_reduce(total)
+
+        def plain(total):
+            print(total)
+        """
+    main = "import helpers\nhelpers.log_metrics(t)\nhelpers.plain(t)\nprint(t)\n"
+    facts = _project_facts(tmp_path, {"helpers.py": helpers, "train.py": main}, "train.py")
+    calls = {cst.Module([]).code_for_node(c): c for c in facts.calls}
+    found = collective_elsewhere(facts, calls["helpers.log_metrics(t)"])
+    assert found is not None
+    other, inner, kind = found
+    # the barrier under `!= 0` is never reached by the main process: the all_reduce is the first
+    assert (other.method_name(inner), kind) == ("all_reduce", "always")
+    assert collective_elsewhere(facts, calls["helpers.plain(t)"]) is None
+    assert collective_elsewhere(facts, calls["print(t)"]) is None
+    facts.project = None
+    assert collective_elsewhere(facts, calls["helpers.log_metrics(t)"]) is None
+
+
+def test_others_only_collectives_are_those_the_main_process_never_joins():
+    from lintdist.collectives import others_only_collectives
+
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def wait_alone(rank):
+            if rank == 0:
+                write()
+            else:
+                dist.barrier()
+                dist.all_reduce(t)
+
+        def first_pair(rank):
+            if rank != 0:
+                dist.barrier()
+            build()
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    found = others_only_collectives(facts)
+    assert [(facts.method_name(call), type(branch).__name__) for call, branch in found] == [("barrier", "If")]
+    assert cst.Module([]).code_for_node(found[0][1].test) == "rank == 0"
+
+
+def test_collective_texts_find_a_collective_by_its_name_only():
+    from lintdist.collectives import COLLECTIVE_TEXTS
+    from lintdist.rule import _found
+
+    def found(text: str) -> bool:
+        return any(_found(trigger, text) for trigger in COLLECTIVE_TEXTS)
+
+    assert found("dist.all_reduce(t)")
+    assert found("with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT):")
+    assert found("import torch.distributed.checkpoint as dcp")
+    assert not found("model.state_dict()")  # a collective only inside `state_dict_type(...)`
+    assert not found("all_reduced = 3")

@@ -156,3 +156,30 @@ def test_saved_on_main_only_is_the_object_of_an_accelerator_save() -> None:
     )
     arguments = [(facts.parent(n), n) for n in facts.index.nodes(cst.Name) if n.value == "state"]
     assert [saved_on_main_only(facts, arg) for arg, _ in arguments] == [True, False, False]
+
+
+def test_file_writes_and_reads_in_the_order_of_the_file():
+    from lintdist.file_io import file_reads, file_writes
+
+    facts = _facts(
+        """
+        import torch
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        torch.save(state, "ckpt.pt")
+        accelerator.save_state("out")
+        model.save_pretrained("out", is_main_process=accelerator.is_main_process)
+        state = torch.load("ckpt.pt")
+        model = Model.from_pretrained("out")
+        plan.save()
+        """
+    )
+    writes = [(_code(facts, call.func), _code(facts, path), main) for call, path, main in file_writes(facts)]
+    assert writes == [
+        ("torch.save", '"ckpt.pt"', False),
+        ("accelerator.save_state", '"out"', True),
+        ("model.save_pretrained", '"out"', True),
+    ]
+    reads = [(_code(facts, call.func), [_code(facts, p) for p in paths]) for call, paths in file_reads(facts)]
+    assert reads == [("torch.load", ['"ckpt.pt"']), ("Model.from_pretrained", ['"out"'])]

@@ -163,3 +163,62 @@ def test_helper_repeatable(body: str, reason: str) -> None:
 def test_logs_on_main() -> None:
     facts = _facts("logger.info(x)\naccelerator.print(x)\nprint(x)\nfile.write(x)\nrecords.info(x)\n")
     assert [logs_on_main(facts, c) for c in facts.calls] == [True, True, False, False, False]
+
+
+def test_binding_stem_names_value_collectives_only():
+    from lintdist.hoist import binding_stem
+
+    facts = _facts("x = f(accelerator.get_state_dict(m), accelerator.gather(t))\naccelerator.wait_for_everyone()\n")
+    assert binding_stem(facts, _call(facts, "accelerator.get_state_dict(m)")) == "state_dict"
+    assert binding_stem(facts, _call(facts, "accelerator.gather(t)")) == "gathered"
+    assert binding_stem(facts, _call(facts, "accelerator.wait_for_everyone()")) is None
+
+
+def test_collective_ordering_barriers_folder_writers_and_their_accelerator():
+    from lintdist.hoist import collective_ordering
+
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        if accelerator.is_main_process:
+            accelerator.wait_for_everyone()
+            accelerator.gather(t)
+            accelerator.save_state(d)
+            checkpoint(args, d)
+        """
+    )
+    guard = _guard(facts)
+    assert collective_ordering(facts, _call(facts, "accelerator.wait_for_everyone()"), None, guard).barrier
+    assert collective_ordering(facts, _call(facts, "accelerator.gather(t)"), None, guard) == Ordering()
+    saved = collective_ordering(facts, _call(facts, "accelerator.save_state(d)"), None, guard)
+    assert saved.writes and cst.Module([]).code_for_node(saved.owner) == "accelerator"
+    # reached through a helper call: the guard's own Accelerator is in scope there
+    via = _call(facts, "checkpoint(args, d)")
+    through = collective_ordering(facts, _call(facts, "accelerator.save_state(d)"), via, guard)
+    assert through.writes and cst.Module([]).code_for_node(through.owner) == "accelerator"
+
+
+def test_split_guard_gives_the_outer_guard_and_its_statements_or_why_not():
+    from lintdist.hoist import split_guard
+
+    code = """
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        for batch in loader:
+            if accelerator.is_main_process:
+                losses = accelerator.gather(loss)
+                print(losses.mean())
+        """
+    facts = _facts(code)
+    guard = _guard(facts)
+    outer, statements = split_guard(facts, guard, [_call(facts, "accelerator.gather(loss)")], {})
+    assert outer is guard
+    fixed = replace_nodes(facts.index.module, [(outer, cst.FlattenSentinel(statements))]).code
+    assert "    losses = accelerator.gather(loss)\n    if accelerator.is_main_process:\n" in fixed
+    facts = _facts("@accelerator.on_main_process\ndef report():\n    accelerator.gather(loss)\n")
+    call = _call(facts, "accelerator.gather(loss)")
+    with pytest.raises(NoHoist, match="decorator"):
+        split_guard(facts, facts.rank_guard(call), [call], {})

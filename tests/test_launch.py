@@ -277,3 +277,50 @@ def test_markdown_blocks_carry_srun_and_mpirun_lines():
     ]
     srun = launch.commands[0].wrapper
     assert readme[srun.token.start : srun.token.end] == "srun"
+
+
+def _python_facts(code: str):
+    import libcst as cst
+
+    from lintdist.facts import PythonFacts
+    from lintdist.names import NameResolver
+    from lintdist.syntax import SyntaxIndex
+
+    index = SyntaxIndex(cst.parse_module(code))
+    return PythonFacts(index, NameResolver(index))
+
+
+def test_starts_processes_knows_spawns_launchers_and_process_objects():
+    from lintdist.launch import starts_processes
+
+    for code in (
+        "import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)\n",
+        "from torch.multiprocessing.spawn import start_processes\nstart_processes(main)\n",
+        "from accelerate import notebook_launcher\nnotebook_launcher(main, num_processes=2)\n",
+        "import multiprocessing\nmultiprocessing.Process(target=main).start()\n",
+    ):
+        assert starts_processes(_python_facts(code)), code
+    for code in (
+        "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
+        "from my_pool import Process\nProcess(main)\n",  # a class of the project's, not multiprocessing's
+        "spawn(main)\n",  # nothing imports it: not torch's
+    ):
+        assert not starts_processes(_python_facts(code)), code
+
+
+def test_most_nodes_reads_the_node_flag_the_elastic_maximum_and_the_starter():
+    from lintdist.launch import most_nodes
+
+    text = (
+        "torchrun --nnodes 2 --nproc_per_node 8 train.py\n"
+        "torchrun --nnodes 1:4 train.py\n"
+        "accelerate launch --num_machines 1 train.py\n"
+        'srun -N 3 torchrun --nnodes "$SLURM_NNODES" train.py\n'
+        'torchrun --nnodes "$NNODES" train.py\n'
+        "python train.py\n"
+    )
+    launch = parse_launch(text)
+    found = [most_nodes(command, launch, text, "run.sh") for command in launch.commands]
+    assert found[:3] == [(2, "--nnodes 2"), (4, "--nnodes 1:4"), (1, "--num_machines 1")]
+    assert found[3][0] == 3 and "-N 3" in found[3][1]
+    assert found[4:] == [(None, ""), (None, "")]

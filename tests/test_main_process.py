@@ -154,3 +154,17 @@ def test_outermost_function() -> None:
     facts = _facts("def outer():\n    def inner():\n        X()\nY()\n")
     assert outermost_function(facts, _call(facts, "X()")).name.value == "outer"
     assert outermost_function(facts, _call(facts, "Y()")) is None
+
+
+def test_main_guard_texts_want_a_rank_test_not_the_bare_word():
+    from lintdist.main_process import MAIN_GUARD_TEXTS
+    from lintdist.rule import _found
+
+    def found(text: str) -> bool:
+        return any(_found(trigger, text) for trigger in MAIN_GUARD_TEXTS)
+
+    assert found("if accelerator.is_main_process:\n")
+    assert found("if rank == 0:\n")
+    assert found("if local_rank in [-1, 0]:\n")
+    assert found("@rank_zero_only\ndef log():\n")
+    assert not found("lora_rank = 8\n")  # a low-rank adapter's rank, never tested

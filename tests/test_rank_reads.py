@@ -51,3 +51,37 @@ def test_rank_tested_around_the_node_or_every_call_of_its_function() -> None:
     )
     saves = [c for c in facts.calls if facts.method_name(c) == "save" and c.args]
     assert [rank_tested(facts, s) for s in saves] == [True, False, False]
+
+
+def test_every_rank_callers_none_under_a_rank_test_or_in_a_hook():
+    from lintdist.rank_reads import every_rank_callers
+
+    facts = _facts(
+        """
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model)
+        torch.save(model.state_dict(), "every.pt")
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), "first.pt")
+
+        def hook(models, weights, output_dir):
+            torch.save(weights, "hook.pt")
+
+        accelerator.register_save_state_pre_hook(hook)
+        """
+    )
+    saves = {facts.index.module.code_for_node(c.args[1].value): c for c in facts.calls if len(c.args) == 2}
+    assert every_rank_callers(facts, saves['"every.pt"']) == []  # this module sets the run up
+    assert every_rank_callers(facts, saves['"first.pt"']) is None
+    assert every_rank_callers(facts, saves['"hook.pt"']) is None
+
+
+def test_every_rank_callers_none_in_a_module_that_sets_up_no_run():
+    from lintdist.rank_reads import every_rank_callers
+
+    facts = _facts("import torch\n\ndef save(model):\n    torch.save(model.state_dict(), 'm.pt')\n")
+    call = next(c for c in facts.calls if facts.method_name(c) == "save")
+    assert every_rank_callers(facts, call) is None  # no caller elsewhere sets up processes

@@ -9,6 +9,7 @@ import libcst as cst
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.rank_values import (
+    code_text,
     counter_name,
     joins_every_rank,
     literal,
@@ -179,3 +180,18 @@ def test_global_rank_followed_through_names_and_conversions():
     assert answers["d"] is None and answers["e"] is None and answers["f"] is None
     assert global_rank_read(facts, values["a"]) is None  # a name: read elsewhere
     assert global_rank_read(facts, values["rank"]) == "`dist.get_rank()`"
+
+
+def test_code_text_is_the_source_without_surrounding_whitespace():
+    statement = cst.parse_statement("if  loss.item( ) < best :  # noted\n    pass\n")
+    assert code_text(statement.test) == "loss.item( ) < best"
+    assert code_text(cst.parse_expression("( a + b )")) == "( a + b )"
+
+
+def test_unconverted_strips_int_and_str_conversions_only():
+    from lintdist.rank_values import unconverted
+
+    code = cst.Module([]).code_for_node
+    assert code(unconverted(cst.parse_expression('str(int(os.environ["RANK"]))'))) == 'os.environ["RANK"]'
+    assert code(unconverted(cst.parse_expression("float(rank)"))) == "float(rank)"
+    assert code(unconverted(cst.parse_expression("int()"))) == "int()"

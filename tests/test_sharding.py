@@ -93,3 +93,41 @@ def test_deepspeed_placeholders_say_the_script_runs_deepspeed() -> None:
         _facts("from accelerate.utils import DummyOptim\noptimizer = DummyOptim(model.parameters())\n")
     )
     assert not builds_deepspeed_placeholders(_facts("optimizer = DummyOptim(model.parameters())\n"))
+
+
+@pytest.mark.parametrize(
+    ("code", "backend", "kind", "method", "expected"),
+    [
+        ("", None, "always", "wait_for_everyone", True),
+        ("", None, "sharded", "get_state_dict", False),
+        ("", "FSDP", "sharded", "get_state_dict", True),
+        ("", "MULTI_GPU", "sharded", "save_state", False),
+        ("ProjectConfiguration(automatic_checkpoint_naming=True)", None, "sharded", "save_state", True),
+        ("ProjectConfiguration(automatic_checkpoint_naming=True)", None, "sharded", "save_model", False),
+    ],
+)
+def test_needs_every_rank(code: str, backend: str | None, kind: str, method: str, expected: bool) -> None:
+    from lintdist.sharding import needs_every_rank
+
+    source = f"from accelerate.utils import ProjectConfiguration\n{code}\n"
+    assert needs_every_rank(_facts(source), _settings(backend), kind, method) is expected
+
+
+@pytest.mark.parametrize(
+    ("code", "backend", "kind", "method", "expected"),
+    [
+        ("", "DEEPSPEED", "always", "wait_for_everyone", False),  # every rank enters
+        ("", None, "always", "gather", True),
+        ("", None, "sharded", "save_state", False),  # nothing says FSDP: DDP saves locally
+        ("", "FSDP", "sharded", "get_state_dict", True),
+        ("", "MULTI_GPU", "sharded", "save_model", False),
+        ("FullyShardedDataParallelPlugin()", None, "sharded", "save_model", True),
+        ("ProjectConfiguration(automatic_checkpoint_naming=True)", "MULTI_GPU", "sharded", "save_state", True),
+    ],
+)
+def test_hangs_under_main_or_deepspeed(code: str, backend: str | None, kind: str, method: str, expected: bool) -> None:
+    from lintdist.sharding import hangs_under_main_or_deepspeed
+
+    source = f"from accelerate.utils import FullyShardedDataParallelPlugin, ProjectConfiguration\n{code}\n"
+    facts = _facts(source)
+    assert hangs_under_main_or_deepspeed(facts, _settings(backend), kind, method, _line(facts)) is expected

@@ -131,3 +131,22 @@ def test_a_number_written_in_the_script():
     assert number_literal(facts, differs, call) is None
     assert number_literal(facts, computed, call) is None
     assert number_literal(facts, unknown, call) is None
+
+
+def test_string_of_a_literal_or_the_one_text_its_assignments_agree_on():
+    from lintdist.values import string_of
+
+    facts = _facts(
+        """
+        url = "tcp://10.0.0.1:23456"
+        same = "a" if fast else "a"
+        mixed = "a" if fast else "b"
+        computed = f"tcp://{host}:{port}"
+        use(url, same, mixed, computed, "env://", url_unbound)
+        """
+    )
+    call = next(c for c in facts.calls if facts.method_name(c) == "use")
+    texts = [string_of(facts, arg.value, call) for arg in call.args]
+    assert texts[0] == "tcp://10.0.0.1:23456" and texts[4] == "env://"
+    assert texts[2] is None and texts[3] is None and texts[5] is None
+    assert string_of(facts, None, call) is None

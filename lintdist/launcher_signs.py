@@ -1,0 +1,79 @@
+"""What says a launcher starts a script and hands it its environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...).
+
+The script's own code may say it (it reads a variable only a launcher sets, leaves ``init_process_group()`` to read
+them, builds an ``Accelerator``), or its launch does (a ``torchrun``/``accelerate launch``/``deepspeed`` line that
+names it, a launch file's settings). The answer is in words, for a message; None when nothing says.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from lintdist.collectives import ACCELERATE_OBJECTS
+from lintdist.devices import INIT_PROCESS_GROUP
+from lintdist.environment import environment_key, reads_environment
+from lintdist.facts import argument_of, string_value
+
+if TYPE_CHECKING:
+    from lintdist.facts import PythonFacts
+    from lintdist.launch import Launch, LaunchSettings
+
+# Variables torchrun (`torch/distributed/elastic/agent/server/local_elastic_agent.py::_start_workers`) and
+# `accelerate launch` (through torchrun, or `prepare_simple_launcher_cmd_env`) set for every worker.
+LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
+
+
+def environment_initialised(facts: PythonFacts, call: cst.Call) -> bool:
+    """``call`` is an ``init_process_group()`` that takes its rank and world size from the environment: no ``rank``,
+    ``world_size`` or ``store``, at most two positional arguments, and no ``tcp://``/``file://`` address."""
+    if facts.method_name(call) != "init_process_group" or not facts.callee_is(call, INIT_PROCESS_GROUP):
+        return False
+    given = {a.keyword.value for a in call.args if a.keyword is not None}
+    positional = sum(1 for a in call.args if a.keyword is None)
+    method = string_value(argument_of(call, "init_method", 1))
+    return (
+        not given & {"rank", "world_size", "store"}
+        and positional <= 2
+        and not (method or "").startswith(("tcp://", "file://"))
+    )
+
+
+def launcher_evidence(facts: PythonFacts, launch: Launch, settings: LaunchSettings | None) -> str | None:
+    """What says a launcher starts the script, in words: a read of one of ``LAUNCHER_VARIABLES``, an
+    ``init_process_group()`` that reads the environment, an ``Accelerator``/``PartialState``, the launch line that
+    starts it (``launch``, when its launcher sets the rendezvous) or a launch file's ``settings``; None when nothing
+    does."""
+    for node in facts.index.nodes(cst.Subscript):
+        key = environment_key(facts, node)
+        if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
+            return f'it reads `os.environ["{key}"]`'
+    for call in facts.calls:
+        name = facts.method_name(call)
+        if name in {"get", "getenv"}:
+            variable = environment_key(facts, call)
+            if variable in LAUNCHER_VARIABLES:
+                return f"it reads `{variable}` from the environment"
+        elif environment_initialised(facts, call):
+            return "`init_process_group()` takes its rank and world size from the environment"
+        elif name in {"Accelerator", "PartialState"} and facts.callee_is(call, ACCELERATE_OBJECTS):
+            return f"`{name}()` reads the environment `accelerate launch` sets"
+    if launch.rendezvous is not None and launch.rendezvous.value is True:
+        return f"{launch.launcher.where()} starts it"
+    if settings is not None and any(s.spelling in {"flag", "yaml"} for s in settings.values.values()):
+        return "a launch file starts it"
+    return None
+
+
+def own_group(facts: PythonFacts, call: cst.Call) -> bool:
+    """``init_process_group`` given its rank and world size from anything but the launcher's environment (a
+    one-process group in a test, ``world_size=1, rank=0``)."""
+    rank = argument_of(call, "rank", 4)
+    size = argument_of(call, "world_size", 3)
+    return (
+        rank is not None
+        and size is not None
+        and not reads_environment(facts, rank)
+        and not reads_environment(facts, size)
+    )
