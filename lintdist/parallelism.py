@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of
+from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of, string_key
 from lintdist.launch import LaunchSettings, parallelism_exported
 from lintdist.loop import integer_literal
 
@@ -181,3 +181,17 @@ def model_parallel(text: str, settings: LaunchSettings | None) -> bool:
     return settings is not None and any(
         name.startswith(("parallelism_config", "tp_", "cp_", "sp_")) for name in settings.values
     )
+
+
+def sequence_dim_like(buffers: cst.List, dims: cst.List, tensor: str, code) -> cst.BaseExpression | None:
+    """The sequence dimension to shard ``tensor`` (its source text) on, from the ``buffers`` and ``buffer_seq_dims``
+    lists of a context-parallel call: its own, else the input ids', else the one every buffer shares; ``code(node)``
+    gives a node's source text."""
+    texts = [code(e.value) for e in buffers.elements]
+    if tensor in texts:
+        return dims.elements[texts.index(tensor)].value
+    for index, element in enumerate(buffers.elements):
+        if string_key(element.value) == "input_ids" or texts[index] in {"input_ids", "inputs"}:
+            return dims.elements[index].value
+    values = {code(e.value) for e in dims.elements}
+    return dims.elements[0].value if len(values) == 1 else None

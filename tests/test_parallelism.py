@@ -17,6 +17,7 @@ from lintdist.parallelism import (
     mesh_accelerator,
     model_parallel,
     parallelism_size,
+    sequence_dim_like,
 )
 from lintdist.syntax import SyntaxIndex
 
@@ -128,3 +129,17 @@ def test_model_parallelism_named_in_the_text_or_set_at_launch():
     assert not model_parallel("accelerator = Accelerator()", None)
     assert model_parallel("", _settings(Setting("parallelism_config_cp_size", 2, "cfg.yaml", 3, 0, "yaml")))
     assert not model_parallel("", _settings(Setting("mixed_precision", "bf16", "cfg.yaml", 3, 0, "yaml")))
+
+
+def test_sequence_dim_like_the_tensor_the_input_ids_or_the_shared_one():
+    code = cst.Module([]).code_for_node
+
+    def dim(buffers: str, dims: str, tensor: str) -> str | None:
+        found = sequence_dim_like(cst.parse_expression(buffers), cst.parse_expression(dims), tensor, code)
+        return None if found is None else code(found)
+
+    assert dim("[ids, labels, pos]", "[1, 2, 0]", "labels") == "2"
+    assert dim('[batch["input_ids"], mask]', "[1, 0]", 'batch["labels"]') == "1"
+    assert dim("[inputs, mask]", "[seq, 0]", "labels") == "seq"
+    assert dim("[a, b]", "[1, 1]", "labels") == "1"
+    assert dim("[a, b]", "[1, 0]", "labels") is None
