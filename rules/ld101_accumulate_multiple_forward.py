@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import arithmetic, rebinds_any, variable_names
@@ -13,13 +14,19 @@ from lintdist.facts import BACKWARD_METHODS
 from lintdist.gradients import flows_into, gradient_sources, runs_in_step
 from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.passes import EXITS, BlockWalk, PassCounter
+from lintdist.passes import EXITS, BlockWalk, PassCounter, models_per_backward
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.wrappers import forward_of
 
 # Calls that read or change gradients: moving a backward past one of them changes what it sees.
 GRADIENT_USERS = frozenset(
     {"step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "unscale_", "requires_grad_", *BACKWARD_METHODS}
+)
+
+# `<x>.backward(loss)`, with `retain_graph=` at most: the one statement shape the fix merges.
+ACCELERATOR_BACKWARD = m.Call(
+    func=m.Attribute(attr=m.Name("backward")),
+    args=[m.Arg(keyword=None, star=""), m.ZeroOrMore(m.Arg(keyword=m.Name("retain_graph")))],
 )
 
 
@@ -423,30 +430,12 @@ for real in loader:
         return None
 
     def _models_kept_apart(self, block: cst.With, models: frozenset[str], walker: PassCounter) -> bool:
-        """Every backward pass sees at least one accumulated model and no model runs before two of them.
-
-        The calls of the block are taken in evaluation order (by where they end); a model
-        "runs" for a backward when it is called, or handed to a local helper, after the
-        previous backward. A model that runs for two backward passes collects both
-        gradients while ``zero_grad()`` does nothing: that is the leak.
-        """
-        facts = self.facts
-        span = self.context.span
-        calls = sorted(
-            (c for c in facts.calls_within(block.body) if runs_in_step(facts, c, block)),
-            key=lambda c: (span(c).end_line, span(c).end_column),
-        )
-        segments: list[set[str]] = [set()]
-        for call in calls:
-            segments[-1] |= _models_used(facts, call, models)
-            if self.loop.backward_site(call) is not None or any(
-                walker.helper_backward(f) for f in facts.local_functions(call)
-            ):
-                segments.append(set())
-        finished = segments[:-1]
-        if len(finished) < 2 or not all(finished):
+        """Every backward pass sees at least one accumulated model and no model runs for two of them (a model that
+        does collects both gradients while ``zero_grad()`` does nothing: that is the leak)."""
+        runs = models_per_backward(walker, block, self.context.span)
+        if len(runs) < 2 or not all(runs):
             return False
-        return all(sum(name in used for used in finished) <= 1 for name in models)
+        return all(sum(name in used for used in runs) <= 1 for name in models)
 
 
 # -- small pure helpers --------------------------------------------------------------------------
@@ -454,16 +443,6 @@ for real in loader:
 
 def _model_names(models: tuple[cst.BaseExpression, ...]) -> frozenset[str]:
     return frozenset(name for model in models if (name := get_full_name_for_node(model)) is not None)
-
-
-def _models_used(facts, call: cst.Call, models: frozenset[str]) -> set[str]:
-    """The accumulated models this call runs: called directly, or handed to a local helper."""
-    name = forward_of(call, models)
-    if name is not None:
-        return {name}
-    if not facts.local_functions(call):
-        return set()
-    return {name for arg in call.args if (name := get_full_name_for_node(arg.value)) in models}
 
 
 def _before(a: cst.CSTNode, b: cst.CSTNode, rule: Rule) -> bool:
@@ -513,18 +492,7 @@ def _backward_statement(rule: Rule, statements: list[cst.BaseStatement], call: c
     index = next((i for i, statement in enumerate(statements) if statement is line), None)
     if index is None or not isinstance(expression, cst.Expr) or len(line.body) != 1:
         return None
-    func = call.func
-    positional = [a for a in call.args if a.keyword is None]
-    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
-    if (
-        isinstance(func, cst.Attribute)
-        and func.attr.value == "backward"
-        and rule.facts.is_accelerator(func.value, call)
-        and len(positional) == 1
-        and not positional[0].star
-        and call.args[0] is positional[0]
-        and keywords <= {"retain_graph"}
-    ):
+    if m.matches(call, ACCELERATOR_BACKWARD) and rule.facts.is_accelerator(call.func.value, call):
         return index
     return None
 
