@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from lintdist.batch_keys import key_quote, mentions_key
-from lintdist.blocks import literal_binding, statement_before
+from lintdist.blocks import statement_before
 from lintdist.edits import keyword_arg, replace_nodes, with_last_item
-from lintdist.facts import argument_of, string_key
+from lintdist.facts import string_key
 from lintdist.labels import batch_holds, called_head, hands_labels, may_call_model, model_head
 from lintdist.literals import is_name
 from lintdist.loop import keyword
@@ -19,6 +19,7 @@ from lintdist.parallelism import (
     TORCH_CONTEXT_PARALLEL,
     Size,
     accelerator_configs,
+    buffer_lists,
     context_parallel_call,
     parallelism_size,
     sequence_dim_like,
@@ -337,22 +338,10 @@ def train(model, loader, args):
         facts = self.facts
         if name_taken(self.facts, "shift_labels", RUNTIME_MODULES):
             return None
-        code = facts.index.module.code_for_node
-        accelerate = not facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
-        buffers = argument_of(site.context, "buffers", 0 if accelerate else None)
-        dims = argument_of(site.context, "buffer_seq_dims", 1 if accelerate else None)
-        keep = argument_of(site.context, "no_restore_buffers", 2 if accelerate else None)
-        if buffers is None or dims is None or not facts.is_within(site.context, site.block):
+        lists = buffer_lists(facts, site.context, site.block)
+        if lists is None:
             return None  # (a context made before the block, `with cp_context:`, would need its own edit)
-        buffers_list, buffers_line = literal_binding(facts, buffers, site.block, cst.List)
-        dims_list, dims_line = literal_binding(facts, dims, site.block, cst.List)
-        if buffers_list is None or dims_list is None or buffers_line is not None and buffers_line is dims_line:
-            return None
-        if len(buffers_list.elements) != len(dims_list.elements) or any(
-            isinstance(e, cst.StarredElement) for e in (*buffers_list.elements, *dims_list.elements)
-        ):
-            return None
-
+        code = facts.index.module.code_for_node
         # what to compute, and what the call then needs
         if site.labels is None:
             quote = key_quote(facts, site.batch)
@@ -369,29 +358,21 @@ def train(model, loader, args):
                 return None
         else:
             return None
-        dim = sequence_dim_like(buffers_list, dims_list, labels_text, code)
+        dim = sequence_dim_like(lists.buffers, lists.dims, labels_text, code)
         if dim is None:
             return None
         shifted = cst.parse_expression(shifted_text)
-        inside = []
+        inside, outside = [], []
         if site.labels is not None:
             inside.append((site.call, with_last_item(site.call, keyword_arg("shift_labels", shifted.deep_clone()))))
-        if isinstance(keep, cst.Set):
-            inside.append((keep, with_last_item(keep, cst.Element(shifted.deep_clone()))))
-        outside: list[tuple[cst.CSTNode, cst.CSTNode]] = []
-        for literal, line, added in ((buffers_list, buffers_line, shifted), (dims_list, dims_line, dim.deep_clone())):
-            new = with_last_item(literal, cst.Element(added))
-            if line is None:
-                inside.append((literal, new))
-            else:
-                outside.append((line, replace_nodes(line, [(literal, new)])))
+        for old, new in lists.adding(shifted, dim):
+            (inside if facts.is_within(old, site.block) else outside).append((old, new))
         statement = cst.parse_statement(f"{shifted_text} = shift_labels({labels_text})\n")
-        new_block = replace_nodes(site.block, inside)
         # the shift goes before the first statement that reads it: the buffers' binding, else the block
-        first = buffers_line if buffers_line is not None else site.block
+        first = lists.buffers_line if lists.buffers_line is not None else site.block
         replacements = [
             (old, statement_before(old, new, statement) if old is first else new)
-            for old, new in [*outside, (site.block, new_block)]
+            for old, new in [*outside, (site.block, replace_nodes(site.block, inside))]
         ]
         return Fix(
             Applicability.UNSAFE,

@@ -12,6 +12,7 @@ from lintdist.names import NameResolver
 from lintdist.parallelism import (
     Size,
     accelerator_configs,
+    buffer_lists,
     context_parallel_call,
     launch_size,
     mesh_accelerator,
@@ -143,3 +144,34 @@ def test_sequence_dim_like_the_tensor_the_input_ids_or_the_shared_one():
     assert dim("[inputs, mask]", "[seq, 0]", "labels") == "seq"
     assert dim("[a, b]", "[1, 1]", "labels") == "1"
     assert dim("[a, b]", "[1, 0]", "labels") is None
+
+
+def test_buffer_lists_in_the_call_or_bound_before_the_block_and_what_adding_one_changes():
+    facts = _facts(
+        """
+        for batch in loader:
+            buffers = [batch["input_ids"], batch["labels"]]
+            with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1], no_restore_buffers={x}):
+                pass
+            with accelerator.maybe_context_parallel(buffers=[a, *rest], buffer_seq_dims=[1, 1]):
+                pass
+            with accelerator.maybe_context_parallel(buffers=[a], buffer_seq_dims=[1, 1]):
+                pass
+            with cp_context:
+                pass
+        """
+    )
+    code = facts.index.module.code_for_node
+    blocks = facts.index.nodes(cst.With)
+    contexts = [b.items[0].item for b in blocks]
+    lists = buffer_lists(facts, contexts[0], blocks[0])
+    assert code(lists.buffers) == '[batch["input_ids"], batch["labels"]]' and code(lists.dims) == "[1, 1]"
+    assert lists.buffers_line is not None and lists.dims_line is None and code(lists.keep) == "{x}"
+    changed = {code(old): code(new) for old, new in lists.adding(cst.parse_expression("s"), cst.Integer("1"))}
+    assert changed == {
+        "{x}": "{x, s}",
+        'buffers = [batch["input_ids"], batch["labels"]]\n': 'buffers = [batch["input_ids"], batch["labels"], s]\n',
+        "[1, 1]": "[1, 1, 1]",
+    }
+    assert buffer_lists(facts, contexts[1], blocks[1]) is None  # starred
+    assert buffer_lists(facts, contexts[2], blocks[2]) is None  # lengths differ
