@@ -9,7 +9,7 @@ import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import arithmetic, rebinds_any, variable_names
-from lintdist.edits import summed, without_statements
+from lintdist.edits import summed, with_arg_changes, without_statements
 from lintdist.facts import BACKWARD_METHODS
 from lintdist.gradients import flows_into, gradient_sources, runs_in_step
 from lintdist.loop import keyword
@@ -340,9 +340,8 @@ for real in loader:
 
     def _check(self, block: cst.With, call: cst.Call, models: frozenset[str], others: frozenset[str]) -> None:
         walker = PassCounter(self.loop, models)
-        paths = walker.suite(block.body)
+        most = walker.suite(block.body).most
         walk = walker.walk
-        most = paths.most
         accelerator = get_full_name_for_node(call.func.value) or "accelerator"
         subject = f"`{accelerator}.accumulate(...)`"
         severity = Severity.ERROR if self.loop.backend == "DEEPSPEED" else None
@@ -355,11 +354,28 @@ for real in loader:
             )
             self.report(call, message, severity=severity)
         elif most.backward > 1:
-            if walk.frozen and _before(walk.frozen[0], walk.backward_calls[-1], self):
+            span = self.context.span
+            if walk.frozen and span(walk.frozen[0]).line < span(walk.backward_calls[-1]).line:
                 return  # a GAN that freezes the discriminator for the generator's backward
             if len(models) > 1 and self._models_kept_apart(block, models, walker):
                 return  # each model feeds one backward only (ELECTRA-style): nothing leaks between them
-            self._report_sequential(block, call, accelerator, most.backward, models, severity, walk)
+            if len(models) > 1:
+                message = (
+                    f"{most.backward} backward passes run in one {subject} block of several models: a loss that "
+                    "flows through both models fills the other's gradients too, which add to its next step unless "
+                    "cleared in between (and while accumulating `zero_grad()` does nothing); give each model its "
+                    "own `accumulate` block, or freeze the other model (`requires_grad_(False)`) for the second "
+                    "backward"
+                )
+            else:
+                message = (
+                    f"{most.backward} backward passes run in one {subject} block, which accelerate counts as one "
+                    "micro-batch: DeepSpeed steps the optimizer at each backward of a sync step, and DDP can leave a "
+                    f"later backward un-synchronised across ranks; call `{accelerator}.backward` once, on the summed "
+                    "loss"
+                )
+            fix = _sum_fix(self, block, walk.backward_calls, most.backward, models)
+            self.report(call, message, fix=fix, severity=severity)
         elif most.backward == 1 and others:
             leak = self._leak(block, others, walk)
             if leak is not None:
@@ -372,34 +388,6 @@ for real in loader:
                     f"(`{name}.requires_grad_(False)`, then `True` again after the backward)"
                 )
                 self.report(other, message, severity=Severity.WARNING)
-
-    def _report_sequential(
-        self,
-        block: cst.With,
-        call: cst.Call,
-        accelerator: str,
-        count: int,
-        models: frozenset[str],
-        severity: Severity | None,
-        walk: BlockWalk,
-    ) -> None:
-        subject = f"`{accelerator}.accumulate(...)`"
-        if len(models) > 1:
-            message = (
-                f"{count} backward passes run in one {subject} block of several models: a loss that flows through "
-                "both models fills the other's gradients too, which add to its next step unless cleared in between "
-                "(and while accumulating `zero_grad()` does nothing); "
-                "give each model its own `accumulate` block, or freeze the other model (`requires_grad_(False)`) "
-                "for the second backward"
-            )
-        else:
-            message = (
-                f"{count} backward passes run in one {subject} block, which accelerate counts as one micro-batch: "
-                "DeepSpeed steps the optimizer at each backward of a sync step, and DDP can leave a later backward "
-                f"un-synchronised across ranks; call `{accelerator}.backward` once, on the summed loss"
-            )
-        fix = _sum_fix(self, block, walk.backward_calls, count, models)
-        self.report(call, message, fix=fix, severity=severity)
 
     def _leak(self, block: cst.With, others: frozenset[str], walk: BlockWalk) -> tuple[cst.Call, str] | None:
         """A model trained in another ``accumulate`` block feeds this block's loss, unfrozen and not detached, and
@@ -445,10 +433,6 @@ def _model_names(models: tuple[cst.BaseExpression, ...]) -> frozenset[str]:
     return frozenset(name for model in models if (name := get_full_name_for_node(model)) is not None)
 
 
-def _before(a: cst.CSTNode, b: cst.CSTNode, rule: Rule) -> bool:
-    return rule.context.span(a).line < rule.context.span(b).line
-
-
 # -- the fix ---------------------------------------------------------------------------------------
 
 
@@ -461,22 +445,18 @@ def _sum_fix(rule: Rule, block: cst.With, calls: list[cst.Call], count: int, mod
     positions = [_backward_statement(rule, statements, call) for call in calls]
     if None in positions or positions != sorted(set(positions)):
         return None
-    first, last = positions[0], positions[-1]
-    earlier = [calls[i].args[0].value for i in range(len(calls) - 1)]
-    if not all(arithmetic(arg) for arg in earlier):
+    operands = [call.args[0].value for call in calls]
+    if not all(arithmetic(arg) for arg in operands[:-1]):
         return None
-    used = {name for arg in earlier for name in variable_names(rule.facts, arg)}
-    for index in range(first + 1, last + 1):
+    used = {name for arg in operands[:-1] for name in variable_names(rule.facts, arg)}
+    for index in range(positions[0] + 1, positions[-1] + 1):
         if index not in positions and not _may_move_past(rule, statements[index], models):
             return None
         if rebinds_any(rule.facts, statements[index], used):
             return None
-    operands = [*earlier, calls[-1].args[0].value]
-    last_call = calls[-1]
-    new_last = last_call.with_changes(
-        args=(last_call.args[0].with_changes(value=summed(operands)), *last_call.args[1:])
-    )
-    statements[last] = statements[last].deep_replace(last_call, new_last)
+    loss = calls[-1].args[0]
+    new_last = with_arg_changes(calls[-1], {id(loss): loss.with_changes(value=summed(operands))})
+    statements[positions[-1]] = statements[positions[-1]].deep_replace(calls[-1], new_last)
     sums = " + ".join(cst.Module([]).code_for_node(op) for op in operands)
     return Fix(
         Applicability.SAFE,
@@ -489,12 +469,10 @@ def _backward_statement(rule: Rule, statements: list[cst.BaseStatement], call: c
     """The index of the statement that is exactly ``<accelerator>.backward(x)`` for this call, else None."""
     expression = rule.facts.parent(call)
     line = rule.facts.parent(expression)
-    index = next((i for i, statement in enumerate(statements) if statement is line), None)
-    if index is None or not isinstance(expression, cst.Expr) or len(line.body) != 1:
+    if not (isinstance(expression, cst.Expr) and len(line.body) == 1 and m.matches(call, ACCELERATOR_BACKWARD)):
         return None
-    if m.matches(call, ACCELERATOR_BACKWARD) and rule.facts.is_accelerator(call.func.value, call):
-        return index
-    return None
+    index = next((i for i, statement in enumerate(statements) if statement is line), None)
+    return index if index is not None and rule.facts.is_accelerator(call.func.value, call) else None
 
 
 def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[str]) -> bool:

@@ -6,10 +6,11 @@ import re
 from collections.abc import Iterator
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.blocks import statement_before
-from lintdist.edits import replace_nodes
+from lintdist.edits import replace_nodes, with_arg_changes
 from lintdist.facts import BACKWARD_METHODS
 from lintdist.labels import LabelFacts
 from lintdist.lightning import accumulated_batches, fitting_trainers, returned_loss
@@ -401,10 +402,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if not self.loop.token_evidence or self.loop.short_fixed_labels:
             return
         self._findings: set[int] = set()
-        self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
         for site in self.loop.backward_sites:
-            self._check_backward(site)
-        self._severity = Severity.ERROR
+            self._check_backward(site)  # (sets the severity of its findings)
+        self._severity = Severity.ERROR  # the Trainer and Lightning checks are certain
         for function in self.facts.functions.get("compute_loss", ()):
             self._check_compute_loss(function)
         for function in self.facts.functions.get("training_step", ()):
@@ -425,9 +425,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         distributed = self.loop.distributed and (accelerated or self.loop.averages_gradients(call))
         norm = normalisation(self.loop, chain)
         accumulating = self.loop.accumulates or norm.divided_by_accumulation
-        if not (distributed or accumulating):
-            return
-        if not accumulating and self.loop.surely_single:
+        if not accumulating and (not distributed or self.loop.surely_single):
             return  # one process, one micro-batch per step: its own token mean is the step's mean
         # An Accelerator alone does not say the job runs on several processes (it is also used for mixed precision
         # on one device): without accumulation that is only a warning.
@@ -448,12 +446,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             else:
                 self._report_mean(call, chain, head, accelerated, distributed)
             return
+        # a token sum: divided by a count here, or with its gradients scaled after the backward; both where the
+        # division is on one path only (`if optimizer_in_backward: loss = loss / num_tokens`)
         if count:
             self._check_normalised(chain, norm, head, receiver if accelerated else None, distributed, call)
-            if on_one_path(self.facts, count, call):
-                # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
-                self._check_grad_scaling(call, distributed)
-        elif norm.base == "sum":
+        if not count or on_one_path(self.facts, count, call):
             self._check_grad_scaling(call, distributed)
 
     def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
@@ -496,10 +493,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         )
         lead = f"{_subject(chain)} is a mean over this micro-batch's tokens, so the optimizer step"
         if chain.assumed:
-            helper = get_full_name_for_node(chain.base_expr.func)
             lead = (
-                f"{_subject(chain)} comes from `{helper}(...)`, which gets this micro-batch's token labels: if it "
-                "averages over their tokens (the default of losses), the optimizer step"
+                f"{_subject(chain)} comes from `{get_full_name_for_node(chain.base_expr.func)}(...)`, which gets "
+                "this micro-batch's token labels: if it averages over their tokens (the default of losses), the "
+                "optimizer step"
             )
         self._report_once(
             chain.base_at,
@@ -615,7 +612,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if cls is None or not self.facts.derives_from(cls, _is_hf_trainer):
             return
         if any(name.value == "num_items_in_batch" for name in self.facts.within(function.body, cst.Name)):
-            return
+            return  # it reads the step's token count
         for chain in self._returned_means(function, _first_returned):
             self._report_once(
                 chain.base_at,
@@ -692,7 +689,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             func=cst.Attribute(value=cst.Name(name), attr=cst.Name("scale_mean")),
             args=[cst.Arg(call.args[0].value), cst.Arg(cst.Name(batch))],
         )
-        new_call = call.with_changes(args=[call.args[0].with_changes(value=scaled), *call.args[1:]])
+        new_call = with_arg_changes(call, {id(call.args[0]): call.args[0].with_changes(value=scaled)})
         new_loop = replace_nodes(loop, ((source, cst.Name(name)), (call, new_call)))
         return Fix(
             Applicability.SAFE,
@@ -730,8 +727,5 @@ def _first_returned(returned: cst.BaseExpression) -> cst.BaseExpression:
 
 def _subject(chain: Chain) -> str:
     at = chain.base_at
-    if isinstance(at, cst.Assign) and len(at.targets) == 1:
-        name = get_full_name_for_node(at.targets[0].target)
-        if name:
-            return f"`{name}`"
-    return "the loss"
+    name = get_full_name_for_node(at.targets[0].target) if m.matches(at, m.Assign(targets=[m.DoNotCare()])) else None
+    return f"`{name}`" if name else "the loss"

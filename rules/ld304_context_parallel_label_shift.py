@@ -27,7 +27,7 @@ from lintdist.parallelism import (
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import name_taken
 
-RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
+# the modules a script's own `shift_labels` may come from: then the fix's import is already there
 RUNTIME_MODULES = frozenset({"lintdist.runtime", "lintdist.runtime.tokens"})
 
 
@@ -336,10 +336,8 @@ def train(model, loader, args):
 
     def _fix(self, site: _Site) -> Fix | None:
         facts = self.facts
-        if name_taken(self.facts, "shift_labels", RUNTIME_MODULES):
-            return None
         lists = buffer_lists(facts, site.context, site.block)
-        if lists is None:
+        if lists is None or name_taken(facts, "shift_labels", RUNTIME_MODULES):
             return None  # (a context made before the block, `with cp_context:`, would need its own edit)
         code = facts.index.module.code_for_node
         # what to compute, and what the call then needs
@@ -378,5 +376,5 @@ def train(model, loader, args):
             Applicability.UNSAFE,
             "Shift the labels once before sharding and pass them as `shift_labels`, sharded with the other buffers",
             replacements=tuple(replacements),
-            imports=(RUNTIME_IMPORT,),
+            imports=(("lintdist.runtime", "shift_labels"),),
         )
