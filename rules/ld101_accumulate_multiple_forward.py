@@ -398,11 +398,8 @@ for real in loader:
         if len(backwards) != 1 or walk.frozen or keyword(backwards[0], "inputs") is not None:
             return None
         calls = [c for c in facts.calls_within(block.body) if runs_in_step(facts, c, block)]
-        cleared = {
-            get_full_name_for_node(c.func.value)
-            for c in calls
-            if facts.method_name(c) in {"zero_grad", "requires_grad_"} and isinstance(c.func, cst.Attribute)
-        }
+        clearing = m.Attribute(attr=m.Name("zero_grad") | m.Name("requires_grad_"))
+        cleared = {get_full_name_for_node(c.func.value) for c in calls if m.matches(c.func, clearing)}
         around = facts.enclosing_loop(block)
         if around is not None and any(
             facts.method_name(c) == "zero_grad" and self.loop.accumulate_block_of(c) is None

@@ -324,11 +324,10 @@ def train(model, loader, args):
             f"shift once before sharding ({shift}, from `lintdist.runtime`) and add the result to `buffers`"
         )
         fix = None
+        direct = facts.enclosing_function(site.call) is facts.enclosing_function(site.block)  # not in a helper
         if head is not None and not head.takes_shift_labels:
             message += f" ({head.why_not})"
-        elif facts.is_within(site.call, site.block.body) and facts.enclosing_function(
-            site.call
-        ) is facts.enclosing_function(site.block):
+        elif direct and facts.is_within(site.call, site.block.body):
             fix = self._fix(site)
         self.report(site.call, message, fix=fix, severity=Severity.ERROR if certain else Severity.WARNING)
 
