@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import arithmetic, rebinds_any, variable_names
@@ -21,12 +20,6 @@ from lintdist.wrappers import forward_of
 # Calls that read or change gradients: moving a backward past one of them changes what it sees.
 GRADIENT_USERS = frozenset(
     {"step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "unscale_", "requires_grad_", *BACKWARD_METHODS}
-)
-
-# `<x>.backward(loss)`, with `retain_graph=` at most: the one statement shape the fix merges.
-ACCELERATOR_BACKWARD = m.Call(
-    func=m.Attribute(attr=m.Name("backward")),
-    args=[m.Arg(keyword=None, star=""), m.ZeroOrMore(m.Arg(keyword=m.Name("retain_graph")))],
 )
 
 
@@ -398,8 +391,11 @@ for real in loader:
         if len(backwards) != 1 or walk.frozen or keyword(backwards[0], "inputs") is not None:
             return None
         calls = [c for c in facts.calls_within(block.body) if runs_in_step(facts, c, block)]
-        clearing = m.Attribute(attr=m.Name("zero_grad") | m.Name("requires_grad_"))
-        cleared = {get_full_name_for_node(c.func.value) for c in calls if m.matches(c.func, clearing)}
+        cleared = {
+            get_full_name_for_node(c.func.value)
+            for c in calls
+            if facts.method_name(c) in {"zero_grad", "requires_grad_"} and isinstance(c.func, cst.Attribute)
+        }
         around = facts.enclosing_loop(block)
         if around is not None and any(
             facts.method_name(c) == "zero_grad" and self.loop.accumulate_block_of(c) is None
@@ -463,13 +459,17 @@ def _sum_fix(rule: Rule, block: cst.With, calls: list[cst.Call], count: int, mod
 
 
 def _backward_statement(rule: Rule, statements: list[cst.BaseStatement], call: cst.Call) -> int | None:
-    """The index of the statement that is exactly ``<accelerator>.backward(x)`` for this call, else None."""
+    """The index of the statement that is exactly ``<accelerator>.backward(x)`` (``retain_graph=`` at most) for
+    this call, else None."""
     expression = rule.facts.parent(call)
     line = rule.facts.parent(expression)
-    if not (isinstance(expression, cst.Expr) and len(line.body) == 1 and m.matches(call, ACCELERATOR_BACKWARD)):
+    site = rule.loop.backward_site(call)
+    if site is None or site.kind != "accelerator" or call.args[0].value is not site.loss:
+        return None  # not `<accelerator>.backward(loss, ...)`
+    keywords = {a.keyword.value if a.keyword else None for a in call.args[1:]}
+    if not isinstance(expression, cst.Expr) or len(line.body) != 1 or keywords - {"retain_graph"}:
         return None
-    index = next((i for i, statement in enumerate(statements) if statement is line), None)
-    return index if index is not None and rule.facts.is_accelerator(call.func.value, call) else None
+    return next((i for i, statement in enumerate(statements) if statement is line), None)
 
 
 def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[str]) -> bool:

@@ -6,7 +6,6 @@ import re
 from collections.abc import Iterator
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.blocks import statement_before
@@ -727,5 +726,6 @@ def _first_returned(returned: cst.BaseExpression) -> cst.BaseExpression:
 
 def _subject(chain: Chain) -> str:
     at = chain.base_at
-    name = get_full_name_for_node(at.targets[0].target) if m.matches(at, m.Assign(targets=[m.DoNotCare()])) else None
+    single = isinstance(at, cst.Assign) and len(at.targets) == 1
+    name = get_full_name_for_node(at.targets[0].target) if single else None
     return f"`{name}`" if name else "the loss"

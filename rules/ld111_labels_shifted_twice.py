@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
 from lintdist.edits import keyword_arg, repeatable, with_arg_appended
 from lintdist.facts import argument_of
@@ -348,7 +347,7 @@ def _with_shift_labels(call: cst.Call) -> cst.Call | None:
         value = cst.Subscript(value=stars[0], slice=[cst.SubscriptElement(cst.Index(cst.SimpleString('"labels"')))])
     if value is None or not repeatable(value):
         return None
-    if not m.matches(value, m.Call(func=m.Attribute(attr=m.Name("contiguous")))):
+    if not (isinstance(value, cst.Call) and value.func.attr.value == "contiguous"):  # (repeatable: a method call)
         # `ForCausalLMLoss` flattens `shift_labels` with `.view(-1)`, which fails on a slice such as `ids[:, 1:]`
         value = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("contiguous")))
     return with_arg_appended(call, keyword_arg("shift_labels", value.deep_clone()))
