@@ -60,3 +60,62 @@ def repeatable(facts: PythonFacts, expr: cst.BaseExpression) -> bool:
     return all(
         isinstance(call.func, cst.Name) and call.func.value in PURE_CALLS for call in facts.within(expr, cst.Call)
     )
+
+
+def variable_names(facts: PythonFacts, expr: cst.CSTNode) -> set[str]:
+    """The variables ``expr`` reads: every ``Name`` but the attribute names after a dot (``outputs.loss`` reads
+    ``outputs``)."""
+    attributes = {id(node.attr) for node in facts.within(expr, cst.Attribute)}
+    return {node.value for node in facts.within(expr, cst.Name) if id(node) not in attributes}
+
+
+def arithmetic(expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is names, attributes, subscripts by such, numbers and arithmetic on them only: it gives the
+    same value later as long as nothing it names is rebound."""
+    if isinstance(expr, (cst.Name, cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.Attribute):
+        return arithmetic(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return arithmetic(expr.value) and all(
+            isinstance(e.slice, cst.Index) and arithmetic(e.slice.value) for e in expr.slice
+        )
+    if isinstance(expr, cst.BinaryOperation):
+        return arithmetic(expr.left) and arithmetic(expr.right)
+    if isinstance(expr, cst.UnaryOperation):
+        return arithmetic(expr.expression)
+    return False
+
+
+def rebinds_any(facts: PythonFacts, statement: cst.CSTNode, names: set[str]) -> bool:
+    """Whether ``statement`` assigns one of ``names`` (or an attribute or item of one: ``self.loss = ...``
+    changes what ``self.loss`` means later), changes one in place (``loss.mul_(2)``), or deletes anything."""
+
+    def hits(target: cst.BaseExpression) -> bool:
+        root = target
+        while isinstance(root, (cst.Attribute, cst.Subscript)):
+            root = root.value
+        if isinstance(root, cst.Name) and root.value in names:
+            return True
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return any(hits(element.value) for element in target.elements)
+        return isinstance(target, cst.StarredElement) and hits(target.value)
+
+    kinds = (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.AsName, cst.Del, cst.Call)
+    for node in facts.within(statement, *kinds):
+        if isinstance(node, cst.Del):
+            return True
+        if isinstance(node, cst.AsName):
+            if hits(node.name):
+                return True
+        elif isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_"):
+                root = func.value
+                while isinstance(root, cst.Attribute):
+                    root = root.value
+                if isinstance(root, cst.Name) and root.value in names:
+                    return True
+        elif hits(node.target):
+            return True
+    return False

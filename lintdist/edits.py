@@ -381,3 +381,42 @@ def with_arg_first(call: cst.Call, arg: cst.Arg) -> cst.Call:
         after = spacing if isinstance(spacing, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")
         arg = arg.with_changes(comma=cst.Comma(whitespace_after=after))
     return call.with_changes(args=(arg, *call.args))
+
+
+# Operators that bind at least as tightly as `+`: their operations need no parentheses as operands of a sum.
+_PRODUCTS = (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power, cst.MatrixMultiply)
+
+
+def summed(operands: list[cst.BaseExpression]) -> cst.BaseExpression:
+    """``a + b + ...`` of the operands, each in parentheses where ``+`` would otherwise regroup it."""
+    total = _operand(operands[0])
+    for operand in operands[1:]:
+        total = cst.BinaryOperation(total, cst.Add(), _operand(operand))
+    return total
+
+
+def _operand(expr: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Float, cst.Call)) or expr.lpar:
+        return expr
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, _PRODUCTS):
+        return expr
+    return expr.with_changes(lpar=(cst.LeftParen(),), rpar=(cst.RightParen(),))
+
+
+def without_statements(statements: list[cst.BaseStatement], dropped: set[int]) -> list[cst.BaseStatement]:
+    """``statements`` without those at the ``dropped`` indexes; their comments (the lines above them and the one
+    at their end) move above the next statement kept."""
+    kept: list[cst.BaseStatement] = []
+    carried: list[cst.EmptyLine] = []
+    for index, statement in enumerate(statements):
+        if index in dropped:
+            carried.extend(statement.leading_lines)
+            comment = getattr(statement, "trailing_whitespace", None)
+            if comment is not None and comment.comment is not None:
+                carried.append(cst.EmptyLine(comment=comment.comment))
+            continue
+        if carried:
+            statement = statement.with_changes(leading_lines=(*carried, *statement.leading_lines))
+            carried = []
+        kept.append(statement)
+    return kept

@@ -73,3 +73,45 @@ def under_detach(facts: PythonFacts, node: cst.CSTNode, root: cst.CSTNode) -> bo
 
 def _is_attribute(expr: cst.CSTNode | None, attr: str) -> bool:
     return isinstance(expr, cst.Attribute) and expr.attr.value == attr
+
+
+def runs_in_step(facts: PythonFacts, node: cst.CSTNode, block: cst.CSTNode) -> bool:
+    """Whether ``node`` runs, with gradients, as part of ``block``: not in a function, lambda or class defined
+    inside it, and not under ``no_grad``/``inference_mode``."""
+    for ancestor in facts.ancestors(node):
+        if ancestor is block:
+            return True
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        if isinstance(ancestor, cst.With) and enters_no_grad(facts, ancestor):
+            return False
+    return True
+
+
+def gradient_sources(
+    facts: PythonFacts, expr: cst.BaseExpression, block: cst.CSTNode, before: cst.CSTNode
+) -> list[cst.CSTNode]:
+    """``expr`` and the values assigned, in ``block`` before ``before``, to the names it reads (and to theirs):
+    where its gradient can come from; names read through a ``.detach`` are not followed."""
+    order = facts.index.order
+    assignments = [a for a in facts.within(block, cst.Assign, cst.AugAssign, cst.AnnAssign) if order(a) < order(before)]
+    sources, pending, seen = [], [expr], set()
+    while pending:
+        current = pending.pop()
+        sources.append(current)
+        for name in facts.within(current, cst.Name):
+            if name.value in seen or under_detach(facts, name, current):
+                continue
+            seen.add(name.value)
+            for assign in assignments:
+                targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+                if assign.value is not None and any(
+                    n.value == name.value for t in targets for n in facts.within(t, cst.Name)
+                ):
+                    pending.append(assign.value)
+    return sources
+
+
+def flows_into(facts: PythonFacts, node: cst.CSTNode, source: cst.CSTNode) -> bool:
+    """Whether ``node`` is part of ``source`` and its result is not detached on the way."""
+    return (node is source or facts.is_within(node, source)) and not under_detach(facts, node, source)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.batch_keys import keyed
 from lintdist.facts import DATALOADER_CLASSES, DDP_CLASSES, PythonFacts, argument_of, string_key, string_value
 
 # The dictionary keys of a batch these facts track.
@@ -983,3 +984,11 @@ def may_call_model(facts: PythonFacts, call: cst.Call) -> bool:
     if isinstance(func, cst.Attribute) and func.attr.value in MAPPING_METHODS:
         return False
     return not any(n.startswith(LIBRARY_ROOTS) for n in facts.qualified_names(func))
+
+
+def batch_holds(facts: PythonFacts, call: cst.Call, batch: cst.BaseExpression, key: str) -> bool:
+    """The ``**batch`` mapping a call gets holds ``key``: read or written as ``batch["<key>"]`` in the call's
+    function, or stored by what builds the batch (a collate function, a dict written in the loop...)."""
+    scope = facts.enclosing_function(call) or facts.index.module
+    labels = LabelFacts.of(facts)
+    return keyed(facts, scope, batch, key) or any(labels.built_stores(b, key) for b in labels.received(call).builders)

@@ -332,3 +332,14 @@ def in_training_branch(facts: PythonFacts, node: cst.CSTNode, within: cst.CSTNod
             return True
         child = ancestor
     return False
+
+
+def accumulated_batches(trainer: cst.Call) -> str | None:
+    """The literal ``accumulate_grad_batches`` above 1 a Lightning ``Trainer(...)`` is given, as written; None when
+    it is given none, 1, or an expression."""
+    from lintdist.facts import argument_of  # (facts imports this module)
+
+    accumulate = argument_of(trainer, "accumulate_grad_batches", None)
+    if isinstance(accumulate, cst.Integer) and int(accumulate.value) > 1:
+        return accumulate.value
+    return None

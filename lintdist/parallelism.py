@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of
+from lintdist.blocks import literal_binding
+from lintdist.edits import replace_nodes, with_last_item
+from lintdist.facts import ACCELERATOR_CLASSES, PythonFacts, argument_of, string_key
 from lintdist.launch import LaunchSettings, parallelism_exported
 from lintdist.loop import integer_literal
 
@@ -181,3 +183,60 @@ def model_parallel(text: str, settings: LaunchSettings | None) -> bool:
     return settings is not None and any(
         name.startswith(("parallelism_config", "tp_", "cp_", "sp_")) for name in settings.values
     )
+
+
+def sequence_dim_like(buffers: cst.List, dims: cst.List, tensor: str, code) -> cst.BaseExpression | None:
+    """The sequence dimension to shard ``tensor`` (its source text) on, from the ``buffers`` and ``buffer_seq_dims``
+    lists of a context-parallel call: its own, else the input ids', else the one every buffer shares; ``code(node)``
+    gives a node's source text."""
+    texts = [code(e.value) for e in buffers.elements]
+    if tensor in texts:
+        return dims.elements[texts.index(tensor)].value
+    for index, element in enumerate(buffers.elements):
+        if string_key(element.value) == "input_ids" or texts[index] in {"input_ids", "inputs"}:
+            return dims.elements[index].value
+    values = {code(e.value) for e in dims.elements}
+    return dims.elements[0].value if len(values) == 1 else None
+
+
+@dataclass(frozen=True)
+class BufferLists:
+    """The literal lists a context-parallel call shards by, each with the statement that binds it before the
+    ``with`` block (None when written in the call), and its ``no_restore_buffers`` set literal, if any."""
+
+    buffers: cst.List
+    buffers_line: cst.SimpleStatementLine | None
+    dims: cst.List
+    dims_line: cst.SimpleStatementLine | None
+    keep: cst.Set | None
+
+    def adding(self, tensor: cst.BaseExpression, dim: cst.BaseExpression) -> list[tuple[cst.CSTNode, cst.CSTNode]]:
+        """The replacements that shard ``tensor`` too, on ``dim``: appended to ``buffers``, ``buffer_seq_dims`` and
+        ``no_restore_buffers`` (the lists in the call, or the statements that bind them)."""
+        replacements = []
+        if self.keep is not None:
+            replacements.append((self.keep, with_last_item(self.keep, cst.Element(tensor.deep_clone()))))
+        for literal, line, added in ((self.buffers, self.buffers_line, tensor), (self.dims, self.dims_line, dim)):
+            new = with_last_item(literal, cst.Element(added.deep_clone()))
+            replacements.append((literal, new) if line is None else (line, replace_nodes(line, [(literal, new)])))
+        return replacements
+
+
+def buffer_lists(facts: PythonFacts, context: cst.Call, block: cst.With) -> BufferLists | None:
+    """The literal ``buffers`` and ``buffer_seq_dims`` lists (of one length, nothing starred) of the context-parallel
+    call ``block`` opens, written in the ``with`` (not made before it); None when they are not literals."""
+    accelerate = not facts.callee_is(context, TORCH_CONTEXT_PARALLEL)
+    buffers = argument_of(context, "buffers", 0 if accelerate else None)
+    dims = argument_of(context, "buffer_seq_dims", 1 if accelerate else None)
+    keep = argument_of(context, "no_restore_buffers", 2 if accelerate else None)
+    if buffers is None or dims is None or not facts.is_within(context, block):
+        return None
+    buffers_list, buffers_line = literal_binding(facts, buffers, block, cst.List)
+    dims_list, dims_line = literal_binding(facts, dims, block, cst.List)
+    if buffers_list is None or dims_list is None or buffers_line is not None and buffers_line is dims_line:
+        return None
+    if len(buffers_list.elements) != len(dims_list.elements) or any(
+        isinstance(e, cst.StarredElement) for e in (*buffers_list.elements, *dims_list.elements)
+    ):
+        return None
+    return BufferLists(buffers_list, buffers_line, dims_list, dims_line, keep if isinstance(keep, cst.Set) else None)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
-from lintdist.gradients import context_callee, enters_no_grad, freezes, freezes_call
+from lintdist.gradients import context_callee, enters_no_grad, freezes, freezes_call, runs_in_step
 from lintdist.syntax import children
 from lintdist.wrappers import forward_of
 
@@ -191,3 +192,32 @@ class PassCounter:
             self._helpers[key] = self.suite(function.body).most
             self._stack.pop()
         return self._helpers[key].backward
+
+
+def models_per_backward(counter: PassCounter, block: cst.With, span) -> list[set[str]]:
+    """For each backward pass of ``block`` (also one inside a local helper called there), the counted models that
+    run for it: called, or handed to a local helper, after the previous backward. The calls run in evaluation
+    order, by where they end (``span(node)`` gives its position); calls in nested functions or under ``no_grad``
+    do not run."""
+    facts = counter.facts
+    calls = sorted(
+        (c for c in facts.calls_within(block.body) if runs_in_step(facts, c, block)),
+        key=lambda c: (span(c).end_line, span(c).end_column),
+    )
+    segments: list[set[str]] = [set()]
+    for call in calls:
+        segments[-1] |= _models_run(facts, call, counter.models)
+        if counter.loop.backward_site(call) is not None or any(
+            counter.helper_backward(f) for f in facts.local_functions(call)
+        ):
+            segments.append(set())
+    return segments[:-1]
+
+
+def _models_run(facts, call: cst.Call, models: frozenset[str]) -> set[str]:
+    name = forward_of(call, models)
+    if name is not None:
+        return {name}
+    if not facts.local_functions(call):
+        return set()
+    return {name for arg in call.args if (name := get_full_name_for_node(arg.value)) in models}

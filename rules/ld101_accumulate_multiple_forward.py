@@ -7,11 +7,13 @@ import re
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.bindings import arithmetic, rebinds_any, variable_names
+from lintdist.edits import summed, with_arg_changes, without_statements
 from lintdist.facts import BACKWARD_METHODS
-from lintdist.gradients import enters_no_grad, under_detach
+from lintdist.gradients import flows_into, gradient_sources, runs_in_step
 from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.passes import EXITS, BlockWalk, PassCounter
+from lintdist.passes import EXITS, BlockWalk, PassCounter, models_per_backward
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.wrappers import forward_of
 
@@ -331,9 +333,8 @@ for real in loader:
 
     def _check(self, block: cst.With, call: cst.Call, models: frozenset[str], others: frozenset[str]) -> None:
         walker = PassCounter(self.loop, models)
-        paths = walker.suite(block.body)
+        most = walker.suite(block.body).most
         walk = walker.walk
-        most = paths.most
         accelerator = get_full_name_for_node(call.func.value) or "accelerator"
         subject = f"`{accelerator}.accumulate(...)`"
         severity = Severity.ERROR if self.loop.backend == "DEEPSPEED" else None
@@ -346,11 +347,28 @@ for real in loader:
             )
             self.report(call, message, severity=severity)
         elif most.backward > 1:
-            if walk.frozen and _before(walk.frozen[0], walk.backward_calls[-1], self):
+            span = self.context.span
+            if walk.frozen and span(walk.frozen[0]).line < span(walk.backward_calls[-1]).line:
                 return  # a GAN that freezes the discriminator for the generator's backward
             if len(models) > 1 and self._models_kept_apart(block, models, walker):
                 return  # each model feeds one backward only (ELECTRA-style): nothing leaks between them
-            self._report_sequential(block, call, accelerator, most.backward, models, severity, walk)
+            if len(models) > 1:
+                message = (
+                    f"{most.backward} backward passes run in one {subject} block of several models: a loss that "
+                    "flows through both models fills the other's gradients too, which add to its next step unless "
+                    "cleared in between (and while accumulating `zero_grad()` does nothing); give each model its "
+                    "own `accumulate` block, or freeze the other model (`requires_grad_(False)`) for the second "
+                    "backward"
+                )
+            else:
+                message = (
+                    f"{most.backward} backward passes run in one {subject} block, which accelerate counts as one "
+                    "micro-batch: DeepSpeed steps the optimizer at each backward of a sync step, and DDP can leave a "
+                    f"later backward un-synchronised across ranks; call `{accelerator}.backward` once, on the summed "
+                    "loss"
+                )
+            fix = _sum_fix(self, block, walk.backward_calls, most.backward, models)
+            self.report(call, message, fix=fix, severity=severity)
         elif most.backward == 1 and others:
             leak = self._leak(block, others, walk)
             if leak is not None:
@@ -364,34 +382,6 @@ for real in loader:
                 )
                 self.report(other, message, severity=Severity.WARNING)
 
-    def _report_sequential(
-        self,
-        block: cst.With,
-        call: cst.Call,
-        accelerator: str,
-        count: int,
-        models: frozenset[str],
-        severity: Severity | None,
-        walk: BlockWalk,
-    ) -> None:
-        subject = f"`{accelerator}.accumulate(...)`"
-        if len(models) > 1:
-            message = (
-                f"{count} backward passes run in one {subject} block of several models: a loss that flows through "
-                "both models fills the other's gradients too, which add to its next step unless cleared in between "
-                "(and while accumulating `zero_grad()` does nothing); "
-                "give each model its own `accumulate` block, or freeze the other model (`requires_grad_(False)`) "
-                "for the second backward"
-            )
-        else:
-            message = (
-                f"{count} backward passes run in one {subject} block, which accelerate counts as one micro-batch: "
-                "DeepSpeed steps the optimizer at each backward of a sync step, and DDP can leave a later backward "
-                f"un-synchronised across ranks; call `{accelerator}.backward` once, on the summed loss"
-            )
-        fix = _sum_fix(self, block, walk.backward_calls, count, models)
-        self.report(call, message, fix=fix, severity=severity)
-
     def _leak(self, block: cst.With, others: frozenset[str], walk: BlockWalk) -> tuple[cst.Call, str] | None:
         """A model trained in another ``accumulate`` block feeds this block's loss, unfrozen and not detached, and
         nothing clears its gradients: not in this block, and not between the windows (a ``zero_grad`` in the
@@ -400,7 +390,7 @@ for real in loader:
         backwards = [c for c in walk.backward_calls if facts.is_within(c, block)]
         if len(backwards) != 1 or walk.frozen or keyword(backwards[0], "inputs") is not None:
             return None
-        calls = [c for c in facts.calls_within(block.body) if not _hidden(facts, c, block)]
+        calls = [c for c in facts.calls_within(block.body) if runs_in_step(facts, c, block)]
         cleared = {
             get_full_name_for_node(c.func.value)
             for c in calls
@@ -413,38 +403,20 @@ for real in loader:
         ):
             return None  # gradients are cleared between the windows, outside the accumulate blocks
         loss = self.loop.backward_site(backwards[0]).loss
-        sources = _sources(facts, loss, block, backwards[0]) if loss is not None else []
+        sources = gradient_sources(facts, loss, block.body, backwards[0]) if loss is not None else []
         for call in calls:
             name = forward_of(call, others)
-            if name is not None and name not in cleared and any(_flows_from(facts, call, s) for s in sources):
+            if name is not None and name not in cleared and any(flows_into(facts, call, s) for s in sources):
                 return call, name
         return None
 
     def _models_kept_apart(self, block: cst.With, models: frozenset[str], walker: PassCounter) -> bool:
-        """Every backward pass sees at least one accumulated model and no model runs before two of them.
-
-        The calls of the block are taken in evaluation order (by where they end); a model
-        "runs" for a backward when it is called, or handed to a local helper, after the
-        previous backward. A model that runs for two backward passes collects both
-        gradients while ``zero_grad()`` does nothing: that is the leak.
-        """
-        facts = self.facts
-        span = self.context.span
-        calls = sorted(
-            (c for c in facts.calls_within(block.body) if not _hidden(facts, c, block)),
-            key=lambda c: (span(c).end_line, span(c).end_column),
-        )
-        segments: list[set[str]] = [set()]
-        for call in calls:
-            segments[-1] |= _models_used(facts, call, models)
-            if self.loop.backward_site(call) is not None or any(
-                walker.helper_backward(f) for f in facts.local_functions(call)
-            ):
-                segments.append(set())
-        finished = segments[:-1]
-        if len(finished) < 2 or not all(finished):
+        """Every backward pass sees at least one accumulated model and no model runs for two of them (a model that
+        does collects both gradients while ``zero_grad()`` does nothing: that is the leak)."""
+        runs = models_per_backward(walker, block, self.context.span)
+        if len(runs) < 2 or not all(runs):
             return False
-        return all(sum(name in used for used in finished) <= 1 for name in models)
+        return all(sum(name in used for used in runs) <= 1 for name in models)
 
 
 # -- small pure helpers --------------------------------------------------------------------------
@@ -452,60 +424,6 @@ for real in loader:
 
 def _model_names(models: tuple[cst.BaseExpression, ...]) -> frozenset[str]:
     return frozenset(name for model in models if (name := get_full_name_for_node(model)) is not None)
-
-
-def _hidden(facts, call: cst.Call, block: cst.With) -> bool:
-    """The call does not run as part of the block's step: it sits in a nested function or under ``no_grad``."""
-    for ancestor in facts.ancestors(call):
-        if ancestor is block:
-            return False
-        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            return True
-        if isinstance(ancestor, cst.With) and enters_no_grad(facts, ancestor):
-            return True
-    return False
-
-
-def _models_used(facts, call: cst.Call, models: frozenset[str]) -> set[str]:
-    """The accumulated models this call runs: called directly, or handed to a local helper."""
-    name = forward_of(call, models)
-    if name is not None:
-        return {name}
-    if not facts.local_functions(call):
-        return set()
-    return {name for arg in call.args if (name := get_full_name_for_node(arg.value)) in models}
-
-
-def _sources(facts, loss: cst.BaseExpression, block: cst.With, before: cst.CSTNode) -> list[cst.CSTNode]:
-    """The loss expression and the values assigned, earlier in the block, to the names it is computed from."""
-    order = facts.index.order
-    assignments = [
-        a for a in facts.within(block.body, cst.Assign, cst.AugAssign, cst.AnnAssign) if order(a) < order(before)
-    ]
-    sources, pending, seen = [], [loss], set()
-    while pending:
-        expr = pending.pop()
-        sources.append(expr)
-        for name in facts.within(expr, cst.Name):
-            if name.value in seen or under_detach(facts, name, expr):
-                continue
-            seen.add(name.value)
-            for assign in assignments:
-                targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
-                if assign.value is not None and any(
-                    n.value == name.value for t in targets for n in facts.within(t, cst.Name)
-                ):
-                    pending.append(assign.value)
-    return sources
-
-
-def _flows_from(facts, call: cst.Call, source: cst.CSTNode) -> bool:
-    """``call`` is part of ``source`` and its result is not detached on the way."""
-    return (call is source or facts.is_within(call, source)) and not under_detach(facts, call, source)
-
-
-def _before(a: cst.CSTNode, b: cst.CSTNode, rule: Rule) -> bool:
-    return rule.context.span(a).line < rule.context.span(b).line
 
 
 # -- the fix ---------------------------------------------------------------------------------------
@@ -520,91 +438,38 @@ def _sum_fix(rule: Rule, block: cst.With, calls: list[cst.Call], count: int, mod
     positions = [_backward_statement(rule, statements, call) for call in calls]
     if None in positions or positions != sorted(set(positions)):
         return None
-    first, last = positions[0], positions[-1]
-    earlier = [calls[i].args[0].value for i in range(len(calls) - 1)]
-    if not all(_movable(arg) for arg in earlier):
+    operands = [call.args[0].value for call in calls]
+    if not all(arithmetic(arg) for arg in operands[:-1]):
         return None
-    used = {name for arg in earlier for name in _names(rule.facts, arg)}
-    for index in range(first + 1, last + 1):
+    used = {name for arg in operands[:-1] for name in variable_names(rule.facts, arg)}
+    for index in range(positions[0] + 1, positions[-1] + 1):
         if index not in positions and not _may_move_past(rule, statements[index], models):
             return None
-        if index <= last and _rebinds(rule.facts, statements[index], used):
+        if rebinds_any(rule.facts, statements[index], used):
             return None
-    total = calls[-1].args[0].value
-    operands = [*earlier, total]
-    total = _parenthesized(operands[0])
-    for operand in operands[1:]:
-        total = cst.BinaryOperation(total, cst.Add(), _parenthesized(operand))
-    last_call = calls[-1]
-    new_last = last_call.with_changes(args=(last_call.args[0].with_changes(value=total), *last_call.args[1:]))
-    kept: list[cst.BaseStatement] = []
-    carried: list[cst.EmptyLine] = []
-    for index, statement in enumerate(statements):
-        if index in positions[:-1]:
-            carried.extend(statement.leading_lines)
-            comment = statement.trailing_whitespace.comment
-            if comment is not None:
-                carried.append(cst.EmptyLine(comment=comment))
-            continue
-        if index == last:
-            statement = statement.deep_replace(last_call, new_last)
-        if carried:
-            statement = statement.with_changes(leading_lines=(*carried, *statement.leading_lines))
-            carried = []
-        kept.append(statement)
+    loss = calls[-1].args[0]
+    new_last = with_arg_changes(calls[-1], {id(loss): loss.with_changes(value=summed(operands))})
+    statements[positions[-1]] = statements[positions[-1]].deep_replace(calls[-1], new_last)
     sums = " + ".join(cst.Module([]).code_for_node(op) for op in operands)
     return Fix(
         Applicability.SAFE,
         f"Backpropagate the summed loss once: `backward({sums})`",
-        replacements=((body, body.with_changes(body=kept)),),
+        replacements=((body, body.with_changes(body=without_statements(statements, set(positions[:-1])))),),
     )
 
 
 def _backward_statement(rule: Rule, statements: list[cst.BaseStatement], call: cst.Call) -> int | None:
-    """The index of the statement that is exactly ``<accelerator>.backward(x)`` for this call, else None."""
-    for index, statement in enumerate(statements):
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            continue
-        small = statement.body[0]
-        if isinstance(small, cst.Expr) and small.value is call:
-            func = call.func
-            positional = [a for a in call.args if a.keyword is None]
-            keywords = [a.keyword.value for a in call.args if a.keyword is not None]
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value == "backward"
-                and rule.facts.is_accelerator(func.value, call)
-                and len(positional) == 1
-                and not positional[0].star
-                and call.args[0] is positional[0]
-                and set(keywords) <= {"retain_graph"}
-            ):
-                return index
-            return None
-    return None
-
-
-def _movable(expr: cst.BaseExpression) -> bool:
-    """A loss expression that evaluates the same later: names, attributes, subscripts, numbers and arithmetic."""
-    if isinstance(expr, (cst.Name, cst.Integer, cst.Float)):
-        return True
-    if isinstance(expr, cst.Attribute):
-        return _movable(expr.value)
-    if isinstance(expr, cst.Subscript):
-        return _movable(expr.value) and all(
-            isinstance(e.slice, cst.Index) and _movable(e.slice.value) for e in expr.slice
-        )
-    if isinstance(expr, cst.BinaryOperation):
-        return _movable(expr.left) and _movable(expr.right)
-    if isinstance(expr, cst.UnaryOperation):
-        return _movable(expr.expression)
-    return False
-
-
-def _names(facts, expr: cst.CSTNode) -> set[str]:
-    """The names read in ``expr``: every ``Name`` but the attribute names after a dot."""
-    attributes = {id(node.attr) for node in facts.within(expr, cst.Attribute)}
-    return {node.value for node in facts.within(expr, cst.Name) if id(node) not in attributes}
+    """The index of the statement that is exactly ``<accelerator>.backward(x)`` (``retain_graph=`` at most) for
+    this call, else None."""
+    expression = rule.facts.parent(call)
+    line = rule.facts.parent(expression)
+    site = rule.loop.backward_site(call)
+    if site is None or site.kind != "accelerator" or call.args[0].value is not site.loss:
+        return None  # not `<accelerator>.backward(loss, ...)`
+    keywords = {a.keyword.value if a.keyword else None for a in call.args[1:]}
+    if not isinstance(expression, cst.Expr) or len(line.body) != 1 or keywords - {"retain_graph"}:
+        return None
+    return next((i for i, statement in enumerate(statements) if statement is line), None)
 
 
 def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[str]) -> bool:
@@ -616,51 +481,3 @@ def _may_move_past(rule: Rule, statement: cst.BaseStatement, models: frozenset[s
     return not facts.within(statement, *EXITS) and not any(
         node.attr.value == "grad" for node in facts.within(statement, cst.Attribute)
     )
-
-
-def _rebinds(facts, statement: cst.BaseStatement, names: set[str]) -> bool:
-    """The statement assigns one of ``names`` or changes it in place (``loss.mul_(2)``)."""
-
-    def hits(target: cst.BaseExpression) -> bool:
-        root = target
-        while isinstance(root, (cst.Attribute, cst.Subscript)):
-            root = root.value  # `self.loss = loss.detach()` changes what `self.loss` means later
-        if isinstance(root, cst.Name) and root.value in names:
-            return True
-        if isinstance(target, (cst.Tuple, cst.List)):
-            return any(hits(element.value) for element in target.elements)
-        if isinstance(target, cst.StarredElement):
-            return hits(target.value)
-        return False
-
-    kinds = (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.AsName, cst.Del, cst.Call)
-    for node in facts.within(statement, *kinds):
-        if isinstance(node, cst.Del):
-            return True
-        if isinstance(node, cst.AsName):
-            if hits(node.name):
-                return True
-        elif isinstance(node, cst.Call):
-            func = node.func
-            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_"):
-                root = func.value
-                while isinstance(root, cst.Attribute):
-                    root = root.value
-                if isinstance(root, cst.Name) and root.value in names:
-                    return True
-        elif hits(node.target):
-            return True
-    return False
-
-
-def _parenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``expr`` as an operand of ``+``: atoms and products as they are, anything looser in parentheses."""
-    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Float, cst.Call)):
-        return expr
-    if isinstance(expr, cst.BinaryOperation) and isinstance(
-        expr.operator, (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power, cst.MatrixMultiply)
-    ):
-        return expr
-    if expr.lpar:
-        return expr
-    return expr.with_changes(lpar=(cst.LeftParen(),), rpar=(cst.RightParen(),))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.edits import replace_nodes
-from lintdist.facts import BACKWARD_METHODS, argument_of
+from lintdist.blocks import statement_before
+from lintdist.edits import replace_nodes, with_arg_changes
+from lintdist.facts import BACKWARD_METHODS
 from lintdist.labels import LabelFacts
-from lintdist.lightning import fitting_trainers, returned_loss
+from lintdist.lightning import accumulated_batches, fitting_trainers, returned_loss
 from lintdist.loaders import batch_loop, passes_batch_labels, per_batch_loop
 from lintdist.loop import (
     TOKEN_COLLATORS,
@@ -399,10 +401,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if not self.loop.token_evidence or self.loop.short_fixed_labels:
             return
         self._findings: set[int] = set()
-        self._severity = Severity.ERROR  # set per backward call below; the Trainer and Lightning checks are certain
         for site in self.loop.backward_sites:
-            self._check_backward(site)
-        self._severity = Severity.ERROR
+            self._check_backward(site)  # (sets the severity of its findings)
+        self._severity = Severity.ERROR  # the Trainer and Lightning checks are certain
         for function in self.facts.functions.get("compute_loss", ()):
             self._check_compute_loss(function)
         for function in self.facts.functions.get("training_step", ()):
@@ -421,10 +422,9 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         accelerated = receiver is not None and self.facts.is_accelerator(receiver, call)
         # a process group whose ranks never average gradients (tensor parallelism, the same batch on every rank)
         distributed = self.loop.distributed and (accelerated or self.loop.averages_gradients(call))
-        accumulating = self.loop.accumulates or normalisation(self.loop, chain).divided_by_accumulation
-        if not (distributed or accumulating):
-            return
-        if not accumulating and self.loop.surely_single:
+        norm = normalisation(self.loop, chain)
+        accumulating = self.loop.accumulates or norm.divided_by_accumulation
+        if not accumulating and (not distributed or self.loop.surely_single):
             return  # one process, one micro-batch per step: its own token mean is the step's mean
         # An Accelerator alone does not say the job runs on several processes (it is also used for mixed precision
         # on one device): without accumulation that is only a warning.
@@ -433,7 +433,6 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         head = self.loop.loss_head(chain)
         if head == "sequence":
             return
-        norm = normalisation(self.loop, chain)
         count = norm.count
         if norm.base == "mean":
             if count:
@@ -446,12 +445,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             else:
                 self._report_mean(call, chain, head, accelerated, distributed)
             return
+        # a token sum: divided by a count here, or with its gradients scaled after the backward; both where the
+        # division is on one path only (`if optimizer_in_backward: loss = loss / num_tokens`)
         if count:
             self._check_normalised(chain, norm, head, receiver if accelerated else None, distributed, call)
-            if on_one_path(self.facts, count, call):
-                # `if optimizer_in_backward: loss = loss / num_tokens`: the other path backs up a plain token sum
-                self._check_grad_scaling(call, distributed)
-        elif norm.base == "sum":
+        if not count or on_one_path(self.facts, count, call):
             self._check_grad_scaling(call, distributed)
 
     def _check_grad_scaling(self, call: cst.Call, distributed: bool) -> None:
@@ -484,11 +482,7 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _report_mean(
         self, call: cst.Call, chain: Chain, head: str | None, accelerated: bool, distributed: bool
     ) -> None:
-        why = (
-            "accumulated over micro-batches and averaged over ranks"
-            if distributed
-            else "accumulated over micro-batches"
-        )
+        why = "accumulated over micro-batches" + (" and averaged over ranks" if distributed else "")
         fix = self._windows_fix(call, chain, head) if accelerated else None
         remedy = (
             "iterate the loader through `TokenWindows` and pass `token_windows.scale_mean(loss, batch)` to backward "
@@ -498,10 +492,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         )
         lead = f"{_subject(chain)} is a mean over this micro-batch's tokens, so the optimizer step"
         if chain.assumed:
-            helper = get_full_name_for_node(chain.base_expr.func)
             lead = (
-                f"{_subject(chain)} comes from `{helper}(...)`, which gets this micro-batch's token labels: if it "
-                "averages over their tokens (the default of losses), the optimizer step"
+                f"{_subject(chain)} comes from `{get_full_name_for_node(chain.base_expr.func)}(...)`, which gets "
+                "this micro-batch's token labels: if it averages over their tokens (the default of losses), the "
+                "optimizer step"
             )
         self._report_once(
             chain.base_at,
@@ -551,11 +545,10 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
             )
         else:
             configured = self.loop.accelerator_accumulation(accelerator, call) if accelerator is not None else None
-            literal = norm.literal
             expected = integer_literal(configured, self.facts, call) if configured is not None else None
-            if literal is not None and expected is not None and literal != expected:
+            if norm.literal is not None and expected is not None and norm.literal != expected:
                 problem = (
-                    f"multiplies by {literal} accumulation steps while the Accelerator divides by {expected}; "
+                    f"multiplies by {norm.literal} accumulation steps while the Accelerator divides by {expected}; "
                     "multiply by `accelerator.gradient_accumulation_steps`"
                 )
             elif configured is not None and norm.accumulation != 1:
@@ -588,19 +581,11 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
     def _check_training_step(self, function: cst.FunctionDef) -> None:
         """A LightningModule's ``training_step`` returning a token mean, with accumulation or several devices."""
         cls = self.facts.lightning_module_of(function.body)
-        if cls is None:
-            return
-        scale = self._lightning_scale(cls)
+        scale = self._lightning_scale(cls) if cls is not None else None
         if scale is None:
             return
-        for returned in self.facts.returns.get(function, ()):
-            expr = returned_loss(returned)
-            if expr is None:
-                continue
-            chain = self.loop.chain(expr, returned)
-            if chain.base != "mean" or self.loop.loss_head(chain) == "sequence":
-                continue
-            if normalisation(self.loop, chain).counted:
+        for chain in self._returned_means(function, returned_loss):
+            if self.loop.loss_head(chain) == "sequence":
                 continue
             self._report_once(
                 chain.base_at,
@@ -613,8 +598,12 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
 
     def _lightning_scale(self, cls: cst.ClassDef) -> str | None:
         """How the Trainer that fits ``cls`` makes a step average batches: accumulation or several devices."""
-        trainers = fitting_trainers(self.facts, cls)
-        return next((scale for call in trainers if (scale := _trainer_scale(self.facts, call)) is not None), None)
+        for call in fitting_trainers(self.facts, cls):
+            if (batches := accumulated_batches(call)) is not None:
+                return f"accumulates {batches} batches per step (`accumulate_grad_batches`)"
+            if self.facts.trainer_devices(call) == "several":
+                return "averages the gradient over devices"
+        return None
 
     def _check_compute_loss(self, function: cst.FunctionDef) -> None:
         """A Trainer subclass whose ``compute_loss`` ignores ``num_items_in_batch`` returns a per-batch mean."""
@@ -622,20 +611,25 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         if cls is None or not self.facts.derives_from(cls, _is_hf_trainer):
             return
         if any(name.value == "num_items_in_batch" for name in self.facts.within(function.body, cst.Name)):
-            return
+            return  # it reads the step's token count
+        for chain in self._returned_means(function, _first_returned):
+            self._report_once(
+                chain.base_at,
+                chain.base_expr,
+                f"`compute_loss` ignores `num_items_in_batch`, so {_subject(chain)} is a per-batch token mean "
+                "and the Trainer's accumulated step is a mean of means; compute the summed loss and divide it by "
+                "`num_items_in_batch` (or pass it to the model: `model(**inputs, num_items_in_batch=...)`)",
+            )
+
+    def _returned_means(self, function: cst.FunctionDef, loss_of) -> Iterator[Chain]:
+        """The losses ``function`` returns (``loss_of(returned)`` picks each) that are token means, uncounted."""
         for returned in self.facts.returns.get(function, ()):
-            expr = returned.body if isinstance(returned, cst.IfExp) else returned
-            if isinstance(expr, cst.Tuple) and expr.elements:
-                expr = expr.elements[0].value
+            expr = loss_of(returned)
+            if expr is None:
+                continue
             chain = self.loop.chain(expr, returned)
             if chain.base == "mean" and not normalisation(self.loop, chain).counted:
-                self._report_once(
-                    chain.base_at,
-                    chain.base_expr,
-                    f"`compute_loss` ignores `num_items_in_batch`, so {_subject(chain)} is a per-batch token mean "
-                    "and the Trainer's accumulated step is a mean of means; compute the summed loss and divide it by "
-                    "`num_items_in_batch` (or pass it to the model: `model(**inputs, num_items_in_batch=...)`)",
-                )
+                yield chain
 
     def _report_once(
         self, at: cst.CSTNode | None, expr: cst.BaseExpression | None, message: str, fix: Fix | None = None
@@ -690,17 +684,16 @@ MyTrainer(model=model, args=args, data_collator=collator).train()
         created = cst.parse_statement(
             f"{name} = TokenWindows({code(source)}, accelerator={code(accelerator)}{shifted})\n"
         )
-        created = created.with_changes(leading_lines=loop.leading_lines)
         scaled = cst.Call(
             func=cst.Attribute(value=cst.Name(name), attr=cst.Name("scale_mean")),
             args=[cst.Arg(call.args[0].value), cst.Arg(cst.Name(batch))],
         )
-        new_call = call.with_changes(args=[call.args[0].with_changes(value=scaled), *call.args[1:]])
-        new_loop = replace_nodes(loop, ((source, cst.Name(name)), (call, new_call))).with_changes(leading_lines=())
+        new_call = with_arg_changes(call, {id(call.args[0]): call.args[0].with_changes(value=scaled)})
+        new_loop = replace_nodes(loop, ((source, cst.Name(name)), (call, new_call)))
         return Fix(
             Applicability.SAFE,
             "Iterate the loader through `TokenWindows` and scale the loss passed to `backward` with `scale_mean`",
-            replacements=((loop, cst.FlattenSentinel([created, new_loop])),),
+            replacements=((loop, statement_before(loop, new_loop, created)),),
             imports=(("lintdist.runtime", "TokenWindows"),),
         )
 
@@ -725,20 +718,14 @@ def _is_hf_trainer(name: str) -> bool:
     return name.split(".", 1)[0] in {"transformers", "trl"} and name.endswith("Trainer")
 
 
-def _trainer_scale(facts, call: cst.Call) -> str | None:
-    """What a Lightning ``Trainer(...)`` call's arguments say about accumulation and devices."""
-    accumulate = argument_of(call, "accumulate_grad_batches", None)
-    if isinstance(accumulate, cst.Integer) and int(accumulate.value) > 1:
-        return f"accumulates {accumulate.value} batches per step (`accumulate_grad_batches`)"
-    if facts.trainer_devices(call) == "several":
-        return "averages the gradient over devices"
-    return None
+def _first_returned(returned: cst.BaseExpression) -> cst.BaseExpression:
+    """The loss of ``return (loss, outputs) if return_outputs else loss``: the first branch's first element."""
+    expr = returned.body if isinstance(returned, cst.IfExp) else returned
+    return expr.elements[0].value if isinstance(expr, cst.Tuple) and expr.elements else expr
 
 
 def _subject(chain: Chain) -> str:
     at = chain.base_at
-    if isinstance(at, cst.Assign) and len(at.targets) == 1:
-        name = get_full_name_for_node(at.targets[0].target)
-        if name:
-            return f"`{name}`"
-    return "the loss"
+    single = isinstance(at, cst.Assign) and len(at.targets) == 1
+    name = get_full_name_for_node(at.targets[0].target) if single else None
+    return f"`{name}`" if name else "the loss"

@@ -8,7 +8,8 @@ import libcst as cst
 
 from lintdist.edits import keyword_arg, repeatable, with_arg_appended
 from lintdist.facts import argument_of
-from lintdist.labels import Head, LabelFacts, Received, Shift, called_head, hands_labels, model_head, model_loss_trainer
+from lintdist.labels import Head, LabelFacts, Shift, called_head, hands_labels, model_head, model_loss_trainer
+from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.model_outputs import reads_model_loss
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -272,24 +273,20 @@ trainer.train()
         labels = LabelFacts.of(facts)
         found: dict[int, tuple[Shift, list[tuple[cst.Call, Head, bool]]]] = {}
         for call in facts.calls:
-            if model_loss_trainer(facts, call):
+            trainer = model_loss_trainer(facts, call)
+            if trainer:
                 model = argument_of(call, "model", 0)
                 head = model_head(facts, model, call) if model is not None else None
-                if head is None or head.kind != "causal" or not head.shifts:
-                    continue
-                received = labels.trainer_received(call)
-                trainer = True
             elif hands_labels(call):
                 head = called_head(facts, call)
-                if head is None or head.kind != "causal" or not head.shifts:
-                    continue
-                received = labels.received(call)
-                if received.shifts and not reads_model_loss(facts, call):
-                    continue  # the loss is computed by hand on the logits
-                trainer = False
             else:
                 continue
-            for shift in _reported(received):
+            if head is None or head.kind != "causal" or not head.shifts:
+                continue
+            received = labels.trainer_received(call) if trainer else labels.received(call)
+            if not trainer and received.shifts and not reads_model_loss(facts, call):
+                continue  # the loss is computed by hand on the logits
+            for shift in () if received.shift_labels else received.shifts:
                 found.setdefault(id(shift.node), (shift, []))[1].append((call, head, trainer))
         claimed: set[int] = set()
         for shift, uses in found.values():
@@ -298,31 +295,26 @@ trainer.train()
     def _report(self, shift: Shift, uses: list[tuple[cst.Call, Head, bool]], claimed: set[int]) -> None:
         code = self.context.module.code_for_node
         call, head, trainer = uses[0]
-        line = self.context.span(call).line
-        callee = code(call.func)
         unshift = (
             "stop shifting (`labels` = the uncut `input_ids`, -100 at padding), which makes each sequence one token "
             "longer"
         )
         if trainer:
-            owner, advice = (
-                "its model",
-                (
-                    "add the same tensor to the batch under a `shift_labels` key too (the Trainer passes it to the "
-                    f"model, which uses it as it is, and counts tokens with it), or {unshift}"
-                ),
+            advice = (
+                "add the same tensor to the batch under a `shift_labels` key too (the Trainer passes it to the "
+                f"model, which uses it as it is, and counts tokens with it), or {unshift}"
             )
         elif head.takes_shift_labels:
-            owner, advice = (
-                "that model",
-                (f"pass them as `shift_labels=` too (the model uses those as they are; keep `labels=`), or {unshift}"),
+            advice = (
+                f"pass them as `shift_labels=` too (the model uses those as they are; keep `labels=`), or {unshift}"
             )
         else:
-            owner, advice = "that model", f"{head.why_not}: {unshift}"
+            advice = f"{head.why_not}: {unshift}"
         message = (
-            f"these labels are shifted by hand (`{code(shift.node)}`) and reach `{callee}(...)` (line {line}) as "
-            f"`labels`; {owner} (`{head.name}`) shifts `labels` again itself (`ForCausalLMLoss`), so each position "
-            f"is trained to predict the token after next; {advice}"
+            f"these labels are shifted by hand (`{code(shift.node)}`) and reach `{code(call.func)}(...)` (line "
+            f"{self.context.span(call).line}) as `labels`; {'its' if trainer else 'that'} model (`{head.name}`) "
+            f"shifts `labels` again itself (`ForCausalLMLoss`), so each position is trained to predict the token "
+            f"after next; {advice}"
         )
         self.report(shift.node, message, fix=self._fix(uses, claimed))
 
@@ -347,28 +339,15 @@ trainer.train()
         )
 
 
-def _reported(received: Received) -> tuple[Shift, ...]:
-    return () if received.shift_labels else received.shifts
-
-
 def _with_shift_labels(call: cst.Call) -> cst.Call | None:
     """The call with ``shift_labels=<its labels>`` added after its last argument, in the call's own layout."""
-    labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
-    if labels is not None:
-        if not repeatable(labels):
-            return None
-        value = labels.deep_clone()
-    else:
-        stars = [a.value for a in call.args if a.star == "**"]
-        if len(stars) != 1 or not repeatable(stars[0]):
-            return None
-        key = cst.SubscriptElement(cst.Index(cst.SimpleString('"labels"')))
-        value = cst.Subscript(value=stars[0].deep_clone(), slice=[key])
-    if not (isinstance(value, cst.Call) and _is_method(value, "contiguous")):
+    value = keyword(call, "labels")
+    stars = [a.value for a in call.args if a.star == "**"]
+    if value is None and len(stars) == 1:
+        value = cst.Subscript(value=stars[0], slice=[cst.SubscriptElement(cst.Index(cst.SimpleString('"labels"')))])
+    if value is None or not repeatable(value):
+        return None
+    if not (isinstance(value, cst.Call) and value.func.attr.value == "contiguous"):  # (repeatable: a method call)
         # `ForCausalLMLoss` flattens `shift_labels` with `.view(-1)`, which fails on a slice such as `ids[:, 1:]`
         value = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("contiguous")))
-    return with_arg_appended(call, keyword_arg("shift_labels", value))
-
-
-def _is_method(call: cst.Call, name: str) -> bool:
-    return isinstance(call.func, cst.Attribute) and call.func.attr.value == name
+    return with_arg_appended(call, keyword_arg("shift_labels", value.deep_clone()))

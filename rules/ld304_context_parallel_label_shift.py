@@ -6,24 +6,28 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from lintdist.batch_keys import key_quote, keyed, mentions_key
-from lintdist.blocks import literal_binding, statement_before
+from lintdist.batch_keys import key_quote, mentions_key
+from lintdist.blocks import statement_before
 from lintdist.edits import keyword_arg, replace_nodes, with_last_item
-from lintdist.facts import argument_of, string_key
-from lintdist.labels import LabelFacts, called_head, hands_labels, may_call_model, model_head
+from lintdist.facts import string_key
+from lintdist.labels import batch_holds, called_head, hands_labels, may_call_model, model_head
+from lintdist.literals import is_name
+from lintdist.loop import keyword
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.model_outputs import loss_read_in
 from lintdist.parallelism import (
     TORCH_CONTEXT_PARALLEL,
     Size,
     accelerator_configs,
+    buffer_lists,
     context_parallel_call,
     parallelism_size,
+    sequence_dim_like,
 )
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import name_taken
 
-RUNTIME_IMPORT = ("lintdist.runtime", "shift_labels")
+# the modules a script's own `shift_labels` may come from: then the fix's import is already there
 RUNTIME_MODULES = frozenset({"lintdist.runtime", "lintdist.runtime.tokens"})
 
 
@@ -246,17 +250,12 @@ def train(model, loader, args):
     )
 
     def finish(self) -> None:
-        sites = self._sites()
-        if not sites:
-            return
-        reported: set[int] = set()
-        for site in sites:
-            if id(site.call) in reported:
-                continue  # a helper's model call reached from two blocks
-            reported.add(id(site.call))
+        for site in self._sites().values():
             torch_cp = self.facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
             configs = None if torch_cp else accelerator_configs(self.facts, site.context.func.value, site.context)
-            size = parallelism_size(self.facts, self.context.settings, self._line, "cp", configs)
+            size = parallelism_size(
+                self.facts, self.context.settings, lambda n: self.context.span(n).line, "cp", configs
+            )
             if not torch_cp and size is not None and size.value is not None and size.value <= 1:
                 continue  # CP off: the accelerate context manager does nothing
             known = torch_cp or (size is not None and size.value is not None)
@@ -264,68 +263,41 @@ def train(model, loader, args):
 
     # -- finding the calls ---------------------------------------------------------------------------
 
-    def _sites(self) -> list[_Site]:
+    def _sites(self) -> dict[int, _Site]:
+        """The sites by their call, each once: a helper's model call reached from two blocks counts for the first."""
         facts = self.facts
-        sites: list[_Site] = []
+        sites: dict[int, _Site] = {}
         for block in facts.index.nodes(cst.With):
             context = next(
                 (c for i in block.items if (c := context_parallel_call(facts, i.item, block)) is not None), None
             )
             if context is None:
                 continue
-            for call in {id(call): call for call in facts.reachable_calls(block.body)}.values():
-                site = self._site(call, block, context)
-                if site is not None:
-                    sites.append(site)
+            for call in facts.reachable_calls(block.body):
+                if id(call) not in sites and (site := self._site(call, block, context)) is not None:
+                    sites[id(call)] = site
         return sites
 
-    def _line(self, node: cst.CSTNode) -> int:
-        return self.context.span(node).line
-
     def _site(self, call: cst.Call, block: cst.With, context: cst.Call) -> _Site | None:
-        if not hands_labels(call):
+        facts = self.facts
+        if not hands_labels(call) or keyword(call, "shift_labels") is not None or not may_call_model(facts, call):
             return None
-        labels = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "labels"), None)
+        labels = keyword(call, "labels")
         batch = next((a.value for a in call.args if a.star == "**"), None)
-        if isinstance(labels, cst.Name) and labels.value == "None":
-            return None
-        if any(a.keyword is not None and a.keyword.value == "shift_labels" for a in call.args):
-            return None
-        if not self._model_like(call):
-            return None
+        head = called_head(facts, call)
+        if is_name(labels, "None") or (head is not None and not head.shifts):
+            return None  # no labels, or a head that keeps its labels unshifted
         if labels is None:
-            if not self._holds_labels(batch, call):
+            # the batch holds labels (the call's `.loss` is read: a transformers model computes one only from them)
+            scope = facts.enclosing_function(call) or facts.index.module
+            if not batch_holds(facts, call, batch, "labels") and not loss_read_in(facts, self.loop, call, scope):
                 return None
-            block_scope = self.facts.enclosing_function(block) or self.facts.index.module
-            if self._gets_shift_labels(batch, call) or mentions_key(self.facts, block_scope, "shift_labels"):
+            block_scope = facts.enclosing_function(block) or facts.index.module
+            if batch_holds(facts, call, batch, "shift_labels") or any(
+                mentions_key(facts, s, "shift_labels") for s in (scope, block_scope)
+            ):
                 return None
         return _Site(call, block, context, labels, batch)
-
-    def _model_like(self, call: cst.Call) -> bool:
-        """A call of a model, and not of a head that keeps its labels unshifted."""
-        if not may_call_model(self.facts, call):
-            return False
-        head = called_head(self.facts, call)
-        return head is None or head.shifts
-
-    def _holds_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
-        """The ``**batch`` mapping holds ``"labels"``: read or written as ``batch["labels"]`` in the function,
-        built with them, or the call's ``.loss`` is read (a transformers model computes one only from labels)."""
-        facts = self.facts
-        scope = facts.enclosing_function(call) or facts.index.module
-        if keyed(facts, scope, batch, "labels"):
-            return True
-        labels_facts = LabelFacts.of(facts)
-        if any(labels_facts.built_stores(b, "labels") for b in labels_facts.received(call).builders):
-            return True
-        return loss_read_in(facts, self.loop, call, scope)
-
-    def _gets_shift_labels(self, batch: cst.BaseExpression, call: cst.Call) -> bool:
-        facts = self.facts
-        if LabelFacts.of(facts).received(call).shift_labels:
-            return True
-        scope = facts.enclosing_function(call) or facts.index.module
-        return keyed(facts, scope, batch, "shift_labels") or mentions_key(facts, scope, "shift_labels")
 
     # -- reporting -----------------------------------------------------------------------------------
 
@@ -333,7 +305,6 @@ def train(model, loader, args):
         facts = self.facts
         code = facts.index.module.code_for_node
         head = model_head(facts, site.call.func, site.call)
-        shown = code(site.call.func)
         given = "`**" + code(site.batch) + "`" if site.labels is None else f"`labels={code(site.labels)}`"
         if size is None:
             why = "inside torch's `context_parallel`"
@@ -343,109 +314,66 @@ def train(model, loader, args):
             why = f"inside `maybe_context_parallel` with context parallelism on ({size.where})"
         lost = "k-1" if size is None or size.value is None else str(size.value - 1)
         if site.labels is None:
-            base = code(site.batch)
-            shift = f'`{base}["shift_labels"] = shift_labels({base}["labels"])`'
+            shift = f'`{code(site.batch)}["shift_labels"] = shift_labels({code(site.batch)}["labels"])`'
         else:
             shift = f"`shift_labels({code(site.labels)})` passed as `shift_labels=`"
         message = (
-            f"`{shown}(...)` gets {given} {why} and no `shift_labels`: the causal-LM loss shifts each rank's shard of "
-            f"the labels on its own, so {lost} targets per sequence are lost at the shard boundaries and, under "
-            f"torch's default head-tail load balancing, {lost} more are scored against the wrong token; shift once "
-            f"before sharding ({shift}, from `lintdist.runtime`) and add the result to `buffers`"
+            f"`{code(site.call.func)}(...)` gets {given} {why} and no `shift_labels`: the causal-LM loss shifts each "
+            f"rank's shard of the labels on its own, so {lost} targets per sequence are lost at the shard boundaries "
+            f"and, under torch's default head-tail load balancing, {lost} more are scored against the wrong token; "
+            f"shift once before sharding ({shift}, from `lintdist.runtime`) and add the result to `buffers`"
         )
         fix = None
+        direct = facts.enclosing_function(site.call) is facts.enclosing_function(site.block)  # not in a helper
         if head is not None and not head.takes_shift_labels:
             message += f" ({head.why_not})"
-        elif facts.is_within(site.call, site.block.body) and facts.enclosing_function(
-            site.call
-        ) is facts.enclosing_function(site.block):
+        elif direct and facts.is_within(site.call, site.block.body):
             fix = self._fix(site)
-        severity = Severity.ERROR if certain else Severity.WARNING
-        self.report(site.call, message, fix=fix, severity=severity)
+        self.report(site.call, message, fix=fix, severity=Severity.ERROR if certain else Severity.WARNING)
 
     # -- the fix -------------------------------------------------------------------------------------
 
     def _fix(self, site: _Site) -> Fix | None:
         facts = self.facts
-        if name_taken(self.facts, "shift_labels", RUNTIME_MODULES):
-            return None
-        code = facts.index.module.code_for_node
-        accelerate = not facts.callee_is(site.context, TORCH_CONTEXT_PARALLEL)
-        buffers = argument_of(site.context, "buffers", 0 if accelerate else None)
-        dims = argument_of(site.context, "buffer_seq_dims", 1 if accelerate else None)
-        keep = argument_of(site.context, "no_restore_buffers", 2 if accelerate else None)
-        if buffers is None or dims is None or not facts.is_within(site.context, site.block):
+        lists = buffer_lists(facts, site.context, site.block)
+        if lists is None or name_taken(facts, "shift_labels", RUNTIME_MODULES):
             return None  # (a context made before the block, `with cp_context:`, would need its own edit)
-        buffers_list, buffers_line = literal_binding(facts, buffers, site.block, cst.List)
-        dims_list, dims_line = literal_binding(facts, dims, site.block, cst.List)
-        if buffers_list is None or dims_list is None or buffers_line is not None and buffers_line is dims_line:
-            return None
-        if len(buffers_list.elements) != len(dims_list.elements) or any(
-            isinstance(e, cst.StarredElement) for e in (*buffers_list.elements, *dims_list.elements)
-        ):
-            return None
-
+        code = facts.index.module.code_for_node
         # what to compute, and what the call then needs
-        new_call = site.call
         if site.labels is None:
-            base = code(site.batch)
             quote = key_quote(facts, site.batch)
-            labels_text = f"{base}[{quote}labels{quote}]"
-            shifted_text = f"{base}[{quote}shift_labels{quote}]"
+            labels_text = f"{code(site.batch)}[{quote}labels{quote}]"
+            shifted_text = f"{code(site.batch)}[{quote}shift_labels{quote}]"
         elif string_key(site.labels) == "labels":
             labels_text = code(site.labels)
             quote = site.labels.slice[0].slice.value.quote
             shifted_text = f"{code(site.labels.value)}[{quote}shift_labels{quote}]"
-            new_call = with_last_item(site.call, keyword_arg("shift_labels", cst.parse_expression(shifted_text)))
         elif isinstance(site.labels, cst.Name):
             labels_text = site.labels.value
             shifted_text = "shifted_labels" if labels_text == "labels" else f"shifted_{labels_text}"
             if name_taken(facts, shifted_text):
                 return None
-            new_call = with_last_item(site.call, keyword_arg("shift_labels", cst.Name(shifted_text)))
         else:
             return None
-
-        dim = self._dim(buffers_list, dims_list, labels_text)
+        dim = sequence_dim_like(lists.buffers, lists.dims, labels_text, code)
         if dim is None:
             return None
         shifted = cst.parse_expression(shifted_text)
-        new_buffers = with_last_item(buffers_list, cst.Element(shifted))
-        new_dims = with_last_item(dims_list, cst.Element(dim.deep_clone()))
-        inside = [(site.call, new_call)] if new_call is not site.call else []
-        keep_set = keep if isinstance(keep, cst.Set) else None
-        if keep_set is not None:
-            inside.append((keep_set, with_last_item(keep_set, cst.Element(shifted.deep_clone()))))
-        outside: list[tuple[cst.CSTNode, cst.CSTNode]] = []
-        for literal, line, new in ((buffers_list, buffers_line, new_buffers), (dims_list, dims_line, new_dims)):
-            if line is None:
-                inside.append((literal, new))
-            else:
-                outside.append((line, replace_nodes(line, [(literal, new)])))
+        inside, outside = [], []
+        if site.labels is not None:
+            inside.append((site.call, with_last_item(site.call, keyword_arg("shift_labels", shifted.deep_clone()))))
+        for old, new in lists.adding(shifted, dim):
+            (inside if facts.is_within(old, site.block) else outside).append((old, new))
         statement = cst.parse_statement(f"{shifted_text} = shift_labels({labels_text})\n")
-        new_block = replace_nodes(site.block, inside)
         # the shift goes before the first statement that reads it: the buffers' binding, else the block
-        first = buffers_line if buffers_line is not None else site.block
+        first = lists.buffers_line if lists.buffers_line is not None else site.block
         replacements = [
             (old, statement_before(old, new, statement) if old is first else new)
-            for old, new in [*outside, (site.block, new_block)]
+            for old, new in [*outside, (site.block, replace_nodes(site.block, inside))]
         ]
         return Fix(
             Applicability.UNSAFE,
             "Shift the labels once before sharding and pass them as `shift_labels`, sharded with the other buffers",
             replacements=tuple(replacements),
-            imports=(RUNTIME_IMPORT,),
+            imports=(("lintdist.runtime", "shift_labels"),),
         )
-
-    def _dim(self, buffers: cst.List, dims: cst.List, labels_text: str) -> cst.BaseExpression | None:
-        """The sequence dimension the labels are sharded on: theirs in `buffer_seq_dims`, else the input ids',
-        else the one every buffer shares."""
-        code = self.facts.index.module.code_for_node
-        texts = [code(e.value) for e in buffers.elements]
-        if labels_text in texts:
-            return dims.elements[texts.index(labels_text)].value
-        for index, element in enumerate(buffers.elements):
-            if string_key(element.value) == "input_ids" or texts[index] in {"input_ids", "inputs"}:
-                return dims.elements[index].value
-        values = {code(e.value) for e in dims.elements}
-        return dims.elements[0].value if len(values) == 1 else None

@@ -7,7 +7,16 @@ import textwrap
 import libcst as cst
 import pytest
 
-from lintdist.bindings import BINDERS, bound_names, read_names, rebound_between, repeatable
+from lintdist.bindings import (
+    BINDERS,
+    arithmetic,
+    bound_names,
+    read_names,
+    rebinds_any,
+    rebound_between,
+    repeatable,
+    variable_names,
+)
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -82,3 +91,44 @@ def test_rebound_between_positions_and_in_helpers_for_attributes():
 def test_repeatable(text, answer):
     facts = _facts(f"x = {text}\n")
     assert repeatable(facts, facts.index.nodes(cst.Assign)[0].value) is answer
+
+
+def test_variable_names_skip_attribute_names():
+    facts = _facts("x = outputs.loss + w * batch[key].aux\n")
+    assert variable_names(facts, facts.index.nodes(cst.Assign)[0].value) == {"outputs", "w", "batch", "key"}
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("outputs.loss", True),
+        ("0.1 * -aux[0] / n", True),
+        ("batch[0].y", True),
+        ("batch['x']", False),
+        ("batch[1:]", False),
+        ("f(x)", False),
+        ("a if b else c", False),
+    ],
+)
+def test_arithmetic(text, answer):
+    assert arithmetic(cst.parse_expression(text)) is answer
+
+
+@pytest.mark.parametrize(
+    ("statement", "answer"),
+    [
+        ("loss = 2", True),
+        ("self.loss = loss.detach()", False),
+        ("outputs.loss = 0", True),
+        ("a, *rest = pair", True),
+        ("loss.mul_(2)", True),
+        ("loss.mul(2)", False),
+        ("with ctx() as loss: pass", True),
+        ("del other", True),
+        ("log(loss)", False),
+        ("for outputs in xs: pass", True),
+    ],
+)
+def test_rebinds_any(statement, answer):
+    facts = _facts(statement + "\n")
+    assert rebinds_any(facts, facts.index.module.body[0], {"loss", "outputs", "rest"}) is answer

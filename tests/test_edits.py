@@ -13,9 +13,11 @@ from lintdist.edits import (
     receiver_as_argument,
     repeatable,
     replace_nodes,
+    summed,
     with_arg_appended,
     with_arg_first,
     with_last_item,
+    without_statements,
 )
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
@@ -110,3 +112,16 @@ def test_an_argument_first_spaced_as_the_call_opens():
     assert one(with_arg_first(cst.parse_expression("f()"), first)) == 'f("cuda")'
     assert one(with_arg_first(cst.parse_expression("f(a)"), first)) == 'f("cuda", a)'
     assert one(with_arg_first(cst.parse_expression("f(\n    a,\n)"), first)) == 'f(\n    "cuda",\n    a,\n)'
+
+
+def test_summed_parenthesizes_only_what_plus_would_regroup():
+    operands = [cst.parse_expression(text) for text in ("a.loss", "0.1 * aux", "x - y", "(p or q)", "-z", "f(x)")]
+    assert cst.Module([]).code_for_node(summed(operands)) == "a.loss + 0.1 * aux + (x - y) + (p or q) + (-z) + f(x)"
+    assert cst.Module([]).code_for_node(summed([cst.parse_expression("a if b else c")])) == "(a if b else c)"
+
+
+def test_statements_dropped_hand_their_comments_to_the_next_kept():
+    module = cst.parse_module("a()\n# first\nb()  # end\nc()\nd()\n")
+    kept = without_statements(list(module.body), {1, 3})
+    assert module.with_changes(body=kept).code == "a()\n# first\n# end\nc()\n"
+    assert without_statements(list(module.body), set()) == list(module.body)

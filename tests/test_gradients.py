@@ -7,7 +7,17 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.gradients import context_callee, enters_no_grad, freezes, freezes_call, sets_requires_grad, under_detach
+from lintdist.gradients import (
+    context_callee,
+    enters_no_grad,
+    flows_into,
+    freezes,
+    freezes_call,
+    gradient_sources,
+    runs_in_step,
+    sets_requires_grad,
+    under_detach,
+)
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -104,3 +114,50 @@ def test_under_detach():
     assert under_detach(facts, fake, value)
     assert not under_detach(facts, real, value)
     assert not under_detach(facts, _call(facts, "critic"), value)
+
+
+def test_runs_in_step_skips_nested_definitions_and_no_grad():
+    facts = _facts(
+        """
+        import torch
+        with acc.accumulate(model):
+            a()
+            with torch.no_grad():
+                b()
+            def helper():
+                c()
+            f = lambda: d()
+            if x:
+                e()
+        """
+    )
+    block = facts.index.nodes(cst.With)[0]
+    code = facts.index.module.code_for_node
+    runs = {code(c.func): runs_in_step(facts, c, block) for c in facts.within(block.body, cst.Call)}
+    assert runs == {"a": True, "torch.no_grad": False, "b": False, "c": False, "d": False, "e": True}
+
+
+def test_gradient_sources_follow_earlier_assignments_not_detached_ones():
+    facts = _facts(
+        """
+        with acc.accumulate(model):
+            fake = gen(z)
+            score = disc(fake)
+            frozen = disc(fake.detach())
+            loss = crit(score) + frozen.mean()
+            acc.backward(loss)
+            late = other(x)
+        """
+    )
+    block = facts.index.nodes(cst.With)[0]
+    backward = _call(facts, "acc.backward")
+    sources = gradient_sources(facts, backward.args[0].value, block.body, backward)
+    code = facts.index.module.code_for_node
+    assert sorted(code(s) for s in sources) == sorted(
+        ["loss", "crit(score) + frozen.mean()", "disc(fake)", "gen(z)", "disc(fake.detach())"]
+    )
+    assert any(flows_into(facts, _call(facts, "gen"), s) for s in sources)
+    assert not flows_into(facts, _call(facts, "other"), sources[0])
+    frozen = next(s for s in sources if code(s) == "disc(fake.detach())")
+    inner = facts.within(frozen, cst.Name)[1]  # `fake`, read through `.detach()`
+    assert inner.value == "fake" and not flows_into(facts, inner, frozen)

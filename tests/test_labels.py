@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 
 from lintdist.facts import PythonFacts
-from lintdist.labels import called_head, hands_labels, may_call_model, model_loss_trainer
+from lintdist.labels import batch_holds, called_head, hands_labels, may_call_model, model_loss_trainer
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -92,3 +92,29 @@ def test_calls_that_may_run_a_model():
         "dict": False,
         "F.cross_entropy": False,
     }
+
+
+def test_batch_holds_a_key_read_in_the_function_or_stored_by_its_collate():
+    facts = _facts(
+        """
+        from torch.utils.data import DataLoader
+
+        def collate(rows):
+            return {"input_ids": ids, "labels": ids}
+
+        def train():
+            loader = DataLoader(data, collate_fn=collate)
+            for batch in loader:
+                model(**batch)
+
+        def step(batch):
+            batch["shift_labels"] = shift(batch["input_ids"])
+            model(**batch)
+        """
+    )
+    loop_call, step_call = [c for c in facts.calls if facts.index.module.code_for_node(c.func) == "model"]
+    batch = loop_call.args[0].value
+    assert batch_holds(facts, loop_call, batch, "labels")  # the collate function stores it
+    assert not batch_holds(facts, loop_call, batch, "shift_labels")
+    assert batch_holds(facts, step_call, step_call.args[0].value, "shift_labels")  # written in the function
+    assert not batch_holds(facts, step_call, step_call.args[0].value, "labels")

@@ -8,6 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.lightning import (
+    accumulated_batches,
     fitting_trainers,
     in_training_branch,
     is_training_stage_test,
@@ -186,3 +187,14 @@ def test_the_training_branch_inside_a_method():
     method = _method(facts, "shared")
     logs = {c.args[0].value.evaluated_value: in_training_branch(facts, c, method) for c in facts.calls}
     assert logs == {"a": True, "b": False, "c": True, "d": False}
+
+
+def test_accumulated_batches_literal_above_one_as_written():
+    def batches(text: str) -> str | None:
+        return accumulated_batches(cst.parse_expression(text))
+
+    assert batches("L.Trainer(accumulate_grad_batches=4)") == "4"
+    assert batches("L.Trainer(max_epochs=2, accumulate_grad_batches=1)") is None
+    assert batches("L.Trainer(accumulate_grad_batches=args.accum)") is None
+    assert batches("L.Trainer(**cfg, accumulate_grad_batches=4)") is None  # a mapping before it may say anything
+    assert batches("L.Trainer()") is None

@@ -12,11 +12,13 @@ from lintdist.names import NameResolver
 from lintdist.parallelism import (
     Size,
     accelerator_configs,
+    buffer_lists,
     context_parallel_call,
     launch_size,
     mesh_accelerator,
     model_parallel,
     parallelism_size,
+    sequence_dim_like,
 )
 from lintdist.syntax import SyntaxIndex
 
@@ -128,3 +130,48 @@ def test_model_parallelism_named_in_the_text_or_set_at_launch():
     assert not model_parallel("accelerator = Accelerator()", None)
     assert model_parallel("", _settings(Setting("parallelism_config_cp_size", 2, "cfg.yaml", 3, 0, "yaml")))
     assert not model_parallel("", _settings(Setting("mixed_precision", "bf16", "cfg.yaml", 3, 0, "yaml")))
+
+
+def test_sequence_dim_like_the_tensor_the_input_ids_or_the_shared_one():
+    code = cst.Module([]).code_for_node
+
+    def dim(buffers: str, dims: str, tensor: str) -> str | None:
+        found = sequence_dim_like(cst.parse_expression(buffers), cst.parse_expression(dims), tensor, code)
+        return None if found is None else code(found)
+
+    assert dim("[ids, labels, pos]", "[1, 2, 0]", "labels") == "2"
+    assert dim('[batch["input_ids"], mask]', "[1, 0]", 'batch["labels"]') == "1"
+    assert dim("[inputs, mask]", "[seq, 0]", "labels") == "seq"
+    assert dim("[a, b]", "[1, 1]", "labels") == "1"
+    assert dim("[a, b]", "[1, 0]", "labels") is None
+
+
+def test_buffer_lists_in_the_call_or_bound_before_the_block_and_what_adding_one_changes():
+    facts = _facts(
+        """
+        for batch in loader:
+            buffers = [batch["input_ids"], batch["labels"]]
+            with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1], no_restore_buffers={x}):
+                pass
+            with accelerator.maybe_context_parallel(buffers=[a, *rest], buffer_seq_dims=[1, 1]):
+                pass
+            with accelerator.maybe_context_parallel(buffers=[a], buffer_seq_dims=[1, 1]):
+                pass
+            with cp_context:
+                pass
+        """
+    )
+    code = facts.index.module.code_for_node
+    blocks = facts.index.nodes(cst.With)
+    contexts = [b.items[0].item for b in blocks]
+    lists = buffer_lists(facts, contexts[0], blocks[0])
+    assert code(lists.buffers) == '[batch["input_ids"], batch["labels"]]' and code(lists.dims) == "[1, 1]"
+    assert lists.buffers_line is not None and lists.dims_line is None and code(lists.keep) == "{x}"
+    changed = {code(old): code(new) for old, new in lists.adding(cst.parse_expression("s"), cst.Integer("1"))}
+    assert changed == {
+        "{x}": "{x, s}",
+        'buffers = [batch["input_ids"], batch["labels"]]\n': 'buffers = [batch["input_ids"], batch["labels"], s]\n',
+        "[1, 1]": "[1, 1, 1]",
+    }
+    assert buffer_lists(facts, contexts[1], blocks[1]) is None  # starred
+    assert buffer_lists(facts, contexts[2], blocks[2]) is None  # lengths differ

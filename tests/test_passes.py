@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.loop import TrainingLoop
 from lintdist.names import NameResolver
-from lintdist.passes import PassCounter, Paths, Tally
+from lintdist.passes import PassCounter, Paths, Tally, models_per_backward
+from lintdist.positions import Positions
 from lintdist.syntax import SyntaxIndex
 
 
@@ -76,3 +78,32 @@ def test_paths_combine():
     assert Paths(one).then(Paths(two)).through == Tally(1, 2)
     assert Paths(None, one).then(Paths(two)) == Paths(None, one)  # left early: nothing after counts
     assert Paths(one).either(Paths(two)).most == Tally(1, 2)
+
+
+def test_models_per_backward_in_evaluation_order():
+    text = textwrap.dedent(
+        """
+        def step(generator, batch):
+            accelerator.backward(generator(batch).loss)
+
+        with accelerator.accumulate(gen, disc):
+            step(gen, batch)
+            with torch.no_grad():
+                disc(batch)
+            accelerator.backward(disc(fake.detach()).loss)
+            gen(batch)
+        """
+    )
+    index = SyntaxIndex(cst.parse_module(text))
+    loop = TrainingLoop(PythonFacts(index, NameResolver(index)))
+    block = index.nodes(cst.With)[0]
+    positions = Positions(index.module, text, index.parent)
+
+    def span(node):
+        _, _, end_line, end_column = positions.range(node)
+        return SimpleNamespace(end_line=end_line, end_column=end_column)
+
+    counter = PassCounter(loop, frozenset({"gen", "disc"}))
+    # the helper's backward ends the first run (gen, handed to it); the unclosed call of gen after the last backward
+    # runs for no backward; the disc call under no_grad does not run
+    assert models_per_backward(counter, block, span) == [{"gen"}, {"disc"}]
