@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.accelerators import accelerator_calls, accelerator_option, prepared_arguments
 from lintdist.arguments import command_line_default
 from lintdist.closures import free_reads
+from lintdist.edits import unparenthesized
 from lintdist.facts import argument_of, string_value
 from lintdist.launch import number
 from lintdist.loop import is_accumulation_name
@@ -29,6 +31,31 @@ from lintdist.schedulers import (
 from lintdist.step_counts import TOTAL_STEPS, Count, StepCounts
 
 RUNTIME_IMPORT = ("lintdist.runtime", "scheduler_total_steps")
+WRAPS = "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step"
+UNSCALED = (
+    "{what} counts optimizer steps ({why}), but " + WRAPS + ", and the schedule ends after {ends}; multiply it by "
+    "the number of processes (`scheduler_total_steps(n, accelerator)`)"
+)
+MIXED = (
+    "{what} counts optimizer steps when the count is given rather than derived ({why}), but " + WRAPS + ", and the "
+    "schedule ends after {ends}; multiply the given count by `accelerator.num_processes` (a count derived from the "
+    "loader before `prepare` counts un-sharded batches and needs no factor)"
+)
+ACCUMULATED = (
+    "{what} counts optimizer steps times `gradient_accumulation_steps` ({why}), but " + WRAPS + " and not at all "
+    "while gradients accumulate: the schedule ends after `gradient_accumulation_steps`/{world} of training, and does "
+    "not finish when the accumulation is at least the number of processes; drop the accumulation factor and multiply "
+    "the optimizer steps by the number of processes (`scheduler_total_steps(n, accelerator)`)"
+)
+# the count derived from the un-sharded loader needs no factor: the product is k times long
+ACCUMULATED_MIXED = (
+    "{what} is a step budget times `gradient_accumulation_steps` ({why}), but " + WRAPS + " and not at all while "
+    "gradients accumulate: with a given budget the schedule ends after `gradient_accumulation_steps`/{world} of "
+    "training (or never finishes, when the accumulation is at least the number of processes), and with a budget "
+    "derived from the un-sharded loader before `prepare` it gets only 1/`gradient_accumulation_steps` of the way; "
+    "drop the accumulation factor, and multiply a given budget by the number of processes "
+    "(`scheduler_total_steps(n, accelerator)`)"
+)
 
 
 class SchedulerLengthNotScaled(Rule):
@@ -434,7 +461,6 @@ for epoch in range(args.num_train_epochs):
         ),
     )
 
-
     def finish(self) -> None:
         if self.loop.surely_single:
             return
@@ -476,11 +502,8 @@ for epoch in range(args.num_train_epochs):
 
     def _ignored_split_batches(self) -> cst.CSTNode | None:
         """``Accelerator(split_batches=...)``: a keyword accelerate 1.x accepts and never reads."""
-        for accelerator in accelerator_calls(self.facts, self._prepare.func.value, self._prepare):
-            for arg in accelerator.args:
-                if arg.keyword is not None and arg.keyword.value == "split_batches":
-                    return arg
-        return None
+        calls = accelerator_calls(self.facts, self._prepare.func.value, self._prepare)
+        return next((arg for arg in (argument_of(c, "split_batches", None) for c in calls) if arg is not None), None)
 
     # -- the length ------------------------------------------------------------------------------
 
@@ -565,7 +588,10 @@ for epoch in range(args.num_train_epochs):
         ):
             return []
         own = re.sub(r"\W", "_", key.rsplit(".", 1)[-1]) + "_for_scheduler"
-        if re.search(rf"\b{own}\b", self.context.text) or self.loop.accelerator_at(self._prepare, branch) != accelerator:
+        if (
+            re.search(rf"\b{own}\b", self.context.text)
+            or self.loop.accelerator_at(self._prepare, branch) != accelerator
+        ):
             return []  # the name is taken, or the Accelerator is not yet bound where the branches run
         derived = cst.parse_statement(f"{own} = {key}\n")
         given = cst.parse_statement(f"{own} = {cst.Module([]).code_for_node(_wrapped(length, accelerator))}\n")
@@ -625,73 +651,34 @@ for epoch in range(args.num_train_epochs):
         if value.where is not None:
             why += f" at line {self.context.span(value.where).line}"
         processes = number(self.context.settings.get("num_processes")) if self.context.settings else None
-        count = str(processes) if processes is not None else ""
         # A count multiplied by the accumulation steps is k times too long as well: the schedule then ends after
         # k/W of training, and not at all when k >= W (accelerate steps it only on the optimizer step).
         accumulated = isinstance(where, cst.BaseExpression) and any(
-            isinstance(op, cst.BinaryOperation)
-            and isinstance(op.operator, cst.Multiply)
-            and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
+            isinstance(op.operator, cst.Multiply) and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
             for op in self.facts.within(where, cst.BinaryOperation)
         )
         if accumulated:
-            world = count if count.isdigit() else "`num_processes`"
-            effect = (
-                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step "
-                "and not at all while gradients accumulate: the schedule ends after `gradient_accumulation_steps`/"
-                f"{world} of training, and does not finish when the accumulation is at least the number of processes"
-            )
-            message = (
-                f"{what} counts optimizer steps times `gradient_accumulation_steps` ({why}), but {effect}; drop the "
-                "accumulation factor and multiply the optimizer steps by the number of processes "
-                "(`scheduler_total_steps(n, accelerator)`)"
-            )
-            if mixed:  # the count derived from the un-sharded loader needs no factor: the product is k times long
-                message = (
-                    f"{what} is a step budget times `gradient_accumulation_steps` ({why}), but `accelerator.prepare` "
-                    "wraps the scheduler so that it steps `num_processes` times per optimizer step and not at all "
-                    "while gradients accumulate: with a given budget the schedule ends after "
-                    f"`gradient_accumulation_steps`/{world} of training (or never finishes, when the accumulation is "
-                    "at least the number of processes), and with a budget derived from the un-sharded loader before "
-                    "`prepare` it gets only 1/`gradient_accumulation_steps` of the way; drop the accumulation "
-                    "factor, and multiply a given budget by the number of processes "
-                    "(`scheduler_total_steps(n, accelerator)`)"
-                )
+            world = "`num_processes`" if processes is None else processes
+            message = (ACCUMULATED_MIXED if mixed else ACCUMULATED).format(what=what, why=why, world=world)
             replacements = []  # wrapping the product would keep the accumulation factor: no fix
         else:
             ends = (
-                f"1/{count} of training (the launch runs {count} processes)"
-                if count.isdigit()
+                f"1/{processes} of training (the launch runs {processes} processes)"
+                if processes is not None
                 else "1/`num_processes` of training (halfway with 2 processes)"
             )
-            effect = (
-                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step, "
-                f"and the schedule ends after {ends}"
-            )
-            if not mixed:
-                message = (
-                    f"{what} counts optimizer steps ({why}), but {effect}; multiply it by the number of processes "
-                    "(`scheduler_total_steps(n, accelerator)`)"
-                )
-            else:
-                message = (
-                    f"{what} counts optimizer steps when the count is given rather than derived ({why}), but "
-                    f"{effect}; multiply the given count by `accelerator.num_processes` (a count derived from the "
-                    "loader before `prepare` counts un-sharded batches and needs no factor)"
-                )
+            message = (MIXED if mixed else UNSCALED).format(what=what, why=why, ends=ends)
         ignored = self._ignored_split_batches()
         if ignored is not None:
             message += (
                 f"; `split_batches=` given to `Accelerator(...)` at line {self.context.span(ignored).line} is ignored "
                 "by accelerate 1.x (accelerate #3177): only `DataLoaderConfiguration(split_batches=True)` is read"
             )
-        severity = None
         if lengthless is not None:
             message += (
                 f"; with the script's default {lengthless} the schedule has no length and nothing ends early: this "
                 "matters once a decaying schedule is chosen"
             )
-            severity = Severity.INFO
         fix = None
         if replacements:
             fix = Fix(
@@ -703,7 +690,7 @@ for epoch in range(args.num_train_epochs):
                 replacements=tuple(replacements),
                 imports=(RUNTIME_IMPORT,),
             )
-        self.report(where, message, fix=fix, severity=severity)
+        self.report(where, message, fix=fix, severity=None if lengthless is None else Severity.INFO)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -711,25 +698,16 @@ for epoch in range(args.num_train_epochs):
 
 def _derives_when_missing(test: cst.BaseExpression, key: str) -> bool:
     """The test of the branch that derives ``key`` when none was given: ``key is None`` or ``not key``."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    if m.matches(test, m.UnaryOperation(operator=m.Not())):
         return get_full_name_for_node(test.expression) == key
-    return (
-        isinstance(test, cst.Comparison)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.Is)
-        and get_full_name_for_node(test.comparisons[0].comparator) == "None"
-        and get_full_name_for_node(test.left) == key
-    )
+    is_none = m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))])
+    return m.matches(test, is_none) and get_full_name_for_node(test.left) == key
 
 
 def _wrapped(expr: cst.BaseExpression, accelerator: str) -> cst.Call:
     """``scheduler_total_steps(expr, accelerator)``, without parentheses of ``expr``'s own that the call makes
     redundant."""
-    bare = bool(getattr(expr, "lpar", ())) and not isinstance(expr, cst.Tuple)
+    bare = expr if isinstance(expr, cst.Tuple) else unparenthesized(expr)
     return cst.Call(
-        func=cst.Name("scheduler_total_steps"),
-        args=(
-            cst.Arg(expr.with_changes(lpar=(), rpar=()) if bare else expr),
-            cst.Arg(cst.parse_expression(accelerator)),
-        ),
+        func=cst.Name("scheduler_total_steps"), args=(cst.Arg(bare), cst.Arg(cst.parse_expression(accelerator)))
     )
