@@ -10,6 +10,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.evaluation import evaluates
 from lintdist.facts import Loop, SamplerUse, epoch_counter, single_pass
+from lintdist.invariance import fixed_name
 from lintdist.loaders import loader_passes
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -438,10 +439,8 @@ for _ in range(3):
         loop reads the loader, so the loader's name is bound wherever the loop runs."""
         facts = self.facts
         for expr, target, helper in ((use.sampler_arg, use.sampler, False), (loader_there, use.loader, True)):
-            if not isinstance(expr, (cst.Name, cst.Attribute)):
-                continue
-            key = get_full_name_for_node(expr)
-            if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
+            key = fixed_name(facts, expr, epoch_loop)
+            if key is None:
                 continue
             # the loop reads the loader's name itself, but not the sampler's
             if not helper and isinstance(expr, cst.Name) and not facts.surely_bound(key, epoch_loop):
