@@ -7,7 +7,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
 from lintdist.api_choice import chooses_api
-from lintdist.edits import keyword_arg, with_arg_first
+from lintdist.edits import keyword_arg, with_arg_appended, with_arg_first
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import binding_import, import_reads
@@ -316,10 +316,8 @@ class Scale(torch.autograd.Function):
 
 
 def _new_spelling(kind: str, device: str) -> str:
-    if kind == "autocast":
-        return f'torch.amp.autocast("{device}", ...)'
-    if kind == "GradScaler":
-        return f'torch.amp.GradScaler("{device}", ...)'
+    if kind in ("autocast", "GradScaler"):
+        return f'torch.amp.{kind}("{device}", ...)'
     return f'torch.amp.{kind}(..., device_type="{device}")'
 
 
@@ -340,32 +338,12 @@ def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNo
     if any(arg.star == "*" for arg in args):
         return None
     if kind in ("custom_fwd", "custom_bwd"):
-        return node.with_changes(func=new_callee, args=_appended(node, keyword_arg("device_type", device_string)))
+        return with_arg_appended(node.with_changes(func=new_callee), keyword_arg("device_type", device_string))
     if kind == "autocast":
         for index, arg in enumerate(args):
             if arg.keyword is None and not arg.star:
                 if index >= len(AUTOCAST_POSITIONS):
                     return None
-                args[index] = arg.with_changes(
-                    keyword=cst.Name(AUTOCAST_POSITIONS[index]),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-                    ),
-                )
+                named = keyword_arg(AUTOCAST_POSITIONS[index], arg.value)
+                args[index] = named.with_changes(comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg)
     return with_arg_first(node.with_changes(func=new_callee, args=args), cst.Arg(value=device_string))
-
-
-def _appended(call: cst.Call, new: cst.Arg) -> list[cst.Arg]:
-    """The call's arguments with ``new`` last, spaced and comma'd as the others are."""
-    args = list(call.args)
-    if not args:
-        return [new]
-    last = args[-1]
-    if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it, on its own line
-        between = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
-        if between is None:
-            between = call.whitespace_before_args
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=between))
-        return [*args, new.with_changes(comma=last.comma)]
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return [*args, new]
