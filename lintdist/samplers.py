@@ -170,3 +170,23 @@ def reseeded_each_pass(facts: PythonFacts, sampler: cst.Call, loop: cst.For | cs
         or any(facts.is_within(binding.statement, loop) for binding in facts.bindings(name.value, seed))
         for name in facts.within(seed, cst.Name)
     )
+
+
+def may_tell_epoch_of(facts: PythonFacts, call: cst.Call, loader: cst.CSTNode) -> bool:
+    """``call`` is a ``set_epoch`` that may reach the sampler of ``loader`` (a loader's construction):
+    ``loader.sampler.set_epoch(e)``, ``set_epoch(loader, e)``, or one on something lintdist cannot follow."""
+    if facts.method_name(call) != SET_EPOCH:
+        return False
+    if isinstance(call.func, cst.Attribute):
+        receiver = call.func.value
+        while isinstance(receiver, cst.Attribute) and receiver.attr.value in {"sampler", "batch_sampler"}:
+            receiver = receiver.value
+    elif call.args:
+        receiver = call.args[0].value
+    else:
+        return True
+    origins = facts.origins(receiver, call)
+    if any(o.node is loader for o in origins):
+        return True
+    # every value is something else lintdist can see (another sampler, None): not this loader's
+    return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)

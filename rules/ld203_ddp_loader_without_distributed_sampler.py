@@ -16,6 +16,7 @@ from lintdist.layout import inserted_after
 from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
+from lintdist.samplers import may_tell_epoch_of
 from lintdist.spelling import class_spelling
 
 SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -511,34 +512,12 @@ for x, y in loader:
     def _epochs(self, loader: cst.Call, loop: Loop, expr: cst.BaseExpression) -> list[tuple[Loop, cst.BaseExpression]]:
         """The epoch loops around a training loop that do not already tell a sampler the epoch."""
         facts = self.facts
-        result = []
-        for epoch_loop, loader_there in facts.epoch_loops(loop, expr):
-            if single_pass(epoch_loop):
-                continue
-            if any(self._tells(call, loader) for call in facts.reachable_calls(epoch_loop.body)):
-                continue
-            result.append((epoch_loop, loader_there))
-        return result
-
-    def _tells(self, call: cst.Call, loader: cst.Call) -> bool:
-        """A ``set_epoch`` call that may reach this loader's sampler: ``loader.sampler.set_epoch(e)``,
-        ``set_epoch(loader, e)``, or one on something lintdist cannot follow (then no second call is added)."""
-        facts = self.facts
-        if facts.method_name(call) != "set_epoch":
-            return False
-        if isinstance(call.func, cst.Attribute):
-            receiver = call.func.value
-            while isinstance(receiver, cst.Attribute) and receiver.attr.value in {"sampler", "batch_sampler"}:
-                receiver = receiver.value
-        elif call.args:
-            receiver = call.args[0].value
-        else:
-            return True
-        origins = facts.origins(receiver, call)
-        if any(o.node is loader for o in origins):
-            return True
-        # every value is something else lintdist can see (another sampler, None): not this loader's
-        return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)
+        return [
+            (epoch_loop, loader_there)
+            for epoch_loop, loader_there in facts.epoch_loops(loop, expr)
+            if not single_pass(epoch_loop)
+            and not any(may_tell_epoch_of(facts, call, loader) for call in facts.reachable_calls(epoch_loop.body))
+        ]
 
     def _named_at(self, expr: cst.BaseExpression, loader: cst.Call, epoch_loop: Loop) -> bool:
         """``expr`` names the loader at the epoch loop, bound outside it (so the new first statement can read it)."""

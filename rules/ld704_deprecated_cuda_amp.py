@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
+from lintdist.amp import NEW_NAMES, SINCE, deprecated_amp, torch_amp_import
 from lintdist.api_choice import chooses_api
 from lintdist.edits import keyword_arg, with_arg_appended, with_arg_first
 from lintdist.model import Applicability, Fix, Severity
@@ -282,35 +281,13 @@ class Scale(torch.autograd.Function):
     def _new_import(self, statement: cst.Import | cst.ImportFrom, group: list) -> cst.CSTNode | None:
         """The import rebound to ``torch.amp`` when every use of its names is one of ``group``'s callees."""
         callees = {id(callee) for _, callee, _, _ in group}
-        if isinstance(statement, cst.ImportFrom):
-            if statement.relative or statement.module is None:
-                return None
-            module = get_full_name_for_node(statement.module)
-            names = [get_full_name_for_node(a.name) for a in statement.names]
-            if module in OLD_MODULES or module in {f"{m}.autocast_mode" for m in OLD_MODULES} | {
-                f"{m}.grad_scaler" for m in OLD_MODULES
-            }:
-                if not all(name in KINDS for name in names):
-                    return None
-                new = statement.with_changes(module=cst.parse_expression("torch.amp"))
-                attribute_uses = False
-            elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
-                new = statement.with_changes(module=cst.Name("torch"))
-                attribute_uses = True
-            else:
-                return None
-        else:
-            if len(statement.names) != 1 or statement.names[0].asname is None:
-                return None
-            alias = statement.names[0]
-            if get_full_name_for_node(alias.name) not in OLD_MODULES:
-                return None
-            new = statement.with_changes(names=[alias.with_changes(name=cst.parse_expression("torch.amp"))])
-            attribute_uses = True
+        moved = torch_amp_import(statement)
+        if moved is None:
+            return None
+        new, binds_module = moved
         # every reading of a bound name must be a fixed callee (or, for a module, the receiver of one)
         for name in import_reads(self.facts, statement):
-            used = self.facts.parent(name) if attribute_uses else name
-            if id(used) not in callees:
+            if id(self.facts.parent(name) if binds_module else name) not in callees:
                 return None
         return new
 

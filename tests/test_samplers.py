@@ -13,6 +13,7 @@ from lintdist.samplers import (
     epoch_told_out_of_sight,
     is_set_epoch,
     keeps_order,
+    may_tell_epoch_of,
     rank_aware,
     reseeded_each_pass,
     sampler_kinds,
@@ -186,3 +187,24 @@ def test_reseeded_each_pass():
     loop = facts.loops[0]
     samplers = [c for c in facts.calls if getattr(c.func, "value", "") == "DistributedSampler"]
     assert [reseeded_each_pass(facts, s, loop, "epoch") for s in samplers] == [True, False, False]
+
+
+def test_may_tell_epoch_of_a_loader_through_its_sampler_or_an_unknown_receiver():
+    facts = _facts(
+        """
+        loader = DataLoader(ds, shuffle=True)
+        other = DataLoader(ds2, sampler=DistributedSampler(ds2))
+        loader.sampler.set_epoch(epoch)
+        other.sampler.set_epoch(epoch)
+        set_epoch(loader, epoch)
+        make().sampler.set_epoch(epoch)
+        loader.sampler.step(epoch)
+        """
+    )
+    loader = next(c for c in facts.calls if c.args and cst.Module([]).code_for_node(c.args[0].value) == "ds")
+    own, others, helper, unknown, step = [c for c in facts.calls if facts.method_name(c) in ("set_epoch", "step")]
+    assert may_tell_epoch_of(facts, own, loader)
+    assert may_tell_epoch_of(facts, helper, loader)
+    assert may_tell_epoch_of(facts, unknown, loader)  # a value lintdist cannot place may be this loader
+    assert not may_tell_epoch_of(facts, others, loader)  # another loader's sampler
+    assert not may_tell_epoch_of(facts, step, loader)
