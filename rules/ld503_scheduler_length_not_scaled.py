@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.accelerators import accelerator_calls, accelerator_option, prepared_arguments
@@ -17,7 +16,7 @@ from lintdist.launch import number
 from lintdist.loop import is_accumulation_name
 from lintdist.loop_bounds import bounding_test, loops_around
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.reaching import reaching_bindings, reads_passed_parameter
+from lintdist.reaching import divided_later, filled_when_missing, reads_passed_parameter
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.schedulers import (
     LAMBDA_SCHEDULERS,
@@ -512,9 +511,10 @@ for epoch in range(args.num_train_epochs):
         if found is None:
             return
         length_name, length = found
+        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
         values = self._counts.evaluate(length, call)
         bad = [v for v in values if v.optimizer_steps]
-        if not bad or self._shared_out_later(length, call):
+        if not bad or self._shared_out_later(key, call):
             return
         mixed = not all(v.optimizer_steps for v in values)
         # a length a helper receives: its other callers would be changed too; the call site is the place
@@ -523,7 +523,9 @@ for epoch in range(args.num_train_epochs):
         accelerator = self.loop.accelerator_at(prepare, call) if fixable else None
         if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
             replacements = (
-                self._two_branch_fix(length, call, accelerator) if mixed else [(length, _wrapped(length, accelerator))]
+                self._two_branch_fix(length, key, call, accelerator)
+                if mixed
+                else [(length, _wrapped(length, accelerator))]
             )
         warmup = scheduler_warmup(call, qualified)
         if replacements and warmup is not None and self._unscaled_warmup(warmup, call):
@@ -542,50 +544,27 @@ for epoch in range(args.num_train_epochs):
             return None
         return f"`--{chosen.attr.value} {default}`"
 
-    def _shared_out_later(self, length: cst.BaseExpression, call: cst.Call) -> bool:
+    def _shared_out_later(self, key: str | None, call: cst.Call) -> bool:
         """After the scheduler is built, the name its length reads is rebound to itself over the number of
         processes (``args.max_train_steps = math.ceil(args.max_train_steps / accelerator.num_processes)``, peft's
         AdaLoRA example): the loop then runs 1/W of the steps the schedule counts, which is what a prepared
         scheduler stepping W times per optimizer step needs."""
-        facts = self.facts
-        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
-        if key is None:
-            return False
-        for binding in facts.bindings(key, call):
-            if facts.index.order(binding.statement) <= facts.index.order(call):
-                continue
-            for operation in facts.within(binding.value, cst.BinaryOperation):
-                if (
-                    isinstance(operation.operator, (cst.Divide, cst.FloorDivide))
-                    and get_full_name_for_node(operation.left) == key
-                    and any(v.world >= 1 for v in self._counts.evaluate(operation.right, binding.statement))
-                ):
-                    return True
-        return False
+        return key is not None and any(
+            v.world >= 1
+            for divisor, statement in divided_later(self.facts, key, call)
+            for v in self._counts.evaluate(divisor, statement)
+        )
 
-    def _two_branch_fix(self, length: cst.BaseExpression, call: cst.Call, accelerator: str) -> list:
+    def _two_branch_fix(self, length: cst.BaseExpression, key: str | None, call: cst.Call, accelerator: str) -> list:
         """The given-or-derived length (``if args.max_train_steps is None: args.max_train_steps = <from the
         un-sharded loader>``): only the given count needs the factor. Both branches set the scheduler's own length
         (the derived count as it is, the given one through ``scheduler_total_steps``), and the scheduler reads it,
         as the diffusers scripts do since their PR #8312. Empty when the shape is another."""
-        facts = self.facts
-        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
-        if key is None:
+        found = filled_when_missing(self.facts, key, call) if key is not None else None
+        if found is None:
             return []
-        bindings, falls_through = reaching_bindings(facts, key, call)
-        if not falls_through or len(bindings) != 1:
-            return []
-        (binding,) = bindings
-        line = facts.parent(binding.statement)
-        branch = facts.parent(facts.parent(line))
-        if (
-            not isinstance(line, cst.SimpleStatementLine)
-            or not isinstance(branch, cst.If)
-            or branch.orelse is not None
-            or not _derives_when_missing(branch.test, key)
-            or facts.enclosing_function(branch) is not facts.enclosing_function(call)
-            or any(v.unknown or v.optimizer_steps for v in self._counts.evaluate(binding.value, binding.statement, 1))
-        ):
+        binding, branch = found
+        if any(v.unknown or v.optimizer_steps for v in self._counts.evaluate(binding.value, binding.statement, 1)):
             return []
         own = re.sub(r"\W", "_", key.rsplit(".", 1)[-1]) + "_for_scheduler"
         if (
@@ -694,14 +673,6 @@ for epoch in range(args.num_train_epochs):
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-
-
-def _derives_when_missing(test: cst.BaseExpression, key: str) -> bool:
-    """The test of the branch that derives ``key`` when none was given: ``key is None`` or ``not key``."""
-    if m.matches(test, m.UnaryOperation(operator=m.Not())):
-        return get_full_name_for_node(test.expression) == key
-    is_none = m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))])
-    return m.matches(test, is_none) and get_full_name_for_node(test.left) == key
 
 
 def _wrapped(expr: cst.BaseExpression, accelerator: str) -> cst.Call:
