@@ -21,6 +21,7 @@ from lintdist.joint_edits import block_statement, joint_replacement
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import unused_name
+from lintdist.values import constant_truth
 
 SKIP_FUNCTIONS = frozenset({"accelerate.skip_first_batches", "accelerate.data_loader.skip_first_batches"})
 ACTIVE = "active_dataloader"
@@ -317,7 +318,7 @@ while epoch < 3:
     def _reuse(self, skip: cst.Call) -> Reuse | None:
         facts = self.facts
         count = argument_of(skip, "num_batches", 1)
-        if count is None or _falsy(count) or argument_of(skip, "dataloader", 0) is None:
+        if count is None or constant_truth(count) is False or argument_of(skip, "dataloader", 0) is None:
             return None
         statement = facts.parent(skip)
         target = None
@@ -478,12 +479,6 @@ while epoch < 3:
             message,
             replacements=(joint_replacement(self.facts, touched, replace, before, after),),
         )
-
-
-def _falsy(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Name):
-        return expr.value in {"None", "False"}
-    return isinstance(expr, cst.Integer) and expr.evaluated_value == 0
 
 
 def _assignment(target: str, value: str) -> cst.SimpleStatementLine:

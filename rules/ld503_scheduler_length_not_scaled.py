@@ -27,7 +27,7 @@ from lintdist.schedulers import (
     scheduler_steps,
     scheduler_warmup,
 )
-from lintdist.step_counts import TOTAL_STEPS, Count, StepCounts
+from lintdist.step_counts import Count, StepCounts, read_scaled
 
 RUNTIME_IMPORT = ("lintdist.runtime", "scheduler_total_steps")
 WRAPS = "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step"
@@ -590,7 +590,7 @@ for epoch in range(args.num_train_epochs):
             return
         at = call if facts.enclosing_function(definition) is facts.enclosing_function(call) else definition
         for key, nodes in free_reads(facts, definition).items():
-            if any(self._scaled_where_read(node, call) for node in nodes):
+            if any(read_scaled(self._counts, node, call) for node in nodes):
                 continue
             values = self._counts.evaluate(nodes[0], at)
             bad = [v for v in values if v.optimizer_steps]
@@ -603,19 +603,6 @@ for epoch in range(args.num_train_epochs):
                 replacements = [(node, _wrapped(node, accelerator)) for node in nodes]
             self._report(call, f"the step count `{key}` that its `lr_lambda` reads", bad[0], mixed, replacements)
             return
-
-    def _scaled_where_read(self, name: cst.Name, at: cst.CSTNode) -> bool:
-        """The lambda reads ``name`` through ``scheduler_total_steps(name, ...)`` or times the number of processes
-        (``total * accelerator.num_processes``)."""
-        facts = self.facts
-        parent = facts.parent(name)
-        if isinstance(parent, cst.Arg):
-            call = facts.parent(parent)
-            return isinstance(call, cst.Call) and bool(facts.qualified_names(call.func) & TOTAL_STEPS)
-        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
-            other = parent.right if parent.left is name else parent.left
-            return any(v.world >= 1 for v in self._counts.evaluate(other, at))
-        return False
 
     def _unscaled_warmup(self, warmup: cst.BaseExpression, at: cst.CSTNode) -> bool:
         if isinstance(warmup, cst.Integer) and warmup.evaluated_value == 0:
