@@ -190,3 +190,15 @@ def may_tell_epoch_of(facts: PythonFacts, call: cst.Call, loader: cst.CSTNode) -
         return True
     # every value is something else lintdist can see (another sampler, None): not this loader's
     return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)
+
+
+def torch_sampler(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``node`` builds one of ``torch.utils.data``'s samplers (``RandomSampler(ds)``, ``DistributedSampler(ds)``,
+    any class of that package named ``...Sampler``)."""
+    if not isinstance(node, cst.Call):
+        return False
+    for qualified in facts.qualified_names(node.func):
+        module, _, name = qualified.rpartition(".")
+        if name.endswith("Sampler") and module.startswith("torch.utils.data"):
+            return True
+    return False

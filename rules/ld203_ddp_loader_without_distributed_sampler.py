@@ -16,7 +16,7 @@ from lintdist.layout import inserted_after
 from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
-from lintdist.samplers import may_tell_epoch_of
+from lintdist.samplers import may_tell_epoch_of, torch_sampler
 from lintdist.spelling import class_spelling
 
 SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -376,12 +376,7 @@ for x, y in loader:
             return False
         if argument_of(call, "sampler", 3) is not None or argument_of(call, "batch_sampler", 4) is not None:
             return False
-        if not any(
-            isinstance(o.node, cst.Call)
-            and o.index is None
-            and any(_is_sampler_class(name) for name in facts.qualified_names(o.node.func))
-            for o in facts.origins(shuffle.value, call)
-        ):
+        if not any(o.index is None and torch_sampler(facts, o.node) for o in facts.origins(shuffle.value, call)):
             return False
         code = self.context.module.code_for_node(shuffle.value)
         message = (
@@ -523,9 +518,3 @@ for x, y in loader:
         """``expr`` names the loader at the epoch loop, bound outside it (so the new first statement can read it)."""
         named = fixed_name(self.facts, expr, epoch_loop) is not None
         return named and any(o.node is loader for o in self.facts.origins(expr, epoch_loop))
-
-
-def _is_sampler_class(qualified: str) -> bool:
-    """torch's samplers (``DistributedSampler``, ``RandomSampler``...), and subclasses named like them."""
-    module, _, name = qualified.rpartition(".")
-    return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))

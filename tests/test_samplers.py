@@ -18,6 +18,7 @@ from lintdist.samplers import (
     reseeded_each_pass,
     sampler_kinds,
     tells_epoch,
+    torch_sampler,
     unshuffled_by_name,
     wrapper_tells_epoch,
 )
@@ -208,3 +209,22 @@ def test_may_tell_epoch_of_a_loader_through_its_sampler_or_an_unknown_receiver()
     assert may_tell_epoch_of(facts, unknown, loader)  # a value lintdist cannot place may be this loader
     assert not may_tell_epoch_of(facts, others, loader)  # another loader's sampler
     assert not may_tell_epoch_of(facts, step, loader)
+
+
+def test_torch_sampler_is_a_sampler_class_of_torch_utils_data():
+    facts = _facts(
+        """
+        from torch.utils.data import RandomSampler
+        from torch.utils.data.distributed import DistributedSampler
+        from mylib import FancySampler
+        RandomSampler(ds)
+        DistributedSampler(ds)
+        FancySampler(ds)
+        torch.utils.data.DataLoader(ds)
+        """
+    )
+    random, distributed, fancy, loader = facts.calls
+    assert torch_sampler(facts, random) and torch_sampler(facts, distributed)
+    assert not torch_sampler(facts, fancy)  # another library's class
+    assert not torch_sampler(facts, loader)  # not a sampler
+    assert not torch_sampler(facts, random.args[0].value)  # not a call
