@@ -322,11 +322,7 @@ loader = make_loader(dataset, sampler)
             bare = isinstance(shuffle.value, (cst.Name, cst.Attribute)) or getattr(shuffle.value, "lpar", ())
             test = f"{shuffle_text if bare else f'({shuffle_text})'} and {sampler_text} is None"
             advice = f"shuffle only when there is no sampler: `shuffle={test}`"
-            fix = Fix(
-                Applicability.SAFE,
-                f"Shuffle only without a sampler: `{test}`",
-                replacements=((shuffle.value, cst.parse_expression(test)),),
-            )
+            fix = _shuffle_without_sampler(shuffle, test)
         elif not conditional and shuffle.keyword is not None and keyword == "sampler":
             advice = "the sampler decides the order (a `DistributedSampler` shuffles by default), so drop `shuffle`"
             fix = _drop_shuffle(call, shuffle)
@@ -376,15 +372,7 @@ loader = make_loader(dataset, sampler)
         if kinds != {"sampler"}:
             if not isinstance(given.value, (cst.Name, cst.Attribute)):
                 return None
-            test = cst.Comparison(
-                left=given.value,
-                comparisons=[cst.ComparisonTarget(operator=cst.Is(), comparator=cst.Name("None"))],
-            )
-            return Fix(
-                Applicability.SAFE,
-                f"Shuffle only without a sampler: `{get_full_name_for_node(given.value)} is None`",
-                replacements=((shuffle.value, test),),
-            )
+            return _shuffle_without_sampler(shuffle, f"{get_full_name_for_node(given.value)} is None")
         if shuffle.keyword is None:
             return Fix(
                 Applicability.SAFE,
@@ -399,6 +387,15 @@ def _drop_shuffle(call: cst.Call, shuffle: cst.Arg) -> Fix | None:
     if new_call is None:
         return None
     return Fix(Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),))
+
+
+def _shuffle_without_sampler(shuffle: cst.Arg, test: str) -> Fix:
+    """``shuffle=<test>``, a test that is false whenever the sampler is set."""
+    return Fix(
+        Applicability.SAFE,
+        f"Shuffle only without a sampler: `{test}`",
+        replacements=((shuffle.value, cst.parse_expression(test)),),
+    )
 
 
 def _error(keyword: str) -> str:

@@ -441,25 +441,23 @@ while epoch < 3:
                 id(there): cst.Name(ACTIVE),
             }
             return self._edit([statement, there], replace, {}, {}, f"{message}, in `{ACTIVE}`")
-        replace: dict[int, cst.CSTNode] = {}
         before: dict[int, list[cst.BaseStatement]] = {}
         after: dict[int, list[cst.BaseStatement]] = {}
         holder = ACTIVE if rebinding else reuse.target
-        if rebinding:
-            replace[id(statement.targets[0].target)] = cst.Name(ACTIVE)
-            replace[id(there)] = cst.Name(ACTIVE)
+        # the skipping loader gets a name of its own, which the epoch loop iterates
+        renamed = [statement.targets[0].target, there] if rebinding else []
         if reuse.kind == "stale":
             gate = block_statement(facts, statement, loop.body)
             if gate is None:
                 return None
             before[id(gate)] = [_assignment(holder, loader_key)]
-            touched = [gate, there]
+            touched = [gate, there, *renamed]
         else:  # "before"
             use = block_statement(facts, there, loop.body)
             if use is None or facts.enclosing_function(statement) is not facts.enclosing_function(loop):
                 return None
             after[id(use)] = [_assignment(holder, loader_key)]
-            touched = [statement, use]
+            touched = [statement, use, *renamed]
             if rebinding:
                 outer = block_statement(facts, statement, facts.parent(loop))
                 if outer is None:
@@ -467,8 +465,7 @@ while epoch < 3:
                 if facts.parent(statement) is not outer:  # the skip sits in an `if`: bind the name on every path
                     before[id(outer)] = [_assignment(ACTIVE, loader_key)]
                 touched.append(outer)
-        if rebinding:
-            touched += [statement.targets[0].target, there]
+        replace = {id(node): cst.Name(ACTIVE) for node in renamed}
         verb = f"Iterate `{ACTIVE}`" if rebinding else f"Set `{holder}` back to `{loader_key}`"
         return self._edit(touched, replace, before, after, f"{verb}: skip the batches in the resumed epoch only")
 
