@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 if TYPE_CHECKING:
@@ -90,10 +89,15 @@ def filled_when_missing(facts: PythonFacts, key: str, at: cst.CSTNode) -> tuple[
 
 def _tests_missing(test: cst.BaseExpression, key: str) -> bool:
     """``key is None`` or ``not key``."""
-    if m.matches(test, m.UnaryOperation(operator=m.Not())):
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return get_full_name_for_node(test.expression) == key
-    is_none = m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))])
-    return m.matches(test, is_none) and get_full_name_for_node(test.left) == key
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Is)
+        and get_full_name_for_node(test.comparisons[0].comparator) == "None"
+        and get_full_name_for_node(test.left) == key
+    )
 
 
 def divided_later(facts: PythonFacts, key: str, at: cst.CSTNode) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
