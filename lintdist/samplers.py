@@ -202,3 +202,18 @@ def torch_sampler(facts: PythonFacts, node: cst.CSTNode) -> bool:
         if name.endswith("Sampler") and module.startswith("torch.utils.data"):
             return True
     return False
+
+
+def rank_aware_among(facts: PythonFacts, values: list[cst.CSTNode], batched: bool = False) -> list[cst.Call]:
+    """The rank-aware samplers among the values a loader's ``sampler=`` argument may hold (``batched``: its
+    ``batch_sampler=`` argument, whose batch samplers shard by the sampler they wrap, ``BatchSampler(
+    DistributedSampler(ds), ...)``)."""
+    hits = []
+    for node in values:
+        if rank_aware(facts, node):
+            hits.append(node)
+        elif batched and isinstance(node, cst.Call):
+            wrapped = argument_of(node, "sampler", 0)
+            if wrapped is not None:
+                hits.extend(o.node for o in facts.origins(wrapped, node) if rank_aware(facts, o.node))
+    return hits

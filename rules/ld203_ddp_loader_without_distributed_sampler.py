@@ -477,7 +477,10 @@ for x, y in loader:
                         return None
                     seed = epoch
                     continue
-                if not self._named_at(loader_there, loader, epoch_loop):
+                # the loader's name at the epoch loop, bound outside it (so the new first statement can read it)
+                if fixed_name(facts, loader_there, epoch_loop) is None or not any(
+                    o.node is loader for o in facts.origins(loader_there, epoch_loop)
+                ):
                     return None
                 insertions.append((epoch_loop, f"{code(loader_there)}.sampler.set_epoch({epoch})"))
         seed_text = f", seed={seed}" if seed else ""
@@ -513,8 +516,3 @@ for x, y in loader:
             if not single_pass(epoch_loop)
             and not any(may_tell_epoch_of(facts, call, loader) for call in facts.reachable_calls(epoch_loop.body))
         ]
-
-    def _named_at(self, expr: cst.BaseExpression, loader: cst.Call, epoch_loop: Loop) -> bool:
-        """``expr`` names the loader at the epoch loop, bound outside it (so the new first statement can read it)."""
-        named = fixed_name(self.facts, expr, epoch_loop) is not None
-        return named and any(o.node is loader for o in self.facts.origins(expr, epoch_loop))

@@ -517,10 +517,10 @@ for epoch in range(args.num_train_epochs):
         if not bad or self._shared_out_later(key, call):
             return
         mixed = not all(v.optimizer_steps for v in values)
-        # a length a helper receives: its other callers would be changed too; the call site is the place
-        fixable = not reads_passed_parameter(self.facts, length, call)
         replacements = []
-        accelerator = self.loop.accelerator_at(prepare, call) if fixable else None
+        # a length a helper receives: its other callers would be changed too; the call site is the place
+        helper = reads_passed_parameter(self.facts, length, call)
+        accelerator = None if helper else self.loop.accelerator_at(prepare, call)
         if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
             replacements = (
                 self._two_branch_fix(length, key, call, accelerator)

@@ -15,6 +15,7 @@ from lintdist.samplers import (
     keeps_order,
     may_tell_epoch_of,
     rank_aware,
+    rank_aware_among,
     reseeded_each_pass,
     sampler_kinds,
     tells_epoch,
@@ -228,3 +229,18 @@ def test_torch_sampler_is_a_sampler_class_of_torch_utils_data():
     assert not torch_sampler(facts, fancy)  # another library's class
     assert not torch_sampler(facts, loader)  # not a sampler
     assert not torch_sampler(facts, random.args[0].value)  # not a call
+
+
+def test_rank_aware_among_a_sampler_arguments_values_and_inside_batch_samplers():
+    facts = _facts(
+        """
+        from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler
+        DistributedSampler(ds)
+        RandomSampler(ds)
+        BatchSampler(DistributedSampler(ds2), 8, False)
+        """
+    )
+    distributed, random, batches, inner = facts.calls
+    assert rank_aware_among(facts, [distributed, random]) == [distributed]
+    assert rank_aware_among(facts, [batches]) == []  # a batch sampler given as `sampler=`
+    assert rank_aware_among(facts, [batches, random], batched=True) == [inner]
