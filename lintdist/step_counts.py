@@ -250,3 +250,10 @@ def read_scaled(counts: StepCounts, node: cst.BaseExpression, at: cst.CSTNode) -
         other = parent.right if parent.left is node else parent.left
         return any(v.world >= 1 for v in counts.evaluate(other, at))
     return False
+
+
+def unscaled_count(values: list[Count]) -> tuple[Count | None, bool]:
+    """The first of ``values`` that counts optimizer steps without a factor of the processes (None when none
+    does), and whether another of them is something else (a count given or derived, only one way unscaled)."""
+    found = next((v for v in values if v.optimizer_steps), None)
+    return found, found is not None and not all(v.optimizer_steps for v in values)

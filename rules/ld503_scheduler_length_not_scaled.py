@@ -27,7 +27,7 @@ from lintdist.schedulers import (
     scheduler_steps,
     scheduler_warmup,
 )
-from lintdist.step_counts import Count, StepCounts, read_scaled
+from lintdist.step_counts import Count, StepCounts, read_scaled, unscaled_count
 
 RUNTIME_IMPORT = ("lintdist.runtime", "scheduler_total_steps")
 WRAPS = "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step"
@@ -512,11 +512,9 @@ for epoch in range(args.num_train_epochs):
             return
         length_name, length = found
         key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
-        values = self._counts.evaluate(length, call)
-        bad = [v for v in values if v.optimizer_steps]
-        if not bad or self._shared_out_later(key, call):
+        bad, mixed = unscaled_count(self._counts.evaluate(length, call))
+        if bad is None or self._shared_out_later(key, call):
             return
-        mixed = not all(v.optimizer_steps for v in values)
         replacements = []
         # a length a helper receives: its other callers would be changed too; the call site is the place
         helper = reads_passed_parameter(self.facts, length, call)
@@ -531,7 +529,7 @@ for epoch in range(args.num_train_epochs):
         if replacements and warmup is not None and self._unscaled_warmup(warmup, call):
             # a warmup in optimizer steps is short by the same factor
             replacements.append((warmup, _wrapped(warmup, accelerator)))
-        self._report(length, f"`{length_name}`", bad[0], mixed, replacements, self._lengthless_default(call, qualified))
+        self._report(length, f"`{length_name}`", bad, mixed, replacements, self._lengthless_default(call, qualified))
 
     def _lengthless_default(self, call: cst.Call, qualified: str) -> str | None:
         """``get_scheduler(name=args.lr_scheduler, ...)`` where the script's own default for that argument is a
@@ -592,16 +590,14 @@ for epoch in range(args.num_train_epochs):
         for key, nodes in free_reads(facts, definition).items():
             if any(read_scaled(self._counts, node, call) for node in nodes):
                 continue
-            values = self._counts.evaluate(nodes[0], at)
-            bad = [v for v in values if v.optimizer_steps]
-            if not bad:
+            bad, mixed = unscaled_count(self._counts.evaluate(nodes[0], at))
+            if bad is None:
                 continue
-            mixed = not all(v.optimizer_steps for v in values)
             replacements = []
             accelerator = self.loop.accelerator_at(prepare, definition) if not mixed else None
             if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
                 replacements = [(node, _wrapped(node, accelerator)) for node in nodes]
-            self._report(call, f"the step count `{key}` that its `lr_lambda` reads", bad[0], mixed, replacements)
+            self._report(call, f"the step count `{key}` that its `lr_lambda` reads", bad, mixed, replacements)
             return
 
     def _unscaled_warmup(self, warmup: cst.BaseExpression, at: cst.CSTNode) -> bool:

@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.step_counts import UNKNOWN, Count, StepCounts, loader_length, loader_sharding, read_scaled
+from lintdist.step_counts import UNKNOWN, Count, StepCounts, loader_length, loader_sharding, read_scaled, unscaled_count
 from lintdist.syntax import SyntaxIndex
 
 
@@ -154,3 +154,11 @@ def test_read_scaled_through_the_runtime_helper_or_times_the_processes():
     assert read_scaled(counts, times_world, call)
     assert not read_scaled(counts, doubled, call)
     assert not read_scaled(counts, bare, call)
+
+
+def test_unscaled_count_is_the_first_count_of_optimizer_steps_and_whether_another_way_is_not():
+    steps = Count(count=True, why="bounds the loop")
+    scaled = Count(count=True, world=1)
+    assert unscaled_count([scaled, steps]) == (steps, True)
+    assert unscaled_count([steps]) == (steps, False)
+    assert unscaled_count([scaled, UNKNOWN]) == (None, False)
