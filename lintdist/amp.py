@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -54,3 +55,28 @@ def deprecated_amp(facts: PythonFacts, callee: cst.BaseExpression) -> tuple[str,
     if not found or names & NEW_NAMES:
         return None
     return DEPRECATED[min(found)]
+
+
+def torch_amp_import(statement: cst.Import | cst.ImportFrom) -> tuple[cst.CSTNode, bool] | None:
+    """The import that binds the same names from ``torch.amp`` in place of a deprecated amp module
+    (``from torch.cuda.amp import autocast``, ``from torch.cuda import amp``, ``import torch.cuda.amp as amp``), and
+    whether the name it binds is the module (read through attributes); None for any other import."""
+    if isinstance(statement, cst.ImportFrom):
+        if statement.relative or statement.module is None:
+            return None
+        module = get_full_name_for_node(statement.module)
+        names = [get_full_name_for_node(a.name) for a in statement.names]
+        submodules = {f"{m}.{sub}" for m in OLD_MODULES for sub in ("autocast_mode", "grad_scaler")}
+        if module in OLD_MODULES or module in submodules:
+            if not all(name in KINDS for name in names):
+                return None
+            return statement.with_changes(module=cst.parse_expression("torch.amp")), False
+        if module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
+            return statement.with_changes(module=cst.Name("torch")), True
+        return None
+    if len(statement.names) != 1 or statement.names[0].asname is None:
+        return None
+    alias = statement.names[0]
+    if get_full_name_for_node(alias.name) not in OLD_MODULES:
+        return None
+    return statement.with_changes(names=[alias.with_changes(name=cst.parse_expression("torch.amp"))]), True

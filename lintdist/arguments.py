@@ -90,3 +90,20 @@ def passed_arg(call: cst.Call, keyword: str, position: int) -> cst.Arg | None:
                 return arg
             positional += 1
     return None
+
+
+def values_passed(facts: PythonFacts, names: list[str], at: cst.CSTNode) -> list[tuple] | None:
+    """What each call of this file passes for the parameters ``names`` of the function around ``at`` (a
+    parameter's default where a call passes nothing), one tuple per call; None when one of ``names`` is not a
+    parameter of it or a call passes ``*args``/``**kwargs``."""
+    params = [facts.parameter(name, at) for name in names]
+    if not params or None in params:
+        return None
+    function = params[0][0]
+    rows = []
+    for site in facts.call_sites(function):
+        if any(arg.star for arg in site.args):
+            return None
+        passed = [facts.argument_for(site, function, param.name.value, index) for _, index, param in params]
+        rows.append(tuple(p if p is not None else param.default for p, (_, _, param) in zip(passed, params)))
+    return rows

@@ -68,3 +68,12 @@ def ancestors_inside(facts: PythonFacts, node: cst.CSTNode, container: cst.CSTNo
             break
         found.append(ancestor)
     return found
+
+
+def fixed_name(facts: PythonFacts, expr: cst.BaseExpression, loop: Loop) -> str | None:
+    """The name or attribute chain ``expr`` spells when no statement inside ``loop`` binds it (one value in every
+    pass); None for another expression or a name the loop rebinds."""
+    key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if key is None or any(facts.is_within(b.statement, loop) for b in facts.bindings(key, loop)):
+        return None
+    return key

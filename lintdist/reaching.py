@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 if TYPE_CHECKING:
     from lintdist.facts import Binding, PythonFacts
@@ -63,3 +64,51 @@ def reads_passed_parameter(facts: PythonFacts, expr: cst.BaseExpression, at: cst
         if found is not None and not facts.bindings(name.value, at) and facts.call_sites(found[0]):
             return True
     return False
+
+
+def filled_when_missing(facts: PythonFacts, key: str, at: cst.CSTNode) -> tuple[Binding, cst.If] | None:
+    """The one assignment to ``key`` that may reach ``at`` besides its value from before, when it fills in a value
+    that was not given: a line of an ``if key is None:`` (or ``if not key:``) without ``else``, in ``at``'s
+    function (``if args.max_train_steps is None: args.max_train_steps = ...``); the binding and the ``if``."""
+    bindings, falls_through = reaching_bindings(facts, key, at)
+    if not falls_through or len(bindings) != 1:
+        return None
+    (binding,) = bindings
+    line = facts.parent(binding.statement)
+    branch = facts.parent(facts.parent(line))
+    if (
+        not isinstance(line, cst.SimpleStatementLine)
+        or not isinstance(branch, cst.If)
+        or branch.orelse is not None
+        or not _tests_missing(branch.test, key)
+        or facts.enclosing_function(branch) is not facts.enclosing_function(at)
+    ):
+        return None
+    return binding, branch
+
+
+def _tests_missing(test: cst.BaseExpression, key: str) -> bool:
+    """``key is None`` or ``not key``."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return get_full_name_for_node(test.expression) == key
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Is)
+        and get_full_name_for_node(test.comparisons[0].comparator) == "None"
+        and get_full_name_for_node(test.left) == key
+    )
+
+
+def divided_later(facts: PythonFacts, key: str, at: cst.CSTNode) -> list[tuple[cst.BaseExpression, cst.CSTNode]]:
+    """After ``at`` in source order, the divisors ``key`` is rebound to itself over (``steps = steps // k``,
+    ``args.steps = math.ceil(args.steps / k)``), each with its assignment."""
+    order = facts.index.order
+    return [
+        (operation.right, binding.statement)
+        for binding in facts.bindings(key, at)
+        if order(binding.statement) > order(at)
+        for operation in facts.within(binding.value, cst.BinaryOperation)
+        if isinstance(operation.operator, (cst.Divide, cst.FloorDivide))
+        and get_full_name_for_node(operation.left) == key
+    ]

@@ -170,3 +170,50 @@ def reseeded_each_pass(facts: PythonFacts, sampler: cst.Call, loop: cst.For | cs
         or any(facts.is_within(binding.statement, loop) for binding in facts.bindings(name.value, seed))
         for name in facts.within(seed, cst.Name)
     )
+
+
+def may_tell_epoch_of(facts: PythonFacts, call: cst.Call, loader: cst.CSTNode) -> bool:
+    """``call`` is a ``set_epoch`` that may reach the sampler of ``loader`` (a loader's construction):
+    ``loader.sampler.set_epoch(e)``, ``set_epoch(loader, e)``, or one on something lintdist cannot follow."""
+    if facts.method_name(call) != SET_EPOCH:
+        return False
+    if isinstance(call.func, cst.Attribute):
+        receiver = call.func.value
+        while isinstance(receiver, cst.Attribute) and receiver.attr.value in {"sampler", "batch_sampler"}:
+            receiver = receiver.value
+    elif call.args:
+        receiver = call.args[0].value
+    else:
+        return True
+    origins = facts.origins(receiver, call)
+    if any(o.node is loader for o in origins):
+        return True
+    # every value is something else lintdist can see (another sampler, None): not this loader's
+    return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)
+
+
+def torch_sampler(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``node`` builds one of ``torch.utils.data``'s samplers (``RandomSampler(ds)``, ``DistributedSampler(ds)``,
+    any class of that package named ``...Sampler``)."""
+    if not isinstance(node, cst.Call):
+        return False
+    for qualified in facts.qualified_names(node.func):
+        module, _, name = qualified.rpartition(".")
+        if name.endswith("Sampler") and module.startswith("torch.utils.data"):
+            return True
+    return False
+
+
+def rank_aware_among(facts: PythonFacts, values: list[cst.CSTNode], batched: bool = False) -> list[cst.Call]:
+    """The rank-aware samplers among the values a loader's ``sampler=`` argument may hold (``batched``: its
+    ``batch_sampler=`` argument, whose batch samplers shard by the sampler they wrap, ``BatchSampler(
+    DistributedSampler(ds), ...)``)."""
+    hits = []
+    for node in values:
+        if rank_aware(facts, node):
+            hits.append(node)
+        elif batched and isinstance(node, cst.Call):
+            wrapped = argument_of(node, "sampler", 0)
+            if wrapped is not None:
+                hits.extend(o.node for o in facts.origins(wrapped, node) if rank_aware(facts, o.node))
+    return hits

@@ -236,3 +236,24 @@ def _world_subscript(expr: cst.Subscript) -> bool:
     if len(expr.slice) != 1 or not isinstance(expr.slice[0].slice, cst.Index):
         return False
     return string_value(expr.slice[0].slice.value) == "WORLD_SIZE"
+
+
+def read_scaled(counts: StepCounts, node: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """``node`` is read through ``scheduler_total_steps(node, ...)`` or times a count of processes (``total *
+    accelerator.num_processes``, evaluated at ``at``)."""
+    facts = counts.facts
+    parent = facts.parent(node)
+    if isinstance(parent, cst.Arg):
+        call = facts.parent(parent)
+        return isinstance(call, cst.Call) and bool(facts.qualified_names(call.func) & TOTAL_STEPS)
+    if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
+        other = parent.right if parent.left is node else parent.left
+        return any(v.world >= 1 for v in counts.evaluate(other, at))
+    return False
+
+
+def unscaled_count(values: list[Count]) -> tuple[Count | None, bool]:
+    """The first of ``values`` that counts optimizer steps without a factor of the processes (None when none
+    does), and whether another of them is something else (a count given or derived, only one way unscaled)."""
+    found = next((v for v in values if v.optimizer_steps), None)
+    return found, found is not None and not all(v.optimizer_steps for v in values)

@@ -10,6 +10,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.evaluation import evaluates
 from lintdist.facts import Loop, SamplerUse, epoch_counter, single_pass
+from lintdist.invariance import fixed_name
 from lintdist.loaders import loader_passes
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -355,10 +356,8 @@ for _ in range(3):
                 if made_before and not restarted and facts.is_within(loop, epoch_loop):
                     continue  # one iterator, made before the epoch loop: the loader is walked once in all
                 walks = epoch_loops.setdefault(id(epoch_loop), (epoch_loop, {}))[1]
-                known = walks.get(id(use.sampler))
-                if known is None:
-                    walks[id(use.sampler)] = Walk(use, loader_there, restarted)
-                elif restarted and not known.restarted:
+                known = walks.setdefault(id(use.sampler), Walk(use, loader_there, restarted))
+                if restarted and not known.restarted:
                     walks[id(use.sampler)] = Walk(use, known.loader, True)
         for epoch_loop, walks in epoch_loops.values():
             if (
@@ -378,15 +377,10 @@ for _ in range(3):
         epoch = epoch_counter(epoch_loop)
         restarted = any(walk.restarted for walk in walks)
         counter = "n" if restarted else epoch or "epoch"
-        subjects, calls, helpers = [], [], False
-        for walk in walks:
-            receiver, helper = self._receiver(epoch_loop, walk.use, walk.loader)
-            helpers = helpers or helper
-            if receiver is None:
-                calls.append(None)
-            else:
-                calls.append(f"set_epoch({receiver}, {counter})" if helper else f"{receiver}.set_epoch({counter})")
-            subjects.append(self._subject(walk))
+        receivers = [self._set_epoch_call(epoch_loop, walk.use, walk.loader, counter) for walk in walks]
+        helpers = any(helper for _, helper in receivers)
+        calls = [call for call, _ in receivers]
+        subjects = [self._subject(walk) for walk in walks]
         spelled = [f"`{call or f'sampler.set_epoch({counter})'}`" for call in calls]
         prefix = "the `DistributedSampler` of "
         if len(subjects) > 1 and all(subject.startswith(f"{prefix}`") for subject in subjects):
@@ -432,16 +426,17 @@ for _ in range(3):
             return f"the `DistributedSampler` of `{get_full_name_for_node(walk.loader)}`"
         return "the `DistributedSampler` of this loader"
 
-    def _receiver(self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression) -> tuple[str | None, bool]:
-        """What to call ``set_epoch`` on at the epoch loop: the sampler's name, or the loader through the helper.
+    def _set_epoch_call(
+        self, epoch_loop: Loop, use: SamplerUse, loader_there: cst.BaseExpression, counter: str
+    ) -> tuple[str | None, bool]:
+        """The ``set_epoch`` call for the epoch loop, and whether it is the helper: on the sampler's name, or on the
+        loader through the helper.
         A sampler name the loop may reach unbound (made only under ``if local_rank != -1:``) is no receiver: the
         loop reads the loader, so the loader's name is bound wherever the loop runs."""
         facts = self.facts
         for expr, target, helper in ((use.sampler_arg, use.sampler, False), (loader_there, use.loader, True)):
-            if not isinstance(expr, (cst.Name, cst.Attribute)):
-                continue
-            key = get_full_name_for_node(expr)
-            if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
+            key = fixed_name(facts, expr, epoch_loop)
+            if key is None:
                 continue
             # the loop reads the loader's name itself, but not the sampler's
             if not helper and isinstance(expr, cst.Name) and not facts.surely_bound(key, epoch_loop):
@@ -453,7 +448,7 @@ for _ in range(3):
                 helper = helper or use.chosen or any(o.node is not target for o in origins)
                 if helper and not self.context.runtime_name_free("set_epoch"):
                     return None, False
-                return key, helper
+                return (f"set_epoch({key}, {counter})" if helper else f"{key}.set_epoch({counter})"), helper
         return None, False
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.arguments import passed_arg
+from lintdist.arguments import passed_arg, values_passed
 from lintdist.edits import has_comment, without_argument
 from lintdist.invariance import read_keys
 from lintdist.loaders import builds_dataloader
+from lintdist.loop_bounds import full_names
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.samplers import keeps_order, sampler_kinds
@@ -273,13 +274,13 @@ loader = make_loader(dataset, sampler)
         values = [shuffle, *(o.node for o in facts.origins(shuffle, at) if isinstance(o.node, cst.BaseExpression))]
         names = {n.value for v in values for n in [*facts.within(v, cst.Name), v] if isinstance(n, cst.Name)}
         sampler_name = get_full_name_for_node(sampler) if isinstance(sampler, (cst.Name, cst.Attribute)) else None
-        if sampler_name and (sampler_name in names or any(sampler_name in _full_names(facts, v) for v in values)):
+        if sampler_name and any(sampler_name in full_names(facts, v) for v in values):
             return True
         dotted = set().union(*(read_keys(facts, v) for v in values))
         off = [b for name in names for b in facts.bindings(name, at) if constant_truth(b.value) is False]
         for origin in facts.origins(sampler, at):
             parent = facts.parent(origin.node)
-            if isinstance(parent, cst.IfExp) and _names_in(facts, parent.test) & names:
+            if isinstance(parent, cst.IfExp) and full_names(facts, parent.test) & names:
                 return True
             if not isinstance(origin.node, cst.Call):
                 continue
@@ -300,26 +301,13 @@ loader = make_loader(dataset, sampler)
         """A true ``shuffle`` and a set sampler can arrive together. Both parameters of one function
         (``def build(ds, shuffle=True, sampler=None)``): only if one of its calls in this file passes both, and
         never when its callers are out of sight (keeping them apart is then the callers' contract)."""
-        facts = self.facts
-        names = [e.value for e in (shuffle, sampler) if isinstance(e, cst.Name)]
-        params = [facts.parameter(name, at) for name in names]
-        if len(params) < 2 or None in params or params[0][0] is not params[1][0]:
+        if not (isinstance(shuffle, cst.Name) and isinstance(sampler, cst.Name)):
             return True
-        function = params[0][0]
-        sites = facts.call_sites(function)
-        if not sites:
-            return False
-        (_, s_index, s_param), (_, p_index, p_param) = params
-        for site in sites:
-            if any(arg.star for arg in site.args):
-                return True
-            flag = facts.argument_for(site, function, s_param.name.value, s_index)
-            given = facts.argument_for(site, function, p_param.name.value, p_index)
-            flag = flag if flag is not None else s_param.default
-            given = given if given is not None else p_param.default
-            if constant_truth(flag) is not False and not (isinstance(given, cst.Name) and given.value == "None"):
-                return True
-        return False
+        calls = values_passed(self.facts, [shuffle.value, sampler.value], at)
+        return calls is None or any(
+            constant_truth(flag) is not False and not (isinstance(given, cst.Name) and given.value == "None")
+            for flag, given in calls
+        )
 
     # -- the report and its fix -------------------------------------------------------------
 
@@ -334,11 +322,7 @@ loader = make_loader(dataset, sampler)
             bare = isinstance(shuffle.value, (cst.Name, cst.Attribute)) or getattr(shuffle.value, "lpar", ())
             test = f"{shuffle_text if bare else f'({shuffle_text})'} and {sampler_text} is None"
             advice = f"shuffle only when there is no sampler: `shuffle={test}`"
-            fix = Fix(
-                Applicability.SAFE,
-                f"Shuffle only without a sampler: `{test}`",
-                replacements=((shuffle.value, cst.parse_expression(test)),),
-            )
+            fix = _shuffle_without_sampler(shuffle, test)
         elif not conditional and shuffle.keyword is not None and keyword == "sampler":
             advice = "the sampler decides the order (a `DistributedSampler` shuffles by default), so drop `shuffle`"
             fix = _drop_shuffle(call, shuffle)
@@ -388,15 +372,7 @@ loader = make_loader(dataset, sampler)
         if kinds != {"sampler"}:
             if not isinstance(given.value, (cst.Name, cst.Attribute)):
                 return None
-            test = cst.Comparison(
-                left=given.value,
-                comparisons=[cst.ComparisonTarget(operator=cst.Is(), comparator=cst.Name("None"))],
-            )
-            return Fix(
-                Applicability.SAFE,
-                f"Shuffle only without a sampler: `{get_full_name_for_node(given.value)} is None`",
-                replacements=((shuffle.value, test),),
-            )
+            return _shuffle_without_sampler(shuffle, f"{get_full_name_for_node(given.value)} is None")
         if shuffle.keyword is None:
             return Fix(
                 Applicability.SAFE,
@@ -413,18 +389,17 @@ def _drop_shuffle(call: cst.Call, shuffle: cst.Arg) -> Fix | None:
     return Fix(Applicability.SAFE, "Drop `shuffle`: the sampler decides the order", replacements=((call, new_call),))
 
 
+def _shuffle_without_sampler(shuffle: cst.Arg, test: str) -> Fix:
+    """``shuffle=<test>``, a test that is false whenever the sampler is set."""
+    return Fix(
+        Applicability.SAFE,
+        f"Shuffle only without a sampler: `{test}`",
+        replacements=((shuffle.value, cst.parse_expression(test)),),
+    )
+
+
 def _error(keyword: str) -> str:
     """The ValueError ``DataLoader.__init__`` raises for ``shuffle`` beside a sampler or a batch sampler."""
     if keyword == "batch_sampler":
         return "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
     return "sampler option is mutually exclusive with shuffle"
-
-
-def _names_in(facts, expr: cst.BaseExpression) -> set[str]:
-    return {n.value for n in [*facts.within(expr, cst.Name), expr] if isinstance(n, cst.Name)}
-
-
-def _full_names(facts, expr: cst.BaseExpression) -> set[str]:
-    return {get_full_name_for_node(a) or "" for a in facts.within(expr, cst.Attribute)} | (
-        {get_full_name_for_node(expr) or ""} if isinstance(expr, cst.Attribute) else set()
-    )

@@ -9,10 +9,14 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.callgraph import run_together
 from lintdist.dataset_split import split_by_rank
+from lintdist.edits import keyword_arg
 from lintdist.facts import SAMPLER_CLASSES, Loop, argument_of, epoch_counter, single_pass
+from lintdist.invariance import fixed_name
+from lintdist.layout import inserted_after
 from lintdist.loaders import framework_loader, loader_calls, plain_loader, without_sampler
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
+from lintdist.samplers import may_tell_epoch_of, torch_sampler
 from lintdist.spelling import class_spelling
 
 SAMPLER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.distributed"})
@@ -372,14 +376,7 @@ for x, y in loader:
             return False
         if argument_of(call, "sampler", 3) is not None or argument_of(call, "batch_sampler", 4) is not None:
             return False
-        samplers = [
-            o.node
-            for o in facts.origins(shuffle.value, call)
-            if isinstance(o.node, cst.Call)
-            and o.index is None
-            and any(_is_sampler_class(name) for name in facts.qualified_names(o.node.func))
-        ]
-        if not samplers:
+        if not any(o.index is None and torch_sampler(facts, o.node) for o in facts.origins(shuffle.value, call)):
             return False
         code = self.context.module.code_for_node(shuffle.value)
         message = (
@@ -412,15 +409,9 @@ for x, y in loader:
     def _training_iterations(self) -> list[Use]:
         """Loops that run a backward pass over a loader: ``for batch in loader`` (through ``enumerate``/
         ``tqdm``), or ``next(it)`` of ``it = iter(loader)`` inside the loop."""
-        facts = self.facts
-        result = []
-        for loop, expr in facts.data_loops():
-            if self._trains_everywhere(loop):
-                result.append(Use(loop, expr, stepped=False))
-        for loop, inner in facts.iterator_passes():
-            if self._trains_everywhere(loop):
-                result.append(Use(loop, inner, stepped=True))
-        return result
+        uses = [Use(loop, expr, stepped=False) for loop, expr in self.facts.data_loops()]
+        uses += [Use(loop, inner, stepped=True) for loop, inner in self.facts.iterator_passes()]
+        return [use for use in uses if self._trains_everywhere(use.loop)]
 
     def _trains_everywhere(self, loop: Loop) -> bool:
         """The loop runs a backward pass, not under ``no_grad`` and not on the main process only."""
@@ -486,17 +477,22 @@ for x, y in loader:
                         return None
                     seed = epoch
                     continue
-                if not self._named_at(loader_there, loader, epoch_loop):
+                # the loader's name at the epoch loop, bound outside it (so the new first statement can read it)
+                if fixed_name(facts, loader_there, epoch_loop) is None or not any(
+                    o.node is loader for o in facts.origins(loader_there, epoch_loop)
+                ):
                     return None
                 insertions.append((epoch_loop, f"{code(loader_there)}.sampler.set_epoch({epoch})"))
         seed_text = f", seed={seed}" if seed else ""
         sampler = cst.parse_expression(f"{sampler_name}({code(dataset)}, shuffle={shuffle}{seed_text})")
         if shuffle_arg is not None:
             replacements = [(shuffle_arg, shuffle_arg.with_changes(keyword=cst.Name("sampler"), value=sampler))]
+        elif positional[-1] is loader.args[-1] and isinstance(positional[-1].comma, cst.Comma):
+            return None  # a trailing comma: where the new line goes and how it is indented is unclear
         else:
-            replacements = self._appended(loader, positional[-1], sampler)
-            if replacements is None:
-                return None
+            at = loader.args.index(positional[-1])
+            args = inserted_after(loader.args, at, keyword_arg("sampler", sampler), loader.whitespace_before_args)
+            replacements = [(loader, loader.with_changes(args=args))]
         for epoch_loop, statement in insertions:
             body = epoch_loop.body
             replacements.append((body, body.with_changes(body=(cst.parse_statement(f"{statement}\n"), *body.body))))
@@ -511,79 +507,12 @@ for x, y in loader:
             imports=imports,
         )
 
-    def _appended(self, loader: cst.Call, last: cst.Arg, sampler: cst.BaseExpression) -> list | None:
-        """Replacements that add ``sampler=...`` right after the last positional argument."""
-        new = cst.Arg(
-            value=sampler,
-            keyword=cst.Name("sampler"),
-            equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-            ),
-        )
-        if isinstance(last.comma, cst.Comma):
-            if last is loader.args[-1]:
-                return None  # a trailing comma: where the new line goes and how it is indented is unclear
-            new = new.with_changes(comma=last.comma)
-            args = list(loader.args)
-            at = args.index(last)
-            return [(loader, loader.with_changes(args=(*args[: at + 1], new, *args[at + 1 :])))]
-        return [
-            (
-                loader,
-                loader.with_changes(
-                    args=(
-                        *loader.args[:-1],
-                        last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                        new,
-                    )
-                ),
-            )
-        ]
-
     def _epochs(self, loader: cst.Call, loop: Loop, expr: cst.BaseExpression) -> list[tuple[Loop, cst.BaseExpression]]:
         """The epoch loops around a training loop that do not already tell a sampler the epoch."""
         facts = self.facts
-        result = []
-        for epoch_loop, loader_there in facts.epoch_loops(loop, expr):
-            if single_pass(epoch_loop):
-                continue
-            if any(self._tells(call, loader) for call in facts.reachable_calls(epoch_loop.body)):
-                continue
-            result.append((epoch_loop, loader_there))
-        return result
-
-    def _tells(self, call: cst.Call, loader: cst.Call) -> bool:
-        """A ``set_epoch`` call that may reach this loader's sampler: ``loader.sampler.set_epoch(e)``,
-        ``set_epoch(loader, e)``, or one on something lintdist cannot follow (then no second call is added)."""
-        facts = self.facts
-        if facts.method_name(call) != "set_epoch":
-            return False
-        if isinstance(call.func, cst.Attribute):
-            receiver = call.func.value
-            while isinstance(receiver, cst.Attribute) and receiver.attr.value in {"sampler", "batch_sampler"}:
-                receiver = receiver.value
-        elif call.args:
-            receiver = call.args[0].value
-        else:
-            return True
-        origins = facts.origins(receiver, call)
-        if any(o.node is loader for o in origins):
-            return True
-        # every value is something else lintdist can see (another sampler, None): not this loader's
-        return not all(isinstance(o.node, (cst.Call, cst.Name)) and o.node is not receiver for o in origins)
-
-    def _named_at(self, expr: cst.BaseExpression, loader: cst.Call, epoch_loop: Loop) -> bool:
-        """``expr`` names the loader at the epoch loop, bound outside it (so the new first statement can read it)."""
-        facts = self.facts
-        if not isinstance(expr, (cst.Name, cst.Attribute)):
-            return False
-        key = get_full_name_for_node(expr)
-        if key is None or any(facts.is_within(b.statement, epoch_loop) for b in facts.bindings(key, epoch_loop)):
-            return False
-        return any(o.node is loader for o in facts.origins(expr, epoch_loop))
-
-
-def _is_sampler_class(qualified: str) -> bool:
-    """torch's samplers (``DistributedSampler``, ``RandomSampler``...), and subclasses named like them."""
-    module, _, name = qualified.rpartition(".")
-    return name.endswith("Sampler") and (module in SAMPLER_MODULES or module.startswith("torch.utils.data"))
+        return [
+            (epoch_loop, loader_there)
+            for epoch_loop, loader_there in facts.epoch_loops(loop, expr)
+            if not single_pass(epoch_loop)
+            and not any(may_tell_epoch_of(facts, call, loader) for call in facts.reachable_calls(epoch_loop.body))
+        ]

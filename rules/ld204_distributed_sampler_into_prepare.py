@@ -13,7 +13,7 @@ from lintdist.facts import DATALOADER_CLASSES, SAMPLER_CLASSES, argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.receivers import never_received, only_consumer
 from lintdist.rule import IMPORTED_LOADER, Invalid, Pattern, Rule, Valid
-from lintdist.samplers import rank_aware
+from lintdist.samplers import rank_aware_among
 
 # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the arguments the fix may drop.
 # accelerate picks the replicas and the rank itself; the seed only fixes the order, which accelerate reseeds.
@@ -259,28 +259,14 @@ model, loader = accelerator.prepare(model, loader)
 
     def _samplers(self, argument: cst.BaseExpression, loader: cst.Call, prepare: cst.Call, batched: bool):
         """The rank-aware sampler calls a loader's ``sampler=``/``batch_sampler=`` argument can hold."""
-        facts = self.facts
-        values = [o for o in facts.origins(argument, loader) if not self._unreachable(o.node, loader)]
-        hits = []
-        for value in values:
-            node = value.node
-            if not isinstance(node, cst.Call):
-                continue
-            if rank_aware(facts, node):
-                hits.append(node)
-            elif batched:  # BatchSampler(DistributedSampler(...), ...) shards inside the batch sampler
-                wrapped = argument_of(node, "sampler", 0)
-                if wrapped is not None:
-                    hits.extend(o.node for o in facts.origins(wrapped, node) if rank_aware(facts, o.node))
+        values = [o.node for o in self.facts.origins(argument, loader) if not self._unreachable(o.node, loader)]
+        hits = rank_aware_among(self.facts, values, batched)
         certain = len(hits) == len(values)
         inline = next(
             (a for a in loader.args if a.value is argument and a.keyword is not None and a.keyword.value == "sampler"),
             None,
         )
-        return [
-            Sharded(hit, loader, prepare, certain, inline if inline is not None and hit is argument else None, batched)
-            for hit in hits
-        ]
+        return [Sharded(hit, loader, prepare, certain, inline if hit is argument else None, batched) for hit in hits]
 
     def _unreachable(self, value: cst.CSTNode, user: cst.CSTNode) -> bool:
         span = self.context.span

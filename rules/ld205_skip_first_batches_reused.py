@@ -21,6 +21,7 @@ from lintdist.joint_edits import block_statement, joint_replacement
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import unused_name
+from lintdist.values import constant_truth
 
 SKIP_FUNCTIONS = frozenset({"accelerate.skip_first_batches", "accelerate.data_loader.skip_first_batches"})
 ACTIVE = "active_dataloader"
@@ -317,7 +318,7 @@ while epoch < 3:
     def _reuse(self, skip: cst.Call) -> Reuse | None:
         facts = self.facts
         count = argument_of(skip, "num_batches", 1)
-        if count is None or _falsy(count) or argument_of(skip, "dataloader", 0) is None:
+        if count is None or constant_truth(count) is False or argument_of(skip, "dataloader", 0) is None:
             return None
         statement = facts.parent(skip)
         target = None
@@ -440,25 +441,23 @@ while epoch < 3:
                 id(there): cst.Name(ACTIVE),
             }
             return self._edit([statement, there], replace, {}, {}, f"{message}, in `{ACTIVE}`")
-        replace: dict[int, cst.CSTNode] = {}
         before: dict[int, list[cst.BaseStatement]] = {}
         after: dict[int, list[cst.BaseStatement]] = {}
         holder = ACTIVE if rebinding else reuse.target
-        if rebinding:
-            replace[id(statement.targets[0].target)] = cst.Name(ACTIVE)
-            replace[id(there)] = cst.Name(ACTIVE)
+        # the skipping loader gets a name of its own, which the epoch loop iterates
+        renamed = [statement.targets[0].target, there] if rebinding else []
         if reuse.kind == "stale":
             gate = block_statement(facts, statement, loop.body)
             if gate is None:
                 return None
             before[id(gate)] = [_assignment(holder, loader_key)]
-            touched = [gate, there]
+            touched = [gate, there, *renamed]
         else:  # "before"
             use = block_statement(facts, there, loop.body)
             if use is None or facts.enclosing_function(statement) is not facts.enclosing_function(loop):
                 return None
             after[id(use)] = [_assignment(holder, loader_key)]
-            touched = [statement, use]
+            touched = [statement, use, *renamed]
             if rebinding:
                 outer = block_statement(facts, statement, facts.parent(loop))
                 if outer is None:
@@ -466,8 +465,7 @@ while epoch < 3:
                 if facts.parent(statement) is not outer:  # the skip sits in an `if`: bind the name on every path
                     before[id(outer)] = [_assignment(ACTIVE, loader_key)]
                 touched.append(outer)
-        if rebinding:
-            touched += [statement.targets[0].target, there]
+        replace = {id(node): cst.Name(ACTIVE) for node in renamed}
         verb = f"Iterate `{ACTIVE}`" if rebinding else f"Set `{holder}` back to `{loader_key}`"
         return self._edit(touched, replace, before, after, f"{verb}: skip the batches in the resumed epoch only")
 
@@ -478,12 +476,6 @@ while epoch < 3:
             message,
             replacements=(joint_replacement(self.facts, touched, replace, before, after),),
         )
-
-
-def _falsy(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Name):
-        return expr.value in {"None", "False"}
-    return isinstance(expr, cst.Integer) and expr.evaluated_value == 0
 
 
 def _assignment(target: str, value: str) -> cst.SimpleStatementLine:

@@ -10,12 +10,13 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.accelerators import accelerator_calls, accelerator_option, prepared_arguments
 from lintdist.arguments import command_line_default
 from lintdist.closures import free_reads
+from lintdist.edits import unparenthesized
 from lintdist.facts import argument_of, string_value
 from lintdist.launch import number
 from lintdist.loop import is_accumulation_name
 from lintdist.loop_bounds import bounding_test, loops_around
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.reaching import reaching_bindings, reads_passed_parameter
+from lintdist.reaching import divided_later, filled_when_missing, reads_passed_parameter
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.schedulers import (
     LAMBDA_SCHEDULERS,
@@ -26,9 +27,34 @@ from lintdist.schedulers import (
     scheduler_steps,
     scheduler_warmup,
 )
-from lintdist.step_counts import TOTAL_STEPS, Count, StepCounts
+from lintdist.step_counts import Count, StepCounts, read_scaled, unscaled_count
 
 RUNTIME_IMPORT = ("lintdist.runtime", "scheduler_total_steps")
+WRAPS = "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step"
+UNSCALED = (
+    "{what} counts optimizer steps ({why}), but " + WRAPS + ", and the schedule ends after {ends}; multiply it by "
+    "the number of processes (`scheduler_total_steps(n, accelerator)`)"
+)
+MIXED = (
+    "{what} counts optimizer steps when the count is given rather than derived ({why}), but " + WRAPS + ", and the "
+    "schedule ends after {ends}; multiply the given count by `accelerator.num_processes` (a count derived from the "
+    "loader before `prepare` counts un-sharded batches and needs no factor)"
+)
+ACCUMULATED = (
+    "{what} counts optimizer steps times `gradient_accumulation_steps` ({why}), but " + WRAPS + " and not at all "
+    "while gradients accumulate: the schedule ends after `gradient_accumulation_steps`/{world} of training, and does "
+    "not finish when the accumulation is at least the number of processes; drop the accumulation factor and multiply "
+    "the optimizer steps by the number of processes (`scheduler_total_steps(n, accelerator)`)"
+)
+# the count derived from the un-sharded loader needs no factor: the product is k times long
+ACCUMULATED_MIXED = (
+    "{what} is a step budget times `gradient_accumulation_steps` ({why}), but " + WRAPS + " and not at all while "
+    "gradients accumulate: with a given budget the schedule ends after `gradient_accumulation_steps`/{world} of "
+    "training (or never finishes, when the accumulation is at least the number of processes), and with a budget "
+    "derived from the un-sharded loader before `prepare` it gets only 1/`gradient_accumulation_steps` of the way; "
+    "drop the accumulation factor, and multiply a given budget by the number of processes "
+    "(`scheduler_total_steps(n, accelerator)`)"
+)
 
 
 class SchedulerLengthNotScaled(Rule):
@@ -434,7 +460,6 @@ for epoch in range(args.num_train_epochs):
         ),
     )
 
-
     def finish(self) -> None:
         if self.loop.surely_single:
             return
@@ -476,11 +501,8 @@ for epoch in range(args.num_train_epochs):
 
     def _ignored_split_batches(self) -> cst.CSTNode | None:
         """``Accelerator(split_batches=...)``: a keyword accelerate 1.x accepts and never reads."""
-        for accelerator in accelerator_calls(self.facts, self._prepare.func.value, self._prepare):
-            for arg in accelerator.args:
-                if arg.keyword is not None and arg.keyword.value == "split_batches":
-                    return arg
-        return None
+        calls = accelerator_calls(self.facts, self._prepare.func.value, self._prepare)
+        return next((arg for arg in (argument_of(c, "split_batches", None) for c in calls) if arg is not None), None)
 
     # -- the length ------------------------------------------------------------------------------
 
@@ -489,24 +511,25 @@ for epoch in range(args.num_train_epochs):
         if found is None:
             return
         length_name, length = found
-        values = self._counts.evaluate(length, call)
-        bad = [v for v in values if v.optimizer_steps]
-        if not bad or self._shared_out_later(length, call):
+        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
+        bad, mixed = unscaled_count(self._counts.evaluate(length, call))
+        if bad is None or self._shared_out_later(key, call):
             return
-        mixed = not all(v.optimizer_steps for v in values)
-        # a length a helper receives: its other callers would be changed too; the call site is the place
-        fixable = not reads_passed_parameter(self.facts, length, call)
         replacements = []
-        accelerator = self.loop.accelerator_at(prepare, call) if fixable else None
+        # a length a helper receives: its other callers would be changed too; the call site is the place
+        helper = reads_passed_parameter(self.facts, length, call)
+        accelerator = None if helper else self.loop.accelerator_at(prepare, call)
         if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
             replacements = (
-                self._two_branch_fix(length, call, accelerator) if mixed else [(length, _wrapped(length, accelerator))]
+                self._two_branch_fix(length, key, call, accelerator)
+                if mixed
+                else [(length, _wrapped(length, accelerator))]
             )
         warmup = scheduler_warmup(call, qualified)
         if replacements and warmup is not None and self._unscaled_warmup(warmup, call):
             # a warmup in optimizer steps is short by the same factor
             replacements.append((warmup, _wrapped(warmup, accelerator)))
-        self._report(length, f"`{length_name}`", bad[0], mixed, replacements, self._lengthless_default(call, qualified))
+        self._report(length, f"`{length_name}`", bad, mixed, replacements, self._lengthless_default(call, qualified))
 
     def _lengthless_default(self, call: cst.Call, qualified: str) -> str | None:
         """``get_scheduler(name=args.lr_scheduler, ...)`` where the script's own default for that argument is a
@@ -519,53 +542,33 @@ for epoch in range(args.num_train_epochs):
             return None
         return f"`--{chosen.attr.value} {default}`"
 
-    def _shared_out_later(self, length: cst.BaseExpression, call: cst.Call) -> bool:
+    def _shared_out_later(self, key: str | None, call: cst.Call) -> bool:
         """After the scheduler is built, the name its length reads is rebound to itself over the number of
         processes (``args.max_train_steps = math.ceil(args.max_train_steps / accelerator.num_processes)``, peft's
         AdaLoRA example): the loop then runs 1/W of the steps the schedule counts, which is what a prepared
         scheduler stepping W times per optimizer step needs."""
-        facts = self.facts
-        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
-        if key is None:
-            return False
-        for binding in facts.bindings(key, call):
-            if facts.index.order(binding.statement) <= facts.index.order(call):
-                continue
-            for operation in facts.within(binding.value, cst.BinaryOperation):
-                if (
-                    isinstance(operation.operator, (cst.Divide, cst.FloorDivide))
-                    and get_full_name_for_node(operation.left) == key
-                    and any(v.world >= 1 for v in self._counts.evaluate(operation.right, binding.statement))
-                ):
-                    return True
-        return False
+        return key is not None and any(
+            v.world >= 1
+            for divisor, statement in divided_later(self.facts, key, call)
+            for v in self._counts.evaluate(divisor, statement)
+        )
 
-    def _two_branch_fix(self, length: cst.BaseExpression, call: cst.Call, accelerator: str) -> list:
+    def _two_branch_fix(self, length: cst.BaseExpression, key: str | None, call: cst.Call, accelerator: str) -> list:
         """The given-or-derived length (``if args.max_train_steps is None: args.max_train_steps = <from the
         un-sharded loader>``): only the given count needs the factor. Both branches set the scheduler's own length
         (the derived count as it is, the given one through ``scheduler_total_steps``), and the scheduler reads it,
         as the diffusers scripts do since their PR #8312. Empty when the shape is another."""
-        facts = self.facts
-        key = get_full_name_for_node(length) if isinstance(length, (cst.Name, cst.Attribute)) else None
-        if key is None:
+        found = filled_when_missing(self.facts, key, call) if key is not None else None
+        if found is None:
             return []
-        bindings, falls_through = reaching_bindings(facts, key, call)
-        if not falls_through or len(bindings) != 1:
-            return []
-        (binding,) = bindings
-        line = facts.parent(binding.statement)
-        branch = facts.parent(facts.parent(line))
-        if (
-            not isinstance(line, cst.SimpleStatementLine)
-            or not isinstance(branch, cst.If)
-            or branch.orelse is not None
-            or not _derives_when_missing(branch.test, key)
-            or facts.enclosing_function(branch) is not facts.enclosing_function(call)
-            or any(v.unknown or v.optimizer_steps for v in self._counts.evaluate(binding.value, binding.statement, 1))
-        ):
+        binding, branch = found
+        if any(v.unknown or v.optimizer_steps for v in self._counts.evaluate(binding.value, binding.statement, 1)):
             return []
         own = re.sub(r"\W", "_", key.rsplit(".", 1)[-1]) + "_for_scheduler"
-        if re.search(rf"\b{own}\b", self.context.text) or self.loop.accelerator_at(self._prepare, branch) != accelerator:
+        if (
+            re.search(rf"\b{own}\b", self.context.text)
+            or self.loop.accelerator_at(self._prepare, branch) != accelerator
+        ):
             return []  # the name is taken, or the Accelerator is not yet bound where the branches run
         derived = cst.parse_statement(f"{own} = {key}\n")
         given = cst.parse_statement(f"{own} = {cst.Module([]).code_for_node(_wrapped(length, accelerator))}\n")
@@ -585,32 +588,17 @@ for epoch in range(args.num_train_epochs):
             return
         at = call if facts.enclosing_function(definition) is facts.enclosing_function(call) else definition
         for key, nodes in free_reads(facts, definition).items():
-            if any(self._scaled_where_read(node, call) for node in nodes):
+            if any(read_scaled(self._counts, node, call) for node in nodes):
                 continue
-            values = self._counts.evaluate(nodes[0], at)
-            bad = [v for v in values if v.optimizer_steps]
-            if not bad:
+            bad, mixed = unscaled_count(self._counts.evaluate(nodes[0], at))
+            if bad is None:
                 continue
-            mixed = not all(v.optimizer_steps for v in values)
             replacements = []
             accelerator = self.loop.accelerator_at(prepare, definition) if not mixed else None
             if accelerator is not None and self.context.runtime_name_free("scheduler_total_steps"):
                 replacements = [(node, _wrapped(node, accelerator)) for node in nodes]
-            self._report(call, f"the step count `{key}` that its `lr_lambda` reads", bad[0], mixed, replacements)
+            self._report(call, f"the step count `{key}` that its `lr_lambda` reads", bad, mixed, replacements)
             return
-
-    def _scaled_where_read(self, name: cst.Name, at: cst.CSTNode) -> bool:
-        """The lambda reads ``name`` through ``scheduler_total_steps(name, ...)`` or times the number of processes
-        (``total * accelerator.num_processes``)."""
-        facts = self.facts
-        parent = facts.parent(name)
-        if isinstance(parent, cst.Arg):
-            call = facts.parent(parent)
-            return isinstance(call, cst.Call) and bool(facts.qualified_names(call.func) & TOTAL_STEPS)
-        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
-            other = parent.right if parent.left is name else parent.left
-            return any(v.world >= 1 for v in self._counts.evaluate(other, at))
-        return False
 
     def _unscaled_warmup(self, warmup: cst.BaseExpression, at: cst.CSTNode) -> bool:
         if isinstance(warmup, cst.Integer) and warmup.evaluated_value == 0:
@@ -625,73 +613,34 @@ for epoch in range(args.num_train_epochs):
         if value.where is not None:
             why += f" at line {self.context.span(value.where).line}"
         processes = number(self.context.settings.get("num_processes")) if self.context.settings else None
-        count = str(processes) if processes is not None else ""
         # A count multiplied by the accumulation steps is k times too long as well: the schedule then ends after
         # k/W of training, and not at all when k >= W (accelerate steps it only on the optimizer step).
         accumulated = isinstance(where, cst.BaseExpression) and any(
-            isinstance(op, cst.BinaryOperation)
-            and isinstance(op.operator, cst.Multiply)
-            and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
+            isinstance(op.operator, cst.Multiply) and (is_accumulation_name(op.left) or is_accumulation_name(op.right))
             for op in self.facts.within(where, cst.BinaryOperation)
         )
         if accumulated:
-            world = count if count.isdigit() else "`num_processes`"
-            effect = (
-                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step "
-                "and not at all while gradients accumulate: the schedule ends after `gradient_accumulation_steps`/"
-                f"{world} of training, and does not finish when the accumulation is at least the number of processes"
-            )
-            message = (
-                f"{what} counts optimizer steps times `gradient_accumulation_steps` ({why}), but {effect}; drop the "
-                "accumulation factor and multiply the optimizer steps by the number of processes "
-                "(`scheduler_total_steps(n, accelerator)`)"
-            )
-            if mixed:  # the count derived from the un-sharded loader needs no factor: the product is k times long
-                message = (
-                    f"{what} is a step budget times `gradient_accumulation_steps` ({why}), but `accelerator.prepare` "
-                    "wraps the scheduler so that it steps `num_processes` times per optimizer step and not at all "
-                    "while gradients accumulate: with a given budget the schedule ends after "
-                    f"`gradient_accumulation_steps`/{world} of training (or never finishes, when the accumulation is "
-                    "at least the number of processes), and with a budget derived from the un-sharded loader before "
-                    "`prepare` it gets only 1/`gradient_accumulation_steps` of the way; drop the accumulation "
-                    "factor, and multiply a given budget by the number of processes "
-                    "(`scheduler_total_steps(n, accelerator)`)"
-                )
+            world = "`num_processes`" if processes is None else processes
+            message = (ACCUMULATED_MIXED if mixed else ACCUMULATED).format(what=what, why=why, world=world)
             replacements = []  # wrapping the product would keep the accumulation factor: no fix
         else:
             ends = (
-                f"1/{count} of training (the launch runs {count} processes)"
-                if count.isdigit()
+                f"1/{processes} of training (the launch runs {processes} processes)"
+                if processes is not None
                 else "1/`num_processes` of training (halfway with 2 processes)"
             )
-            effect = (
-                "`accelerator.prepare` wraps the scheduler so that it steps `num_processes` times per optimizer step, "
-                f"and the schedule ends after {ends}"
-            )
-            if not mixed:
-                message = (
-                    f"{what} counts optimizer steps ({why}), but {effect}; multiply it by the number of processes "
-                    "(`scheduler_total_steps(n, accelerator)`)"
-                )
-            else:
-                message = (
-                    f"{what} counts optimizer steps when the count is given rather than derived ({why}), but "
-                    f"{effect}; multiply the given count by `accelerator.num_processes` (a count derived from the "
-                    "loader before `prepare` counts un-sharded batches and needs no factor)"
-                )
+            message = (MIXED if mixed else UNSCALED).format(what=what, why=why, ends=ends)
         ignored = self._ignored_split_batches()
         if ignored is not None:
             message += (
                 f"; `split_batches=` given to `Accelerator(...)` at line {self.context.span(ignored).line} is ignored "
                 "by accelerate 1.x (accelerate #3177): only `DataLoaderConfiguration(split_batches=True)` is read"
             )
-        severity = None
         if lengthless is not None:
             message += (
                 f"; with the script's default {lengthless} the schedule has no length and nothing ends early: this "
                 "matters once a decaying schedule is chosen"
             )
-            severity = Severity.INFO
         fix = None
         if replacements:
             fix = Fix(
@@ -703,33 +652,16 @@ for epoch in range(args.num_train_epochs):
                 replacements=tuple(replacements),
                 imports=(RUNTIME_IMPORT,),
             )
-        self.report(where, message, fix=fix, severity=severity)
+        self.report(where, message, fix=fix, severity=None if lengthless is None else Severity.INFO)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
 
 
-def _derives_when_missing(test: cst.BaseExpression, key: str) -> bool:
-    """The test of the branch that derives ``key`` when none was given: ``key is None`` or ``not key``."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return get_full_name_for_node(test.expression) == key
-    return (
-        isinstance(test, cst.Comparison)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.Is)
-        and get_full_name_for_node(test.comparisons[0].comparator) == "None"
-        and get_full_name_for_node(test.left) == key
-    )
-
-
 def _wrapped(expr: cst.BaseExpression, accelerator: str) -> cst.Call:
     """``scheduler_total_steps(expr, accelerator)``, without parentheses of ``expr``'s own that the call makes
     redundant."""
-    bare = bool(getattr(expr, "lpar", ())) and not isinstance(expr, cst.Tuple)
+    bare = expr if isinstance(expr, cst.Tuple) else unparenthesized(expr)
     return cst.Call(
-        func=cst.Name("scheduler_total_steps"),
-        args=(
-            cst.Arg(expr.with_changes(lpar=(), rpar=()) if bare else expr),
-            cst.Arg(cst.parse_expression(accelerator)),
-        ),
+        func=cst.Name("scheduler_total_steps"), args=(cst.Arg(bare), cst.Arg(cst.parse_expression(accelerator)))
     )

@@ -231,7 +231,6 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
     # -- accelerate --------------------------------------------------------------------------
 
     def _kwargs_handler(self, call: cst.Call) -> None:
-        keywords = [arg.keyword.value for arg in call.args if arg.keyword is not None]
         hook_args = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value in HOOK_SPELLINGS]
         message = (
             "`KwargsHandler` is accelerate's base mixin and takes no arguments: this raises "
@@ -240,15 +239,14 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
         fix = None
         if hook_args:
             message += "; a DDP communication hook is set with `DistributedDataParallelKwargs(comm_hook=...)`"
-            fixable = (
-                len(hook_args) == 1
-                and all(arg.keyword is not None and arg.star == "" for arg in call.args)
-                and all(k in DDP_FIELDS or k in HOOK_SPELLINGS for k in keywords)
-            )
-            if fixable:
-                changes, imports = self._hook_changes(call, hook_args[0], wrapper=False)
-                if changes is not None:
-                    new = with_arg_changes(call, changes).with_changes(func=cst.Name("DistributedDataParallelKwargs"))
+            fields = DDP_FIELDS | HOOK_SPELLINGS
+            if len(hook_args) == 1 and all(
+                arg.keyword is not None and arg.keyword.value in fields for arg in call.args
+            ):
+                new_arg, imports = self._hook_arg(call, hook_args[0], wrapper=False)
+                if new_arg is not None:
+                    new = with_arg_changes(call, {id(hook_args[0]): new_arg})
+                    new = new.with_changes(func=cst.Name("DistributedDataParallelKwargs"))
                     fix = Fix(
                         Applicability.SAFE,
                         "Use `DistributedDataParallelKwargs(comm_hook=...)`",
@@ -263,13 +261,13 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
                 continue
             keyword = arg.keyword.value
             if keyword in HOOK_SPELLINGS and keyword != "comm_hook":
-                changes, imports = self._hook_changes(call, arg, wrapper=False)
+                new_arg, imports = self._hook_arg(call, arg, wrapper=False)
                 fix = None
-                if changes is not None and argument_of(call, "comm_hook", None) is None:
+                if new_arg is not None and argument_of(call, "comm_hook", None) is None:
                     fix = Fix(
                         Applicability.SAFE,
                         "Rename the keyword to `comm_hook`",
-                        replacements=((arg, changes[id(arg)]),),
+                        replacements=((arg, new_arg),),
                         imports=imports,
                     )
                 self.report(
@@ -288,13 +286,13 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
         if kind in {"enum", "unknown"}:
             return
         fix = None
-        if member is not None and kind != "local":
-            changes, imports = self._hook_changes(call, arg, wrapper)
-            if changes is not None:
+        if member is not None:
+            new_arg, imports = self._hook_arg(call, arg, wrapper)
+            if new_arg is not None:
                 fix = Fix(
                     Applicability.SAFE,
                     f"Use `{HOOK_ENUM}.{member}`",
-                    replacements=((arg, changes[id(arg)]),),
+                    replacements=((arg, new_arg),),
                     imports=imports,
                 )
         what = {"string": "a string", "torch": "torch's hook function", "local": "a function"}[kind]
@@ -304,7 +302,7 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
             f"`{keyword}=` is given {what}, but accelerate looks it up among `{HOOK_ENUM}` members only "
             f"(`register_comm_hook`: `{table}`): {nothing} and no error is raised"
         )
-        if member is not None and kind != "local":
+        if member is not None:
             message += f"; use `{HOOK_ENUM}.{member}`"
         elif kind == "local":
             message += "; register your own hook on the prepared model: `model.register_comm_hook(state, hook)`"
@@ -313,21 +311,19 @@ accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), kwargs_h
             message += f"; use one of `{HOOK_ENUM}` {', '.join(members)}"
         self.report(arg, message, fix=fix)
 
-    def _hook_changes(
+    def _hook_arg(
         self, call: cst.Call, arg: cst.Arg, wrapper: bool
-    ) -> tuple[dict[int, cst.Arg | None] | None, tuple[tuple[str, str], ...]]:
-        """The argument rewritten as `comm_hook=`/`comm_wrapper=` with a member value, or None if unknown."""
+    ) -> tuple[cst.Arg | None, tuple[tuple[str, str], ...]]:
+        """``arg`` under accelerate's keyword, with the enum member for a string or one of torch's hooks (and the
+        import that needs); None where lintdist cannot write the value (a function of this file, an unknown value)."""
         kind, member = hook_value(self.facts, arg.value, call, wrapper)
-        keyword = "comm_wrapper" if wrapper else "comm_hook"
-        if kind == "enum" or (kind == "unknown" and not wrapper and arg.keyword.value != "comm_hook"):
-            # an enum member, or a value lintdist cannot read: only the keyword is wrong
-            if kind == "unknown":
-                return None, ()
-            return {id(arg): arg.with_changes(keyword=cst.Name(keyword))}, ()
-        if member is None or kind == "local" or not _rewritable(arg.value, kind):
+        keyword = cst.Name("comm_wrapper" if wrapper else "comm_hook")
+        if kind == "enum":  # only the keyword is wrong
+            return arg.with_changes(keyword=keyword), ()
+        if member is None or not _rewritable(arg.value, kind):
             return None, ()
         value = cst.Attribute(value=cst.Name(HOOK_ENUM), attr=cst.Name(member))
-        return {id(arg): arg.with_changes(keyword=cst.Name(keyword), value=value)}, (ENUM_IMPORT,)
+        return arg.with_changes(keyword=keyword, value=value), (ENUM_IMPORT,)
 
     def _unused_backend(self, call: cst.Call) -> None:
         hook = argument_of(call, "comm_hook", None)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
-from lintdist.amp import KINDS, NEW_NAMES, OLD_MODULES, SINCE, deprecated_amp
+from lintdist.amp import NEW_NAMES, SINCE, deprecated_amp, torch_amp_import
 from lintdist.api_choice import chooses_api
-from lintdist.edits import keyword_arg, with_arg_first
+from lintdist.edits import keyword_arg, with_arg_appended, with_arg_first
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.spelling import binding_import, import_reads
@@ -282,44 +281,20 @@ class Scale(torch.autograd.Function):
     def _new_import(self, statement: cst.Import | cst.ImportFrom, group: list) -> cst.CSTNode | None:
         """The import rebound to ``torch.amp`` when every use of its names is one of ``group``'s callees."""
         callees = {id(callee) for _, callee, _, _ in group}
-        if isinstance(statement, cst.ImportFrom):
-            if statement.relative or statement.module is None:
-                return None
-            module = get_full_name_for_node(statement.module)
-            names = [get_full_name_for_node(a.name) for a in statement.names]
-            if module in OLD_MODULES or module in {f"{m}.autocast_mode" for m in OLD_MODULES} | {
-                f"{m}.grad_scaler" for m in OLD_MODULES
-            }:
-                if not all(name in KINDS for name in names):
-                    return None
-                new = statement.with_changes(module=cst.parse_expression("torch.amp"))
-                attribute_uses = False
-            elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
-                new = statement.with_changes(module=cst.Name("torch"))
-                attribute_uses = True
-            else:
-                return None
-        else:
-            if len(statement.names) != 1 or statement.names[0].asname is None:
-                return None
-            alias = statement.names[0]
-            if get_full_name_for_node(alias.name) not in OLD_MODULES:
-                return None
-            new = statement.with_changes(names=[alias.with_changes(name=cst.parse_expression("torch.amp"))])
-            attribute_uses = True
+        moved = torch_amp_import(statement)
+        if moved is None:
+            return None
+        new, binds_module = moved
         # every reading of a bound name must be a fixed callee (or, for a module, the receiver of one)
         for name in import_reads(self.facts, statement):
-            used = self.facts.parent(name) if attribute_uses else name
-            if id(used) not in callees:
+            if id(self.facts.parent(name) if binds_module else name) not in callees:
                 return None
         return new
 
 
 def _new_spelling(kind: str, device: str) -> str:
-    if kind == "autocast":
-        return f'torch.amp.autocast("{device}", ...)'
-    if kind == "GradScaler":
-        return f'torch.amp.GradScaler("{device}", ...)'
+    if kind in ("autocast", "GradScaler"):
+        return f'torch.amp.{kind}("{device}", ...)'
     return f'torch.amp.{kind}(..., device_type="{device}")'
 
 
@@ -340,32 +315,12 @@ def _rewritten(node, callee, kind, device, *, renamed: bool, facts) -> cst.CSTNo
     if any(arg.star == "*" for arg in args):
         return None
     if kind in ("custom_fwd", "custom_bwd"):
-        return node.with_changes(func=new_callee, args=_appended(node, keyword_arg("device_type", device_string)))
+        return with_arg_appended(node.with_changes(func=new_callee), keyword_arg("device_type", device_string))
     if kind == "autocast":
         for index, arg in enumerate(args):
             if arg.keyword is None and not arg.star:
                 if index >= len(AUTOCAST_POSITIONS):
                     return None
-                args[index] = arg.with_changes(
-                    keyword=cst.Name(AUTOCAST_POSITIONS[index]),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-                    ),
-                )
+                named = keyword_arg(AUTOCAST_POSITIONS[index], arg.value)
+                args[index] = named.with_changes(comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg)
     return with_arg_first(node.with_changes(func=new_callee, args=args), cst.Arg(value=device_string))
-
-
-def _appended(call: cst.Call, new: cst.Arg) -> list[cst.Arg]:
-    """The call's arguments with ``new`` last, spaced and comma'd as the others are."""
-    args = list(call.args)
-    if not args:
-        return [new]
-    last = args[-1]
-    if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it, on its own line
-        between = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
-        if between is None:
-            between = call.whitespace_before_args
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=between))
-        return [*args, new.with_changes(comma=last.comma)]
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return [*args, new]

@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.amp import deprecated_amp
+from lintdist.amp import deprecated_amp, torch_amp_import
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -42,3 +42,21 @@ def test_deprecated_spellings_by_kind_and_device():
         None,
         None,
     ]
+
+
+def test_torch_amp_import_moves_the_deprecated_modules_only():
+    def moved(source: str):
+        found = torch_amp_import(cst.parse_statement(source).body[0])
+        return None if found is None else (cst.Module([]).code_for_node(found[0]), found[1])
+
+    assert moved("from torch.cuda.amp import autocast, GradScaler\n") == (
+        "from torch.amp import autocast, GradScaler",
+        False,
+    )
+    assert moved("from torch.cpu.amp.autocast_mode import autocast\n") == ("from torch.amp import autocast", False)
+    assert moved("from torch.cuda import amp\n") == ("from torch import amp", True)
+    assert moved("import torch.cuda.amp as amp\n") == ("import torch.amp as amp", True)
+    assert moved("from torch.cuda.amp import autocast, common\n") is None  # a name torch.amp lacks
+    assert moved("import torch.cuda.amp\n") is None  # binds `torch`, read for more than amp
+    assert moved("from torch.cuda import amp, synchronize\n") is None
+    assert moved("from .amp import autocast\n") is None

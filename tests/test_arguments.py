@@ -6,7 +6,7 @@ import textwrap
 
 import libcst as cst
 
-from lintdist.arguments import command_line_default
+from lintdist.arguments import command_line_default, values_passed
 from lintdist.facts import PythonFacts, string_value
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
@@ -69,3 +69,29 @@ def test_passed_arg_by_keyword_or_position():
     assert passed_arg(call, "sampler", 3).keyword.value == "sampler"
     assert passed_arg(cst.parse_expression("DataLoader(ds, *rest, True)"), "shuffle", 1) is None
     assert passed_arg(cst.parse_expression("DataLoader(ds)"), "shuffle", 2) is None
+
+
+def _passed(code: str, names: list[str]) -> list[tuple[str | None, ...]] | None:
+    index = SyntaxIndex(cst.parse_module(textwrap.dedent(code)))
+    facts = PythonFacts(index, NameResolver(index))
+    body = next(c for c in facts.calls if facts.method_name(c) == "DataLoader")
+    rows = values_passed(facts, names, body)
+    code_for = index.module.code_for_node
+    return None if rows is None else [tuple(None if v is None else code_for(v) for v in row) for row in rows]
+
+
+BUILD = """
+def build(ds, shuffle=True, sampler=None):
+    return DataLoader(ds, shuffle=shuffle, sampler=sampler)
+"""
+
+
+def test_values_passed_gives_each_calls_arguments_or_the_defaults():
+    calls = BUILD + "build(a)\nbuild(a, False, s)\nbuild(a, sampler=t)\n"
+    assert _passed(calls, ["shuffle", "sampler"]) == [("True", "None"), ("False", "s"), ("True", "t")]
+    assert _passed(BUILD, ["shuffle", "sampler"]) == []  # no call in sight
+
+
+def test_values_passed_is_none_for_a_name_that_is_no_parameter_or_a_starred_call():
+    assert _passed(BUILD + "build(a)\n", ["shuffle", "epochs"]) is None
+    assert _passed(BUILD + "build(a, **options)\n", ["shuffle", "sampler"]) is None

@@ -10,6 +10,7 @@ from lintdist.facts import PythonFacts
 from lintdist.invariance import (
     ancestors_inside,
     assigned_keys,
+    fixed_name,
     range_start,
     read_keys,
     rebound_between,
@@ -94,3 +95,21 @@ def test_ancestors_inside_stop_at_the_container():
     call = next(c for c in facts.calls if cst.ensure_type(c.func, cst.Name).value == "skip")
     found = ancestors_inside(facts, call, loop)
     assert loop not in found and any(isinstance(a, cst.If) for a in found)
+
+
+def test_fixed_name_is_a_name_or_chain_the_loop_leaves_bound():
+    facts = _facts(
+        """
+        sampler = make()
+        for epoch in range(3):
+            loader = build()
+            use(sampler, loader, args.data, make())
+        """
+    )
+    (loop,) = facts.within(facts.index.module, cst.For)
+    (call,) = [c for c in facts.calls if facts.method_name(c) == "use"]
+    sampler, loader, attribute, made = (arg.value for arg in call.args)
+    assert fixed_name(facts, sampler, loop) == "sampler"
+    assert fixed_name(facts, attribute, loop) == "args.data"
+    assert fixed_name(facts, loader, loop) is None  # rebound in every pass
+    assert fixed_name(facts, made, loop) is None  # not a name

@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.reaching import reaching_bindings, reads_passed_parameter
+from lintdist.reaching import divided_later, filled_when_missing, reaching_bindings, reads_passed_parameter
 from lintdist.syntax import SyntaxIndex
 
 
@@ -87,3 +87,33 @@ def test_a_parameter_that_callers_pass():
     )
     call = _use(unused)
     assert not reads_passed_parameter(unused, call.args[0].value, call)
+
+
+def _filled(source: str, key: str) -> str | None:
+    facts = _facts(source)
+    found = filled_when_missing(facts, key, _use(facts))
+    return None if found is None else facts.index.module.code_for_node(found[0].value)
+
+
+def test_filled_when_missing_is_the_default_a_none_test_fills_in():
+    assert (
+        _filled("if args.steps is None:\n    args.steps = epochs * n\nuse(args.steps)\n", "args.steps") == "epochs * n"
+    )
+    assert _filled("if not steps:\n    steps = 10\nuse(steps)\n", "steps") == "10"
+    # an `else` gives the value on every path; another test is not about a missing value
+    assert _filled("if steps is None:\n    steps = 10\nelse:\n    steps = 5\nuse(steps)\n", "steps") is None
+    assert _filled("if steps > 100:\n    steps = 100\nuse(steps)\n", "steps") is None
+    assert _filled("steps = 10\nuse(steps)\n", "steps") is None  # nothing from before reaches the use
+
+
+def test_divided_later_lists_the_divisors_of_a_name_rebound_over_them_after_a_point():
+    facts = _facts(
+        """
+        steps = args.steps // world
+        use(steps)
+        steps = math.ceil(steps / accelerator.num_processes)
+        total = steps / 2
+        """
+    )
+    found = divided_later(facts, "steps", _use(facts))
+    assert [facts.index.module.code_for_node(divisor) for divisor, _ in found] == ["accelerator.num_processes"]

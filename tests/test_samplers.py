@@ -13,10 +13,13 @@ from lintdist.samplers import (
     epoch_told_out_of_sight,
     is_set_epoch,
     keeps_order,
+    may_tell_epoch_of,
     rank_aware,
+    rank_aware_among,
     reseeded_each_pass,
     sampler_kinds,
     tells_epoch,
+    torch_sampler,
     unshuffled_by_name,
     wrapper_tells_epoch,
 )
@@ -186,3 +189,58 @@ def test_reseeded_each_pass():
     loop = facts.loops[0]
     samplers = [c for c in facts.calls if getattr(c.func, "value", "") == "DistributedSampler"]
     assert [reseeded_each_pass(facts, s, loop, "epoch") for s in samplers] == [True, False, False]
+
+
+def test_may_tell_epoch_of_a_loader_through_its_sampler_or_an_unknown_receiver():
+    facts = _facts(
+        """
+        loader = DataLoader(ds, shuffle=True)
+        other = DataLoader(ds2, sampler=DistributedSampler(ds2))
+        loader.sampler.set_epoch(epoch)
+        other.sampler.set_epoch(epoch)
+        set_epoch(loader, epoch)
+        make().sampler.set_epoch(epoch)
+        loader.sampler.step(epoch)
+        """
+    )
+    loader = next(c for c in facts.calls if c.args and cst.Module([]).code_for_node(c.args[0].value) == "ds")
+    own, others, helper, unknown, step = [c for c in facts.calls if facts.method_name(c) in ("set_epoch", "step")]
+    assert may_tell_epoch_of(facts, own, loader)
+    assert may_tell_epoch_of(facts, helper, loader)
+    assert may_tell_epoch_of(facts, unknown, loader)  # a value lintdist cannot place may be this loader
+    assert not may_tell_epoch_of(facts, others, loader)  # another loader's sampler
+    assert not may_tell_epoch_of(facts, step, loader)
+
+
+def test_torch_sampler_is_a_sampler_class_of_torch_utils_data():
+    facts = _facts(
+        """
+        from torch.utils.data import RandomSampler
+        from torch.utils.data.distributed import DistributedSampler
+        from mylib import FancySampler
+        RandomSampler(ds)
+        DistributedSampler(ds)
+        FancySampler(ds)
+        torch.utils.data.DataLoader(ds)
+        """
+    )
+    random, distributed, fancy, loader = facts.calls
+    assert torch_sampler(facts, random) and torch_sampler(facts, distributed)
+    assert not torch_sampler(facts, fancy)  # another library's class
+    assert not torch_sampler(facts, loader)  # not a sampler
+    assert not torch_sampler(facts, random.args[0].value)  # not a call
+
+
+def test_rank_aware_among_a_sampler_arguments_values_and_inside_batch_samplers():
+    facts = _facts(
+        """
+        from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler
+        DistributedSampler(ds)
+        RandomSampler(ds)
+        BatchSampler(DistributedSampler(ds2), 8, False)
+        """
+    )
+    distributed, random, batches, inner = facts.calls
+    assert rank_aware_among(facts, [distributed, random]) == [distributed]
+    assert rank_aware_among(facts, [batches]) == []  # a batch sampler given as `sampler=`
+    assert rank_aware_among(facts, [batches, random], batched=True) == [inner]

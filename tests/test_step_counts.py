@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.step_counts import UNKNOWN, Count, StepCounts, loader_length, loader_sharding
+from lintdist.step_counts import UNKNOWN, Count, StepCounts, loader_length, loader_sharding, read_scaled, unscaled_count
 from lintdist.syntax import SyntaxIndex
 
 
@@ -136,3 +136,29 @@ def test_loader_length_of_a_name_not_yet_assigned_here_is_unknown():
     )
     call = next(c for c in facts.calls if facts.method_name(c) == "len")
     assert loader_length(facts, call.args[0].value, call) == UNKNOWN
+
+
+def test_read_scaled_through_the_runtime_helper_or_times_the_processes():
+    facts = _facts(
+        """
+        from lintdist.runtime import scheduler_total_steps
+        use(scheduler_total_steps(total, accelerator), total * accelerator.num_processes, total * 2, total)
+        """
+    )
+    call = next(c for c in facts.calls if isinstance(c.func, cst.Name) and c.func.value == "use")
+    counts = StepCounts(facts, lambda key: None)
+    wrapped, times_world, doubled, bare = (
+        next(n for n in facts.within(arg.value, cst.Name) if n.value == "total") for arg in call.args
+    )
+    assert read_scaled(counts, wrapped, call)
+    assert read_scaled(counts, times_world, call)
+    assert not read_scaled(counts, doubled, call)
+    assert not read_scaled(counts, bare, call)
+
+
+def test_unscaled_count_is_the_first_count_of_optimizer_steps_and_whether_another_way_is_not():
+    steps = Count(count=True, why="bounds the loop")
+    scaled = Count(count=True, world=1)
+    assert unscaled_count([scaled, steps]) == (steps, True)
+    assert unscaled_count([steps]) == (steps, False)
+    assert unscaled_count([scaled, UNKNOWN]) == (None, False)
