@@ -487,10 +487,12 @@ for x, y in loader:
         sampler = cst.parse_expression(f"{sampler_name}({code(dataset)}, shuffle={shuffle}{seed_text})")
         if shuffle_arg is not None:
             replacements = [(shuffle_arg, shuffle_arg.with_changes(keyword=cst.Name("sampler"), value=sampler))]
-        elif positional[-1] is loader.args[-1] and isinstance(positional[-1].comma, cst.Comma):
+        elif (anchor := positional[-1] if positional else loader.args[-1]) is loader.args[-1] and isinstance(
+            anchor.comma, cst.Comma
+        ):
             return None  # a trailing comma: where the new line goes and how it is indented is unclear
         else:
-            at = loader.args.index(positional[-1])
+            at = loader.args.index(anchor)  # after the positional arguments (all keywords: after the last)
             args = inserted_after(loader.args, at, keyword_arg("sampler", sampler), loader.whitespace_before_args)
             replacements = [(loader, loader.with_changes(args=args))]
         for epoch_loop, statement in insertions:
