@@ -10,11 +10,6 @@ from pathlib import Path
 
 from lintdist.registry import RuleInfo, manifest
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 KNOWN_KEYS = frozenset(
     {
         "select",
@@ -151,6 +146,10 @@ def find_config_file(start: Path) -> Path | None:
 
 
 def _read_toml(path: Path) -> dict:
+    if sys.version_info >= (3, 11):  # imported here: a check with no configuration file does not load it
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:

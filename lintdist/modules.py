@@ -158,8 +158,15 @@ def local_top_names(path: Path) -> frozenset[str]:
 def project_files(root: Path) -> tuple[Path, ...]:
     """The Python files under an import root (bounded in depth; at most one more than ``MAX_PROJECT_FILES``:
     see ``project_too_large``)."""
-    found: list[Path] = []
-    pending = [(root, 0)]
+    return tuple(Path(os.path.realpath(path)) if linked else Path(path) for path, linked in _project_paths(root))
+
+
+@lru_cache(maxsize=256)
+def _project_paths(root: Path) -> tuple[tuple[str, bool], ...]:
+    """``project_files`` as plain strings, each with whether it is a link: counting a large tree (a script beside a
+    library's sources) makes no path objects."""
+    found: list[tuple[str, bool]] = []
+    pending = [(str(root), 0)]
     while pending and len(found) <= MAX_PROJECT_FILES:
         folder, depth = pending.pop()
         try:
@@ -171,16 +178,16 @@ def project_files(root: Path) -> tuple[Path, ...]:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 if depth < MAX_FOLDER_DEPTH:
-                    pending.append((Path(entry.path), depth + 1))
+                    pending.append((entry.path, depth + 1))
             elif entry.name.endswith(".py"):
                 # the root is resolved and linked folders are not entered: only a linked file needs resolving
-                found.append(Path(entry.path).resolve() if entry.is_symlink() else Path(entry.path))
+                found.append((entry.path, entry.is_symlink()))
     return tuple(found)
 
 
 def project_too_large(root: Path) -> bool:
     """More Python files under ``root`` than a question searches (a home folder, a large library's tree)."""
-    return len(project_files(root)) > MAX_PROJECT_FILES
+    return len(_project_paths(root)) > MAX_PROJECT_FILES
 
 
 IMPORT_LINE = re.compile(
@@ -219,7 +226,7 @@ def clear_caches() -> None:
     """Forget what the file system said (a new run: files may have appeared or moved)."""
     for cached in (import_root, top_package, module_names, resolve_module, _bases, _module_file):
         cached.cache_clear()
-    for cached in (local_top_names, project_files):
+    for cached in (local_top_names, project_files, _project_paths):
         cached.cache_clear()
 
 

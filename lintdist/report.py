@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -73,6 +72,8 @@ def render_concise(findings: list[Finding]) -> str:
 
 
 def render_json(findings: list[Finding]) -> str:
+    import json  # only the machine formats load it
+
     return json.dumps([f.to_json() for f in findings], indent=2)
 
 
@@ -161,6 +162,8 @@ def render_sarif(findings: list[Finding]) -> str:
             }
         ],
     }
+    import json  # only the machine formats load it
+
     return json.dumps(log, indent=2)
 
 

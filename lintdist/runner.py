@@ -7,13 +7,13 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lintdist.config import Settings
 from lintdist.diagnostics import UnreadableFile
 from lintdist.discover import Candidate, discover, kind_of
 from lintdist.launch import LaunchSettings, build_project
 from lintdist.model import Finding, Severity, Span
-from lintdist.notebook import Notebook, read_notebook, write_notebook
 from lintdist.sources import (
     CONFIG_MARKERS,
     LAUNCHERS,
@@ -24,6 +24,9 @@ from lintdist.sources import (
     parse_launch,
     read_source,
 )
+
+if TYPE_CHECKING:
+    from lintdist.notebook import Notebook
 
 # Below this many files, starting worker processes costs more than it saves.
 PARALLEL_THRESHOLD = 8
@@ -93,7 +96,11 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
     source_text = text
     new_text: str | None = None
     try:
-        notebook = read_notebook(source_text) if candidate.kind == "notebook" else None
+        notebook = None
+        if candidate.kind == "notebook":
+            from lintdist.notebook import read_notebook  # and json: only a notebook loads them
+
+            notebook = read_notebook(source_text)
     except SourceError as error:
         if error.code in task.codes:
             report.findings = [source_error_finding(error, candidate.display).to_json()]
@@ -121,7 +128,12 @@ def process_text(task: Task, text: str) -> tuple[FileReport, str | None]:
             outcome = fix_text(text, unsafe=task.unsafe, explicit=candidate.explicit, **common)
             findings, report.applied, report.dropped = outcome.findings, outcome.applied, outcome.dropped
             if outcome.text != text:
-                new_text = outcome.text if notebook is None else write_notebook(notebook, outcome.text)
+                if notebook is None:
+                    new_text = outcome.text
+                else:
+                    from lintdist.notebook import write_notebook
+
+                    new_text = write_notebook(notebook, outcome.text)
                 if task.mode == "diff":
                     report.diff = _diff(candidate.display, source_text, new_text)
     except InternalError as error:

@@ -33,11 +33,14 @@ class Versions:
     def allows(self, package: str, specifier: str) -> bool | None:
         """Whether some version the project allows for ``package`` also satisfies ``specifier``; None when the
         project declares nothing for it (or nothing lintdist can read)."""
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
         declared = self.declared.get(package)
         if declared is None:
             return None
+        simple = _simple_meet(f"{declared[0]},{specifier}")
+        if simple is not None:  # plain bounds on release numbers: no need to load `packaging`
+            return simple
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
         try:
             ours, theirs = SpecifierSet(declared[0]), SpecifierSet(specifier)
         except InvalidSpecifier:
@@ -48,6 +51,49 @@ class Versions:
 
     def fingerprint(self) -> tuple:
         return tuple(sorted(self.declared.items()))
+
+
+SIMPLE_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*v?(\d+(?:\.\d+)*)\s*$")
+
+
+def _simple_meet(specifiers: str) -> bool | None:
+    """Whether some version meets every clause of a comma-separated specifier made of plain bounds on release
+    numbers (``>=1.6,<2,!=1.7``); None for anything else (wildcards, ``~=``, local or pre-release labels).
+    Versions are dense (between two there is always a third: ``1.6 < 1.6.0.1 < 1.7``), so the bounds decide."""
+    clauses = []
+    for text in filter(str.strip, specifiers.split(",")):
+        match = SIMPLE_CLAUSE.match(text)
+        if match is None:
+            return None
+        release = tuple(int(part) for part in match[2].split("."))
+        while len(release) > 1 and release[-1] == 0:  # PEP 440: 1.6 == 1.6.0
+            release = release[:-1]
+        clauses.append((match[1], release))
+    if not clauses:
+        return None
+    points = [release for op, release in clauses if op == "=="]
+    if points:
+        return any(all(_holds(op, point, bound) for op, bound in clauses) for point in points)
+    lows = [((0,), True)] + [(bound, op == ">=") for op, bound in clauses if op in (">=", ">")]  # none below 0
+    highs = [(bound, op == "<=") for op, bound in clauses if op in ("<=", "<")]
+    low = max(lows, key=lambda item: (item[0], not item[1]), default=None)
+    high = min(highs, key=lambda item: (item[0], item[1]), default=None)
+    if high is None or low[0] < high[0]:
+        return True
+    if low[0] > high[0] or not (low[1] and high[1]):
+        return False
+    return all(_holds(op, low[0], bound) for op, bound in clauses)  # one point left: `!=` may exclude it
+
+
+def _holds(op: str, version: tuple[int, ...], bound: tuple[int, ...]) -> bool:
+    return {
+        ">=": version >= bound,
+        "<=": version <= bound,
+        ">": version > bound,
+        "<": version < bound,
+        "==": version == bound,
+        "!=": version != bound,
+    }[op]
 
 
 def _probes(*sets) -> list:

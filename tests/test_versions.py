@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from lintdist.versions import Versions, project_versions
 
 
@@ -78,3 +81,38 @@ def test_ld301_is_silent_where_the_pinned_accelerate_predates_fsdp2(lintdist, tm
     assert lintdist("check", "--no-cache", "--select", "LD301", str(tmp_path / "config.yaml")).exit_code == 0
     (tmp_path / "requirements.txt").write_text("accelerate==1.6.0\n")
     assert "LD301" in lintdist("check", "--no-cache", "--select", "LD301", str(tmp_path / "config.yaml")).output
+
+
+CLAUSE = st.builds(
+    lambda op, release: f"{op}{'.'.join(map(str, release))}",
+    st.sampled_from([">=", "<=", "==", "!=", ">", "<"]),
+    st.lists(st.integers(0, 3), min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(CLAUSE, min_size=1, max_size=3), st.lists(CLAUSE, min_size=1, max_size=2))
+def test_plain_bounds_are_decided_as_packaging_decides_them(ours, theirs):
+    # The fast path for plain release bounds gives packaging's answer (probed at every bound and beside it).
+    versions = Versions({"torch": (",".join(ours), "pyproject.toml")})
+    from lintdist import versions as module
+
+    fast = module._simple_meet(f"{','.join(ours)},{','.join(theirs)}")
+    assert fast is not None
+    original = module._simple_meet
+    module._simple_meet = lambda _: None  # the packaging path
+    try:
+        assert versions.allows("torch", ",".join(theirs)) == fast
+    finally:
+        module._simple_meet = original
+
+
+def test_anything_but_plain_bounds_goes_to_packaging():
+    from lintdist.versions import _simple_meet
+
+    assert _simple_meet(">=2.2,<3") is True
+    assert _simple_meet(">=2.2,<2.2") is False
+    assert _simple_meet(">=2.2,<=2.2.0,!=2.2") is False
+    assert _simple_meet("~=2.2") is None
+    assert _simple_meet("==2.*") is None
+    assert _simple_meet(">=2.2rc1") is None
