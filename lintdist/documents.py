@@ -84,15 +84,16 @@ def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     if not commands:
         return None
     configs = []
-    for block in read_page(text, path.suffix).blocks:
+    page = read_page(text, path.suffix)
+    for block in page.blocks:
         if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
             try:
-                document = parse_config(block.text)
+                document = parse_config(page.program([block]))  # its settings at the page's lines
             except SourceError:
                 continue
             if document is not None and document.flavour == "accelerate":
                 configs.append(document)
-    default = path.with_name(f"{path.name}.accelerate-config") if len(configs) == 1 else None
+    default = path if len(configs) == 1 else None  # the page stands for the config file it shows
     reads_default = [
         command
         for command in commands

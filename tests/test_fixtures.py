@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SOURCES = sorted(
     p
     for p in FIXTURES.rglob("*")
-    if p.suffix in {".py", ".ipynb", ".yaml", ".yml", ".json", ".sh", ".md"} and ".fixed." not in p.name
+    if p.suffix in {".py", ".ipynb", ".yaml", ".yml", ".json", ".sh", ".md", ".mdx", ".rst"} and ".fixed." not in p.name
 )
 FIXED = sorted(p for p in FIXTURES.rglob("*.fixed.*") if p.suffix != ".expected")
 

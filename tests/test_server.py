@@ -277,3 +277,21 @@ def test_engine_failure_is_logged_and_the_server_keeps_serving(monkeypatch, tmp_
     monkeypatch.setattr(module.LintdistServer, "workspace", property(lambda self: workspace))
     assert served.diagnostics(path.as_uri()) == []
     assert any("a rule failed" in message for message in logged)
+
+
+def test_an_open_markdown_page_gets_the_diagnostics_of_its_code_blocks(monkeypatch, tmp_path):
+    from lintdist import server as module
+
+    served = module.build()
+    page = tmp_path / "guide.md"
+    text = (
+        "# Guide\n\n```python\nfrom accelerate import Accelerator\naccelerator = Accelerator()\n"
+        "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\nfor batch in loader:\n"
+        "    loss = model(**batch).loss\n    loss.backward()\n```\n"
+    )
+    page.write_text("# saved before the edit\n")  # the unsaved text is what is checked
+    document = SimpleNamespace(source=text)
+    workspace = SimpleNamespace(get_text_document=lambda uri: document, get_notebook_document=lambda **_: None)
+    monkeypatch.setattr(module.LintdistServer, "workspace", property(lambda self: workspace))
+    diagnostics = served.diagnostics(page.as_uri())
+    assert [(d.code, d.range.start.line, d.range.start.character) for d in diagnostics] == [("LD106", 8, 4)]  # 0-based: the page's line 9
