@@ -44,8 +44,10 @@ def check_page(
             common["blocks"] = tuple((block.first + 1, block.last + 1) for block in blocks)
             common["settings"] = None if docstrings else page_launch(outcome.text, path, display)
         if not fix:
-            found, _ = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
-            outcome.findings += found if page is None else [_placed(f, page) for f in found]
+            found, context = check_text(part, rules=rules_wanted(codes, part, kind), prefiltered=True, **common)
+            if page is not None:
+                found = [_placed(_fitting(f, context, page, blocks), page) for f in found]
+            outcome.findings += found
             return
         fits = None if page is None else lambda new: write_back(page, blocks, new) is not None
         result = fix_text(part, rules=rules_for(codes), unsafe=unsafe, fits=fits, **common)
@@ -115,6 +117,15 @@ def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     for other in found[1:]:
         settings = settings.common(other)
     return settings
+
+
+def _fitting(finding: Finding, context, page: Page, blocks: list[Block]) -> Finding:
+    """The finding, without its fix where the fix would need a line outside the page's code blocks."""
+    from lintdist.engine import render_fix
+
+    if finding.fix is None or context is None or write_back(page, blocks, render_fix(context, finding.fix)) is not None:
+        return finding
+    return replace(finding, fix=None, fix_applicability=None, fix_message=None)
 
 
 def _placed(finding: Finding, page: Page) -> Finding:

@@ -266,6 +266,11 @@ def _fix_extent(finding: Finding, context: FileContext) -> tuple[tuple[int, int]
     return min((s.line, s.column) for s in spans), max((s.end_line, s.end_column) for s in spans)
 
 
+def render_fix(context: FileContext, fix: Fix) -> str:
+    """The checked text with one finding's fix applied."""
+    return _render(context, [fix])
+
+
 def _render(context: FileContext, fixes: list[Fix]) -> str:
     if context.kind == "python":
         return apply_python_fixes(context.module, fixes)

@@ -7,8 +7,8 @@ import re
 import libcst as cst
 
 from lintdist.accelerators import accelerator_methods, accelerator_spelling
-from lintdist.exits import left_loop
 from lintdist.edits import unparenthesized
+from lintdist.exits import left_loop
 from lintdist.facts import MAIN_FLAG_WORDS
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rank_values import code_text, joins_every_rank, rank_local_reason

@@ -4,6 +4,8 @@ blocks, the `docs`/`docstrings` settings."""
 from __future__ import annotations
 
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lintdist.cli import cli
 
@@ -57,7 +59,7 @@ def test_fix_changes_only_the_blocks(tmp_path):
     expected = GUIDE.replace("loss.backward()  # the pitfall", "accelerator.backward(loss)  # the pitfall")
     expected = expected.replace("fsdp_sharding_strategy: FULL_SHARD", "fsdp_reshard_after_forward: true")
     assert fixed == expected, result.output
-    again, _ = _check(tmp_path, "guide.md", fixed, "--select", "LD106,LD301", "--fix")
+    _again, _ = _check(tmp_path, "guide.md", fixed, "--select", "LD106,LD301", "--fix")
     assert page.read_text() == expected  # idempotent
 
 
@@ -237,3 +239,62 @@ def test_an_accelerate_launch_without_config_file_reads_the_page_config(tmp_path
     without = PLUGIN_PAGE.replace("WRAP", "fsdp_offload_params: false")
     assert "LD309" not in _check(tmp_path, "a.md", with_policy, "--select", "LD309")[0].output
     assert "LD309" in _check(tmp_path, "b.md", without, "--select", "LD309")[0].output
+
+
+def test_a_fix_that_needs_a_line_outside_the_block_is_reported_without_a_fix(tmp_path):
+    # LD203's fix imports DistributedSampler at the top of the program: above the block, in the page's prose.
+    page = (
+        "A DDP walkthrough.\n\n```python\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])\n"
+        "loader = DataLoader(train_set, batch_size=32, shuffle=True)\nfor epoch in range(epochs):\n"
+        "    for x, y in loader:\n        optimizer.zero_grad()\n        F.cross_entropy(model(x), y).backward()\n"
+        "        optimizer.step()\n```\n"
+    )
+    result, path = _check(tmp_path, "ddp.md", page, "--select", "LD203", "--unsafe-fixes", "--output-format", "json")
+    import json
+
+    [finding] = json.loads(result.output)
+    assert (finding["code"], finding["line"], finding["fix"]) == ("LD203", 5, None)
+    fixed, _ = _check(tmp_path, "ddp.md", page, "--select", "LD203", "--unsafe-fixes", "--fix")
+    assert path.read_text() == page
+    assert "needs a line outside the page's code block" in fixed.output
+
+
+PIECES = [
+    "Some prose.\n",
+    "\n",
+    (
+        "```python\nfor batch in loader:\n    with accelerator.accumulate(model):\n        loss = model(**batch).loss\n"
+        "        loss.backward()\n```\n"
+    ),
+    (
+        "```python\naccelerator = Accelerator(gradient_accumulation_steps=2)\n"
+        "model, loader = accelerator.prepare(model, loader)\n```\n"
+    ),
+    "```yaml\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_use_orig_params: true\n```\n",
+    "   ```py\n   if accelerator.is_main_process:\n       accelerator.save_state('ckpt')\n   ```\n",
+    "```bash\naccelerate launch --num_processes 2 train.py\n```\n",
+    "<Tip>\n",
+    "```python\nnot python {\n```\n",
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=7), st.sampled_from(["\n", "\r\n"]))
+def test_any_page_keeps_its_prose_and_fix_is_idempotent(pieces, newline):
+    import tempfile
+    from pathlib import Path
+
+    text = "".join(pieces).replace("\n", newline)
+    with tempfile.TemporaryDirectory() as folder:
+        page = Path(folder) / "page.md"
+        page.write_bytes(text.encode())
+        runner = CliRunner()
+        runner.invoke(cli, ["check", "--no-cache", "--select", "ALL", str(page)])
+        assert page.read_bytes() == text.encode()  # a check writes nothing
+        runner.invoke(cli, ["check", "--no-cache", "--select", "ALL", "--fix", str(page)])
+        once = page.read_bytes().decode()
+        prose = [line for line in text.split(newline) if not line.startswith(("```", " ", "for", "acc", "mod", "dis"))]
+        kept = once.split(newline)
+        assert all(line in kept for line in prose)  # the page's other text survives every fix
+        runner.invoke(cli, ["check", "--no-cache", "--select", "ALL", "--fix", str(page)])
+        assert page.read_bytes().decode() == once  # idempotent
