@@ -114,7 +114,8 @@ class DeviceFromGlobalRank(Rule):
     triggers = (
         Pattern(
             ("get_rank", "RANK", "process_index"),
-            re.compile(r"(?<!\w)get_rank\(|[\"']RANK[\"']|process_index\s*[\]),}\n]"),
+            # the name's start checked after the literal (a lookbehind first is tried at every position: 3x slower)
+            re.compile(r"get_rank\((?<!\wget_rank\()|[\"']RANK[\"']|process_index\s*[\]),}\n]"),
         ),
         Pattern(("init_process_group",), re.compile(r"\.cuda\(\)|[\"']cuda[\"']")),
     )
