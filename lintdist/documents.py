@@ -3,7 +3,8 @@
 A page is read as the kinds of files its blocks are: its shell blocks as a launch file (positions are the page's
 own), its Python blocks as one program and each accelerate/DeepSpeed YAML block as a config, both line for line
 the page's (``lintdist.pages``). Findings are moved to the page's columns; fixes are written into their blocks,
-and a fix that would need a line outside them is dropped and reported.
+and a fix that would need a line outside them is shown without a fix (and dropped, with a message, under
+``--fix``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from lintdist.launch import LaunchSettings
 from lintdist.model import Finding, Span
 from lintdist.pages import Block, Page, read_docstrings, read_page, write_back
 from lintdist.sources import CONFIG_MARKERS, SourceError
-
-PAGE_SUFFIXES = frozenset({".md", ".mdx", ".rst"})
 
 
 @dataclass
