@@ -61,7 +61,7 @@ def check_page(
     if page.python_blocks():
         run("python", page.python(), page, page.python_blocks())
     for index, block in enumerate(read(outcome.text).blocks):
-        if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
+        if block.language == "yaml" and CONFIG_MARKERS.search(block.text) and _parses_as_config(block):
             page = read(outcome.text)  # as the fixes before left it
             run("config", page.program([page.blocks[index]]), page, [page.blocks[index]])
     if fix:  # the findings that remain, placed on the fixed page
@@ -116,6 +116,18 @@ def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     for other in found[1:]:
         settings = settings.common(other)
     return settings
+
+
+def _parses_as_config(block: Block) -> bool:
+    """A YAML block that parses (a block that does not, such as a JSON config with a missing comma, is skipped
+    without an error, as a Python block that does not parse is)."""
+    from lintdist.sources import parse_config
+
+    try:
+        parse_config(block.text)
+    except SourceError:
+        return False
+    return True
 
 
 def _fitting(finding: Finding, context, page: Page, blocks: list[Block]) -> Finding:

@@ -13,7 +13,7 @@ import libcst as cst
 
 from lintdist.collectives import ACCELERATE_OBJECTS
 from lintdist.devices import INIT_PROCESS_GROUP
-from lintdist.environment import environment_key, reads_environment
+from lintdist.environment import environment_key, environment_writes, reads_environment
 from lintdist.facts import argument_of, string_value
 
 if TYPE_CHECKING:
@@ -40,16 +40,25 @@ def environment_initialised(facts: PythonFacts, call: cst.Call) -> bool:
     )
 
 
-def launcher_evidence(facts: PythonFacts, launch: Launch, settings: LaunchSettings | None) -> str | None:
+def launcher_evidence(
+    facts: PythonFacts, launch: Launch, settings: LaunchSettings | None, near: cst.CSTNode | None = None
+) -> str | None:
     """What says a launcher starts the script, in words: a read of one of ``LAUNCHER_VARIABLES``, an
     ``init_process_group()`` that reads the environment, an ``Accelerator``/``PartialState``, the launch line that
     starts it (``launch``, when its launcher sets the rendezvous) or a launch file's ``settings``; None when nothing
-    does."""
+    does. In a documentation page, only the code of ``near``'s block speaks for it (another block is another
+    program: a notebook's emulated launcher beside a script the ``deepspeed`` launcher runs)."""
+
+    def same_program(node: cst.CSTNode) -> bool:
+        return near is None or facts.block_of is None or facts.block_of(node) == facts.block_of(near)
+
     for node in facts.index.nodes(cst.Subscript):
         key = environment_key(facts, node)
-        if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget):
+        if key in LAUNCHER_VARIABLES and not isinstance(facts.parent(node), cst.AssignTarget) and same_program(node):
             return f'it reads `os.environ["{key}"]`'
     for call in facts.calls:
+        if not same_program(call):
+            continue
         name = facts.method_name(call)
         if name in {"get", "getenv"}:
             variable = environment_key(facts, call)
@@ -76,4 +85,15 @@ def own_group(facts: PythonFacts, call: cst.Call) -> bool:
         and size is not None
         and not reads_environment(facts, rank)
         and not reads_environment(facts, size)
+    )
+
+
+def emulates_launcher(facts: PythonFacts, near: cst.CSTNode) -> bool:
+    """The program writes a launcher's own variables (``os.environ["RANK"] = "0"``, ``WORLD_SIZE``...) itself: it
+    emulates a launcher (DeepSpeed in a notebook), so no launcher starts it. In a documentation page, only ``near``'s
+    block counts."""
+    return any(
+        set(write.keys) & LAUNCHER_VARIABLES
+        and (facts.block_of is None or facts.block_of(write.node) == facts.block_of(near))
+        for write in environment_writes(facts)
     )

@@ -10,7 +10,7 @@ from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.environment import environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
 from lintdist.launch import most_nodes, setting_span, starts_processes
-from lintdist.launcher_signs import LAUNCHER_VARIABLES, launcher_evidence, own_group
+from lintdist.launcher_signs import LAUNCHER_VARIABLES, emulates_launcher, launcher_evidence, own_group
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.surrounding_tests import surrounding_tests
@@ -201,14 +201,16 @@ local_rank = int(os.environ["LOCAL_RANK"])
         found = [*self._environment_writes(), *self._tcp_init_methods()]
         if not found:
             return
-        evidence = launcher_evidence(facts, self.launch, self.context.settings)
-        if evidence is None:
+        if launcher_evidence(facts, self.launch, self.context.settings) is None:
             return
         launcher = self.launch.launcher
         # the launcher sets the rendezvous (a launch that does not returned above); not `deepspeed`: its workers host
         # their own store at the port, so one written value reaches them all
         launched = rendezvous is not None and launcher is not None and launcher.value in {"torchrun", "accelerate"}
         for node, what in found:
+            evidence = launcher_evidence(facts, self.launch, self.context.settings, near=node)
+            if evidence is None or emulates_launcher(facts, node):
+                continue  # a documentation block with no launcher of its own, or code that sets RANK/WORLD_SIZE itself
             if launched and "MASTER_PORT" in what:
                 # torch 2.13 `rendezvous._create_c10d_store`: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, the
                 # default of its static and c10d rendezvous) every worker is a client of the agent's store

@@ -298,3 +298,18 @@ def test_any_page_keeps_its_prose_and_fix_is_idempotent(pieces, newline):
         assert all(line in kept for line in prose)  # the page's other text survives every fix
         runner.invoke(cli, ["check", "--no-cache", "--select", "ALL", "--fix", str(page)])
         assert page.read_bytes().decode() == once  # idempotent
+
+
+def test_a_config_block_that_does_not_parse_is_skipped_and_an_emulated_launcher_is_not_launched(tmp_path):
+    # A guide's JSON config with a missing comma, under a yaml fence: no LD001. A notebook block that writes RANK and
+    # WORLD_SIZE itself emulates a launcher: its MASTER_ADDR overwrites nothing, even though another block of the
+    # page is a script the launcher runs (it reads LOCAL_RANK).
+    page = (
+        '```yaml\n{"zero_optimization": {"stage": 3 "overlap_comm": true}, "train_batch_size": "auto"}\n```\n\n'
+        '```py\nimport os\nos.environ["MASTER_ADDR"] = "localhost"\nos.environ["MASTER_PORT"] = "9994"\n'
+        'os.environ["RANK"] = "0"\nos.environ["WORLD_SIZE"] = "1"\n```\n\n'
+        '```py\nimport os\nlocal_rank = int(os.getenv("LOCAL_RANK", "0"))\n```\n\n'
+        "```bash\ndeepspeed --num_gpus 2 t0.py\n```\n"
+    )
+    result, _ = _check(tmp_path, "deepspeed.md", page, "--select", "ALL")
+    assert "LD001" not in result.output and "LD406" not in result.output, result.output

@@ -9,7 +9,7 @@ import pytest
 
 from lintdist.facts import PythonFacts
 from lintdist.launch import Launch, LaunchSettings, Said, Setting
-from lintdist.launcher_signs import environment_initialised, launcher_evidence
+from lintdist.launcher_signs import emulates_launcher, environment_initialised, launcher_evidence
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -84,3 +84,18 @@ def test_own_group_gives_rank_and_size_not_read_from_the_environment() -> None:
         False,
         False,
     ]
+
+
+def test_code_that_writes_the_launcher_variables_emulates_a_launcher():
+    emulated = _facts(
+        """
+        import os
+        os.environ["MASTER_ADDR"] = "localhost"
+        os.environ["RANK"] = "0"
+        os.environ["WORLD_SIZE"] = "1"
+        """
+    )
+    plain = _facts('import os\nos.environ["MASTER_ADDR"] = "localhost"\nrank = int(os.environ["RANK"])\n')
+    first = emulated.index.module.body[1]
+    assert emulates_launcher(emulated, first)
+    assert not emulates_launcher(plain, plain.index.module.body[1])  # RANK is read, not written
