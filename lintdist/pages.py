@@ -330,9 +330,9 @@ def write_back(page: Page, blocks: list[Block], fixed: str) -> str | None:
         if tag == "equal":
             continue
         lines = range(i1, i2) if i1 < i2 else range(i1 - 1, i1)  # an insertion joins the line before it
-        blocks = {id(owner.get(line)) for line in lines}
+        owners = {id(owner.get(line)) for line in lines}
         block = owner.get(lines[0])
-        if block is None or len(blocks) != 1:
+        if block is None or len(owners) != 1:
             return None
         codes = new[j1:j2] if i1 < i2 else [old[i1 - 1], *new[j1:j2]]
         if block.pycon and (len(codes) != len(lines) or not all(old[line] for line in lines)):
