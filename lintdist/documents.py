@@ -15,7 +15,7 @@ from pathlib import Path
 from lintdist.launch import LaunchSettings
 from lintdist.model import Finding, Span
 from lintdist.pages import Block, Page, read_docstrings, read_page, write_back
-from lintdist.sources import CONFIG_MARKERS, SourceError
+from lintdist.sources import CONFIG_MARKERS, ConfigDocument, SourceError
 
 
 @dataclass
@@ -60,10 +60,10 @@ def check_page(
     page = read(outcome.text)
     if page.python_blocks():
         run("python", page.python(), page, page.python_blocks())
-    for index, block in enumerate(read(outcome.text).blocks):
-        if block.language == "yaml" and CONFIG_MARKERS.search(block.text) and _parses_as_config(block):
-            page = read(outcome.text)  # as the fixes before left it
-            run("config", page.program([page.blocks[index]]), page, [page.blocks[index]])
+    first = read(outcome.text)
+    for index in (first.blocks.index(block) for block, _ in config_blocks(first)):
+        page = read(outcome.text)  # as the fixes before left it
+        run("config", page.program([page.blocks[index]]), page, [page.blocks[index]])
     if fix:  # the findings that remain, placed on the fixed page
         outcome.findings = check_page(
             outcome.text, path=path, display=display, codes=codes, fix=False, unsafe=unsafe, docstrings=docstrings
@@ -78,22 +78,15 @@ def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     ``accelerate launch`` line without ``--config_file`` reads the reader's default config: the page's one
     accelerate config block stands for it, and with none (or several) the launch is not known."""
     from lintdist.launch import build_project, reads_default_config
-    from lintdist.sources import launch_text, parse_config, parse_launch
+    from lintdist.sources import launch_text, parse_launch
 
     launch = parse_launch(launch_text(text, path))
     commands = [command for command in launch.commands if command.script is not None]
     if not commands:
         return None
-    configs = []
-    page = read_page(text, path.suffix)
-    for block in page.blocks:
-        if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
-            try:
-                document = parse_config(page.program([block]))  # its settings at the page's lines
-            except SourceError:
-                continue
-            if document is not None and document.flavour == "accelerate":
-                configs.append(document)
+    configs = [
+        document for _, document in config_blocks(read_page(text, path.suffix)) if document.flavour == "accelerate"
+    ]
     default = path if len(configs) == 1 else None  # the page stands for the config file it shows
     reads_default = [
         command
@@ -118,16 +111,22 @@ def page_launch(text: str, path: Path, display: str) -> LaunchSettings | None:
     return settings
 
 
-def _parses_as_config(block: Block) -> bool:
-    """A YAML block that parses (a block that does not, such as a JSON config with a missing comma, is skipped
-    without an error, as a Python block that does not parse is)."""
+def config_blocks(page: Page) -> list[tuple[Block, ConfigDocument]]:
+    """The page's YAML blocks that are accelerate or DeepSpeed configs, each parsed with its settings at the page's
+    lines. A block that does not parse (a JSON config with a missing comma) is skipped without an error, as a
+    Python block that does not parse is."""
     from lintdist.sources import parse_config
 
-    try:
-        parse_config(block.text)
-    except SourceError:
-        return False
-    return True
+    found = []
+    for block in page.blocks:
+        if block.language == "yaml" and CONFIG_MARKERS.search(block.text):
+            try:
+                document = parse_config(page.program([block]))
+            except SourceError:
+                continue
+            if document is not None:
+                found.append((block, document))
+    return found
 
 
 def _fitting(finding: Finding, context, page: Page, blocks: list[Block]) -> Finding:
