@@ -223,3 +223,14 @@ def accelerator_spelling(facts: PythonFacts, at: cst.CSTNode) -> str | None:
         if name and not name.startswith("torch."):
             return name
     return None
+
+
+# Options accelerate reads only from ``dataloader_config=DataLoaderConfiguration(...)`` since 1.0, though older
+# releases took them as ``Accelerator(...)`` keywords (accelerate 1.15 ``Accelerator.__init__``).
+DATALOADER_OPTIONS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler")
+
+
+def loose_dataloader_keywords(accelerator: cst.Call) -> list[cst.Arg]:
+    """The keyword arguments of an ``Accelerator(...)`` call that name a data-loader option outside
+    ``DataLoaderConfiguration``, in the call's order."""
+    return [arg for arg in accelerator.args if arg.keyword is not None and arg.keyword.value in DATALOADER_OPTIONS]

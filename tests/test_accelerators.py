@@ -192,3 +192,15 @@ def test_accelerator_methods_and_spelling():
     assert accelerator_methods(facts, helper) == []
     assert accelerator_spelling(facts, step.body) == "self.accelerator"
     assert accelerator_spelling(facts, helper.body) == "accelerator"  # the module's own statements
+
+
+def test_loose_dataloader_keywords_are_the_options_outside_the_configuration():
+    import libcst as cst
+
+    from lintdist.accelerators import loose_dataloader_keywords
+
+    call = cst.parse_expression(
+        "Accelerator(split_batches=True, cpu=True, even_batches=x, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))"
+    )
+    assert [arg.keyword.value for arg in loose_dataloader_keywords(call)] == ["split_batches", "even_batches"]
+    assert loose_dataloader_keywords(cst.parse_expression("Accelerator(**kwargs)")) == []
