@@ -52,4 +52,5 @@ RULES = [
     {'code': 'LD703', 'default_enabled': True, 'module': 'lintdist.rules.ld703_lightning_log_without_sync_dist', 'kinds': ('python',), 'triggers': (('text', 'LightningModule'), ('pattern', ('_step(self',), '(?m)^def \\w+_step\\(self', 40)), 'also_triggers': ((('text', 'self.log('), ('text', 'self.log_dict(')),)},
     {'code': 'LD704', 'default_enabled': True, 'module': 'lintdist.rules.ld704_deprecated_cuda_amp', 'kinds': ('python',), 'triggers': (('text', 'cuda.amp'), ('text', 'cpu.amp'), ('text', 'cuda import amp'), ('text', 'cpu import amp'))},
     {'code': 'LD705', 'default_enabled': True, 'module': 'lintdist.rules.ld705_localsgd_import', 'kinds': ('python',), 'triggers': (('text', 'LocalSGD'),)},
+    {'code': 'LD706', 'default_enabled': True, 'module': 'lintdist.rules.ld706_accelerator_dataloader_keywords', 'kinds': ('python',), 'triggers': (('text', 'split_batches'), ('text', 'dispatch_batches'), ('text', 'even_batches'), ('text', 'use_seedable_sampler')), 'also_triggers': ((('text', 'Accelerator'),),)},
 ]
