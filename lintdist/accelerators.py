@@ -234,3 +234,24 @@ def loose_dataloader_keywords(accelerator: cst.Call) -> list[cst.Arg]:
     """The keyword arguments of an ``Accelerator(...)`` call that name a data-loader option outside
     ``DataLoaderConfiguration``, in the call's order."""
     return [arg for arg in accelerator.args if arg.keyword is not None and arg.keyword.value in DATALOADER_OPTIONS]
+
+
+def dataloader_keys_in_kwargs(facts: PythonFacts, accelerator: cst.Call) -> list[cst.CSTNode]:
+    """The keys naming a data-loader option in the dicts of this file that an ``Accelerator(**kwargs)`` call
+    unpacks: ``dict(option=...)`` keywords and ``{"option": ...}`` keys (not ``kwargs["option"] = ...`` stores,
+    which scripts guard by the installed signature)."""
+    found: list[cst.CSTNode] = []
+    for arg in accelerator.args:
+        if arg.star != "**":
+            continue
+        for origin in facts.origins(arg.value, accelerator):
+            node = origin.node
+            if isinstance(node, cst.Dict):
+                found += [
+                    e.key
+                    for e in node.elements
+                    if isinstance(e, cst.DictElement) and string_value(e.key) in DATALOADER_OPTIONS
+                ]
+            elif isinstance(node, cst.Call) and get_full_name_for_node(node.func) == "dict":
+                found += [a for a in node.args if a.keyword is not None and a.keyword.value in DATALOADER_OPTIONS]
+    return found

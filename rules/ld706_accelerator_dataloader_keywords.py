@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from lintdist.accelerators import loose_dataloader_keywords
-from lintdist.facts import ACCELERATOR_CLASSES, argument_of
+from lintdist.accelerators import dataloader_keys_in_kwargs, loose_dataloader_keywords
+from lintdist.facts import ACCELERATOR_CLASSES, argument_of, string_value
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 
@@ -25,7 +25,11 @@ class AcceleratorDataloaderKeywords(Rule):
     `dispatch_batches=`, `even_batches=` or `use_seedable_sampler=` as
     keywords of their own, instead of inside
     `dataloader_config=DataLoaderConfiguration(...)`. The report is at the
-    first such keyword. The severity follows the accelerate versions the
+    first such keyword. A dict of the file unpacked into the call
+    (`kwargs = dict(dispatch_batches=...)`, `{"even_batches": ...}`, then
+    `Accelerator(**kwargs)`) is reported at its key; keys stored one by one
+    (`kwargs["dispatch_batches"] = ...`) are not, since scripts guard those by
+    the installed signature. The severity follows the accelerate versions the
     project declares (requirements, `pyproject.toml`, `setup.py`, as LD301
     reads them): an error where accelerate 1.x is allowed (or nothing is
     declared), information where only 0.28 to 0.x is, and nothing where every
@@ -75,7 +79,7 @@ class AcceleratorDataloaderKeywords(Rule):
     before, and from now on each process draws a slice of the batch, so the
     per-process batch, the step count per epoch and what was tuned for them
     change (to what the script asked for). No fix when the call already
-    passes `dataloader_config=`.
+    passes `dataloader_config=`, or where the option comes through `**kwargs`.
 
     ## References
     - accelerate 1.15 `accelerate/accelerator.py::Accelerator.__init__` (the `_split_batches` sentinel, the
@@ -112,6 +116,11 @@ class AcceleratorDataloaderKeywords(Rule):
         Valid(
             "from accelerate import Accelerator\n\naccelerator = Accelerator()\n"
             "with accelerator.join_uneven_inputs([model], even_batches=False):\n    pass\n"
+        ),
+        Valid(
+            "import inspect\n\nfrom accelerate import Accelerator\n\nkwargs = {}\n"
+            "if 'dispatch_batches' in inspect.signature(Accelerator).parameters:\n"
+            "    kwargs['dispatch_batches'] = False\naccelerator = Accelerator(**kwargs)\n"
         ),
     )
     INVALID = (
@@ -160,21 +169,32 @@ class MyTrainer(Trainer):
             ),
             project={"requirements.txt": "accelerate>=0.30,<1\n"},
         ),
+        Invalid(
+            "from accelerate import Accelerator\n\n"
+            "kwargs = dict(mixed_precision='bf16', dispatch_batches=args.dispatch_batches)\n"
+            "accelerator = Accelerator(**kwargs)\n",
+            lines=(3,),
+        ),
     )
 
     def finish(self) -> None:
         if self.versions.allows("accelerate", f">={MOVED_IN}") is False:
             return  # every accelerate the project allows takes the keywords as they are
         modern = self.versions.allows("accelerate", f">={REMOVED_IN}") is not False
+        seen: set[int] = set()
         for call in self.facts.calls:
             if not self.facts.callee_is(call, ACCELERATOR_CLASSES):
                 continue
             loose = loose_dataloader_keywords(call)
             if loose:
-                self._report(call, loose, modern)
+                self._report(call, [arg.keyword.value for arg in loose], modern, loose)
+            for key in dataloader_keys_in_kwargs(self.facts, call):  # `Accelerator(**kwargs)`: no fix
+                if id(key) not in seen:
+                    seen.add(id(key))
+                    name = key.keyword.value if isinstance(key, cst.Arg) else string_value(key)
+                    self._report(call, [name], modern, [], at=key)
 
-    def _report(self, call: cst.Call, loose: list[cst.Arg], modern: bool) -> None:
-        names = [arg.keyword.value for arg in loose]
+    def _report(self, call: cst.Call, names: list[str], modern: bool, loose: list[cst.Arg], at=None) -> None:
         spelled = ", ".join(f"`{name}=`" for name in names)
         rejected = [name for name in names if name != "split_batches"]
         if not modern:
@@ -195,12 +215,14 @@ class MyTrainer(Trainer):
                 f"`dataloader_config={CONFIG}(...)`: {'; '.join(parts)}"
             )
         fix = None
-        if argument_of(call, "dataloader_config", None) is not None:
+        if not loose:
+            message += " (given through `**kwargs`: no fix)"
+        elif argument_of(call, "dataloader_config", None) is not None:
             message += " (the call already passes `dataloader_config=`: no fix)"
         else:
             unsafe = modern and "split_batches" in names
             fix = _fix(call, loose, Applicability.UNSAFE if unsafe else Applicability.SAFE)
-        self.report(loose[0], message, fix=fix, severity=severity)
+        self.report(at if at is not None else loose[0], message, fix=fix, severity=severity)
 
 
 def _listed(names: list[str]) -> str:

@@ -204,3 +204,26 @@ def test_loose_dataloader_keywords_are_the_options_outside_the_configuration():
     )
     assert [arg.keyword.value for arg in loose_dataloader_keywords(call)] == ["split_batches", "even_batches"]
     assert loose_dataloader_keywords(cst.parse_expression("Accelerator(**kwargs)")) == []
+
+
+def test_dataloader_keys_in_kwargs_are_read_from_the_unpacked_dicts():
+    from lintdist.accelerators import dataloader_keys_in_kwargs
+    from lintdist.facts import ACCELERATOR_CLASSES
+
+    facts = _facts(
+        """
+        from accelerate import Accelerator
+        first = dict(mixed_precision="bf16", dispatch_batches=False)
+        second = {"even_batches": False, "cpu": True}
+        third = {}
+        third["split_batches"] = True
+        a = Accelerator(**first)
+        b = Accelerator(**second)
+        c = Accelerator(**third)
+        """
+    )
+    calls = [call for call in facts.calls if facts.callee_is(call, ACCELERATOR_CLASSES)]
+    found = [dataloader_keys_in_kwargs(facts, call) for call in calls]
+    assert [key.keyword.value for key in found[0]] == ["dispatch_batches"]
+    assert [key.evaluated_value for key in found[1]] == ["even_batches"]
+    assert found[2] == []  # a store is left alone: scripts guard it by the installed signature
