@@ -355,3 +355,63 @@ def unconverted(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
         expr = expr.args[0].value
     return expr
+
+
+# -- the local rank ----------------------------------------------------------------------------------------------
+
+# torch 2.13 `distributed_c10d.py::get_node_local_rank` reads `LOCAL_RANK` (its fallback when unset is a default).
+GET_LOCAL_RANK = frozenset(
+    {"torch.distributed.get_node_local_rank", "torch.distributed.distributed_c10d.get_node_local_rank"}
+)
+# Attributes that hold the rank on this node: torch.distributed.launch's `--local_rank` argument, accelerate's index.
+LOCAL_RANK_ATTRIBUTES = frozenset({"local_rank", "local_process_index"})
+
+
+def local_rank(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
+    """How ``expr`` holds the rank on this node only, in words (``os.environ["LOCAL_RANK"]``, ``args.local_rank``,
+    an accelerator's ``local_process_index``, ``dist.get_node_local_rank()``), following names, attributes and
+    parameters to their values; None when any value it may take is something else (``RANK``, ``node_rank * n +
+    local_rank``, a parameter with no caller in sight)."""
+    if depth > MAX_RANK_DEPTH:
+        return None
+    expr = unconverted(expr)
+    found = local_rank_read(facts, expr)
+    if found is not None or not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
+        return found
+    words = None
+    for origin in facts.origins(expr, at):
+        node = origin.node
+        if node is expr and isinstance(expr, cst.Attribute):
+            how = local_rank_read(facts, expr, unbound=True)
+        elif origin.index is not None or not isinstance(node, cst.BaseExpression) or node is expr:
+            return None
+        else:
+            how = local_rank(facts, node, node, depth + 1)
+        if how is None:
+            return None  # one value it may take is not the local rank (`rank = args.local_rank if ... else RANK`)
+        words = words or how
+    return words
+
+
+def local_rank_read(facts: PythonFacts, expr: cst.BaseExpression, unbound: bool = False) -> str | None:
+    """How ``expr`` itself reads the local rank, in words: ``os.environ["LOCAL_RANK"]`` (``.get``, ``os.getenv``),
+    ``dist.get_node_local_rank()``, ``x.local_process_index`` of an Accelerator or ``PartialState``; with
+    ``unbound`` (an attribute nothing in sight assigns), ``args.local_rank`` too. None otherwise."""
+    from lintdist.environment import environment_key
+
+    if isinstance(expr, cst.Call) and facts.method_name(expr) == "get_node_local_rank":
+        return "`dist.get_node_local_rank()`" if facts.callee_is(expr, GET_LOCAL_RANK) else None
+    if isinstance(expr, (cst.Call, cst.Subscript)):
+        return '`os.environ["LOCAL_RANK"]`' if environment_key(facts, expr) == "LOCAL_RANK" else None
+    if not isinstance(expr, cst.Attribute) or expr.attr.value not in LOCAL_RANK_ATTRIBUTES:
+        return None
+    if expr.attr.value == "local_process_index":
+        owner = expr.value
+        if facts.accelerator_like(owner, expr) or any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, ACCELERATE_STATES) for o in facts.origins(owner)
+        ):
+            return "accelerate's `local_process_index`"
+        return None
+    if unbound:
+        return f"`{code_text(expr)}`, the `--local_rank` a launcher passes"
+    return None
