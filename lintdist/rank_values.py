@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.facts import argument_of
+
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
 
@@ -367,11 +369,14 @@ GET_LOCAL_RANK = frozenset(
 LOCAL_RANK_ATTRIBUTES = frozenset({"local_rank", "local_process_index"})
 
 
-def local_rank(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> str | None:
+def local_rank(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0, crossed: bool = False
+) -> str | None:
     """How ``expr`` holds the rank on this node only, in words (``os.environ["LOCAL_RANK"]``, ``args.local_rank``,
     an accelerator's ``local_process_index``, ``dist.get_node_local_rank()``), following names, attributes and
     parameters to their values; None when any value it may take is something else (``RANK``, ``node_rank * n +
-    local_rank``, a parameter with no caller in sight)."""
+    local_rank``, a parameter with no caller in sight). A parameter no call of this file passes is followed to
+    the calls of other project modules, one module away (``crossed``: asked from there, no further)."""
     if depth > MAX_RANK_DEPTH:
         return None
     expr = unconverted(expr)
@@ -383,10 +388,12 @@ def local_rank(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, de
         node = origin.node
         if node is expr and isinstance(expr, cst.Attribute):
             how = local_rank_read(facts, expr, unbound=True)
+        elif isinstance(node, cst.Param) and isinstance(expr, cst.Name) and not crossed:
+            how = _passed_local_rank(facts, expr, at)
         elif origin.index is not None or not isinstance(node, cst.BaseExpression) or node is expr:
             return None
         else:
-            how = local_rank(facts, node, node, depth + 1)
+            how = local_rank(facts, node, node, depth + 1, crossed)
         if how is None:
             return None  # one value it may take is not the local rank (`rank = args.local_rank if ... else RANK`)
         words = words or how
@@ -415,3 +422,23 @@ def local_rank_read(facts: PythonFacts, expr: cst.BaseExpression, unbound: bool 
     if unbound:
         return f"`{code_text(expr)}`, the `--local_rank` a launcher passes"
     return None
+
+
+def _passed_local_rank(facts: PythonFacts, name: cst.Name, at: cst.CSTNode) -> str | None:
+    """What the calls of other project modules pass for parameter ``name`` (``ddp_setup(local_rank=local_rank)``
+    in ``main.py``), when each passes the local rank; None when none is in sight or one passes something else."""
+    found = facts.parameter(name.value, at)
+    if facts.project is None or found is None:
+        return None
+    function, index, param = found
+    exported = facts._exported_name(function)
+    if exported is None or "." in exported:
+        return None  # a method: its instance's callers are not followed
+    words = None
+    for site in facts.project.callers(exported, ("LOCAL_RANK", "local_rank", "local_process_index")):
+        argument = argument_of(site.call, param.name.value, None if index < 0 else index)
+        how = local_rank(site.facts, argument, site.call, 1, crossed=True) if argument is not None else None
+        if how is None:
+            return None
+        words = words or f"{how}, passed at {site.facts._where(site.call)}"
+    return words

@@ -9,7 +9,7 @@ import libcst as cst
 from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.edits import module_import
 from lintdist.facts import argument_of
-from lintdist.launcher_signs import emulates_launcher
+from lintdist.launcher_signs import emulates_launcher, meets_on_this_machine
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rank_values import code_text, local_rank
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -205,8 +205,8 @@ dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.
             if facts.method_name(call) != "init_process_group" or not facts.callee_is(call, INIT_PROCESS_GROUP):
                 continue
             rank, size = argument_of(call, "rank", 4), argument_of(call, "world_size", 3)
-            if isinstance(size, cst.Integer) and size.value == "1":
-                continue  # a group of one process
+            if (isinstance(size, cst.Integer) and size.value == "1") or meets_on_this_machine(facts, call):
+                continue  # a group of one process, or one whose rendezvous is on this machine: one node
             how = local_rank(facts, rank, call) if rank is not None else None
             if how is not None:
                 self._report(call, rank, how)
