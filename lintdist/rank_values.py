@@ -442,3 +442,25 @@ def _passed_local_rank(facts: PythonFacts, name: cst.Name, at: cst.CSTNode) -> s
             return None
         words = words or f"{how}, passed at {site.facts._where(site.call)}"
     return words
+
+
+def local_rank_in_scope(facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """Code for the local rank that a statement at ``at`` can read, for a fix: a name its function (or the module)
+    bound before it to the local rank (``local_rank = int(os.environ["LOCAL_RANK"])``), else an Accelerator's
+    ``local_process_index`` (``accelerator = Accelerator()`` before it); None when neither is in sight."""
+    from lintdist.facts import ACCELERATOR_CLASSES
+
+    scope, order = facts.enclosing_function(at), facts.index.order(at)
+    accelerator = None
+    for assign in facts.index.nodes(cst.Assign):
+        if facts.index.order(assign) >= order or facts.enclosing_function(assign) not in {scope, None}:
+            continue
+        target = assign.targets[0].target if len(assign.targets) == 1 else None
+        if not isinstance(target, cst.Name):
+            continue
+        if local_rank(facts, assign.value, assign) is not None:
+            return target.value
+        value = assign.value
+        if isinstance(value, cst.Call) and facts.callee_is(value, ACCELERATOR_CLASSES) and accelerator is None:
+            accelerator = f"{target.value}.local_process_index"
+    return accelerator

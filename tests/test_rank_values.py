@@ -242,3 +242,30 @@ def test_local_rank_followed_through_names_parameters_and_unbound_arguments():
     returns = {f.name.value: facts.returns[f][0] for f in facts.index.nodes(cst.FunctionDef)}
     assert local_rank(facts, returns["setup"], returns["setup"]) == '`os.environ["LOCAL_RANK"]`'
     assert local_rank(facts, returns["unused"], returns["unused"]) is None  # a parameter with no caller
+
+
+def test_local_rank_in_scope_names_a_binding_before_the_statement():
+    from lintdist.rank_values import local_rank_in_scope
+
+    facts = _facts(
+        """
+        import os
+        from accelerate import Accelerator
+
+        def with_name():
+            local_rank = int(os.environ["LOCAL_RANK"])
+            here = 1
+
+        def with_accelerator():
+            accelerator = Accelerator()
+            here = 2
+
+        def with_none():
+            here = 3
+            local_rank = int(os.environ["LOCAL_RANK"])
+        """
+    )
+    statements = {s.value.value: s for s in facts.index.nodes(cst.Assign) if isinstance(s.value, cst.Integer)}
+    assert local_rank_in_scope(facts, statements["1"]) == "local_rank"
+    assert local_rank_in_scope(facts, statements["2"]) == "accelerator.local_process_index"
+    assert local_rank_in_scope(facts, statements["3"]) is None  # bound after it
