@@ -8,11 +8,10 @@ import libcst as cst
 
 from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.environment import environment_writes
-from lintdist.facts import argument_of
+from lintdist.facts import argument_of, string_value
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rank_values import local_rank_in_scope
 from lintdist.rule import Invalid, Pattern, Rule, Valid
-from lintdist.values import string_of
 
 # transformers 5.24 `integrations/accelerate.py::check_and_set_device_map`: the strings that plan a map over every
 # visible device (any other string is one device; `"cuda"` becomes `cuda:{LOCAL_RANK}`).
@@ -39,8 +38,9 @@ class DeviceMapAutoMultiprocess(Rule):
     4`, `deepspeed`), or the script itself wraps a model in
     `DistributedDataParallel`/FSDP or calls `init_process_group` /
     `deepspeed.initialize`. The value is followed through assignments: a map
-    that is `"auto"` only in a one-process branch (`device_map = {"":
-    local_rank}` when `WORLD_SIZE > 1`) is not reported. Not reported either:
+    that is `"auto"` in one branch and no map (`None`) in the other is
+    reported; one that is `"auto"` only beside a per-process branch
+    (`device_map = {"": local_rank}` when `WORLD_SIZE > 1`) is not. Not reported either:
     `device_map={"": local_rank}`, `{"": accelerator.local_process_index}`,
     `"cuda"` (transformers maps it to `cuda:{LOCAL_RANK}`), tensor parallelism
     asked for on purpose (`tp_plan`, `distributed_config`), a script that
@@ -239,8 +239,8 @@ Trainer(model=model, args=training_args).train()
             if any(a.keyword is not None and a.keyword.value in TENSOR_PARALLEL for a in call.args):
                 continue
             value = argument_of(call, "device_map", None)
-            spread = string_of(facts, value, call) if value is not None else None
-            if spread in SPREADING:
+            spread = self._spreading(value, call) if value is not None else None
+            if spread is not None:
                 self._report(value, spread, several, text)
 
     def _several_processes(self) -> tuple[str, bool] | None:
@@ -255,6 +255,20 @@ Trainer(model=model, args=training_args).train()
             if facts.callee_is(call, INIT_PROCESS_GROUP | DEEPSPEED_INIT):
                 return f"the script calls `{facts.method_name(call)}`, so a launcher starts several", False
         return None
+
+    def _spreading(self, value: cst.BaseExpression, call: cst.Call) -> str | None:
+        """The planning string ``value`` may be (``"auto"``), when every other value it may take is no map at all
+        (``None``): a branch that gives each process its own device (``{"": local_rank}``, an index) means the author
+        chose per launch, and is not reported."""
+        spread = None
+        for origin in self.facts.origins(value, call):
+            node = origin.node
+            text = string_value(node) if isinstance(node, cst.SimpleString) else None
+            if text in SPREADING:
+                spread = spread or text
+            elif not (isinstance(node, cst.Name) and node.value == "None"):
+                return None
+        return spread
 
     def _model_class(self, call: cst.Call) -> bool:
         """``call`` loads a transformers or PEFT model (not a tokenizer or config)."""
