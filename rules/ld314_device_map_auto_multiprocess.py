@@ -123,7 +123,9 @@ class DeviceMapAutoMultiprocess(Rule):
     fix_kind = "unsafe"
     needs_several_processes = True
     triggers = (
-        Pattern(("device_map",), re.compile(r"device_map\w*\s*=\s*[\"'](?:auto|balanced|balanced_low_0|sequential)[\"']")),
+        Pattern(
+            ("device_map",), re.compile(r"device_map\w*\s*=\s*[\"'](?:auto|balanced|balanced_low_0|sequential)[\"']")
+        ),
     )
 
     VALID = (
@@ -201,8 +203,10 @@ model = AutoModelForCausalLM.from_pretrained("gpt2", device_map="auto")
 model, optimizer = accelerator.prepare(model, optimizer)
 """,
             lines=(5,),
-            project={"default_config.yaml": "distributed_type: MULTI_GPU\nnum_processes: 4\n",
-                     "run.sh": "accelerate launch --config_file default_config.yaml train.py\n"},
+            project={
+                "default_config.yaml": "distributed_type: MULTI_GPU\nnum_processes: 4\n",
+                "run.sh": "accelerate launch --config_file default_config.yaml train.py\n",
+            },
             unsafe_fixed="""\
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
@@ -296,9 +300,7 @@ Trainer(model=model, args=training_args).train()
                 "and without them every GPU holds a share of every process's copy"
             )
         else:
-            consequence = (
-                "every GPU holds a share of every process's copy, and the work is done once per process"
-            )
+            consequence = "every GPU holds a share of every process's copy, and the work is done once per process"
         local = local_rank_in_scope(self.facts, value)
         fix = None
         if local is not None:
@@ -311,7 +313,7 @@ Trainer(model=model, args=training_args).train()
         self.report(
             value,
             f'`device_map="{spread}"` plans the model over every visible GPU, in each process ({why}): '
-            f"{consequence}; give each process its own GPU (`device_map={{\"\": local_rank}}`), or use FSDP or "
+            f'{consequence}; give each process its own GPU (`device_map={{"": local_rank}}`), or use FSDP or '
             "DeepSpeed ZeRO-3 for a model too large for one GPU",
             severity=Severity.ERROR if certain else None,
             fix=fix,

@@ -239,7 +239,7 @@ dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.
         sets_rank = launcher is not None and launcher.value in SETS_RANK and not emulates_launcher(self.facts, rank)
         return Fix(
             Applicability.SAFE if sets_rank else Applicability.UNSAFE,
-            "Pass the global rank, `int(os.environ[\"RANK\"])`",
+            'Pass the global rank, `int(os.environ["RANK"])`',
             replacements=((rank, cst.parse_expression(GLOBAL_RANK)),),
             imports=imports,
         )

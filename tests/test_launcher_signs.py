@@ -109,8 +109,10 @@ def test_code_that_writes_the_launcher_variables_emulates_a_launcher():
         ('os.environ["MASTER_ADDR"] = "localhost"\ndist.init_process_group("gloo", rank=r, world_size=2)', True),
         ('os.environ["MASTER_ADDR"] = "node0"\ndist.init_process_group("gloo", rank=r, world_size=2)', False),
         (
-            'if "MASTER_ADDR" not in os.environ:\n    os.environ["MASTER_ADDR"] = "localhost"\n'
-            'dist.init_process_group("gloo", rank=r, world_size=2)',
+            (
+                'if "MASTER_ADDR" not in os.environ:\n    os.environ["MASTER_ADDR"] = "localhost"\n'
+                'dist.init_process_group("gloo", rank=r, world_size=2)'
+            ),
             False,  # a fallback: the launcher's address wins
         ),
         ('dist.init_process_group("gloo", rank=r, world_size=2)', False),
