@@ -20,7 +20,7 @@ from lintdist.names import NameResolver
 from lintdist.project import ProjectView, process_project
 from lintdist.registry import rule_by_code
 from lintdist.rule import Rule
-from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, SourceError, launch_text, parse_config, parse_launch
+from lintdist.sources import CONFIG_MARKERS, LAUNCHERS, PYTHON_RUN, SourceError, launch_text, parse_config, parse_launch
 from lintdist.syntax import SyntaxIndex
 
 IGNORE_FILE = re.compile(r"#\s*lintdist:\s*ignore-file\b")
@@ -106,7 +106,10 @@ def _worth_parsing(text: str, kind: str, rules: list[type[Rule]]) -> bool:
     if kind == "config":
         return CONFIG_MARKERS.search(text) is not None
     if kind == "launch":
-        return LAUNCHERS.search(text) is not None
+        # a file of plain `python x.py` lines only for the rules that read those
+        return LAUNCHERS.search(text) is not None or (
+            any(rule.plain_python_launches for rule in rules) and PYTHON_RUN.search(text) is not None
+        )
     return bool(rules)
 
 

@@ -32,8 +32,10 @@ from lintdist.sources import (
     LaunchFile,
     SourceError,
     Token,
+    launch_text,
     line_col,
     parse_config,
+    parse_launch,
     read_source,
 )
 
@@ -1043,3 +1045,48 @@ def most_nodes(command: LaunchCommand, launch: LaunchFile, text: str, path: str)
         settings.set(setting)
     started = command_launch(command, launch, settings, text, path).nodes
     return (started.value, started.words) if started is not None else (None, "")
+
+
+def config_beside(script: Path) -> tuple[Path, ConfigDocument] | None:
+    """The one accelerate config in a script's folder (the file ``accelerate launch --config_file`` would be pointed
+    at), parsed; None when the folder holds none, or several."""
+    found = []
+    for path in sorted(script.parent.glob("*.y*ml")):
+        try:
+            document = parse_config(read_source(path, "config").text)
+        except SourceError:
+            continue
+        if document is not None and document.flavour == "accelerate":
+            found.append((path, document))
+    return found[0] if len(found) == 1 else None
+
+
+# Launch files a project keeps beside its scripts (what `lintdist.discover` classifies as launch files or pages).
+LAUNCH_FILE_PATTERNS = ("*.sh", "*.bash", "*.md", "*.mdx", "*.rst")
+
+
+def launchers_of(script: Path, folders: list[Path]) -> set[str]:
+    """The launchers (``python``, ``accelerate``, ``torchrun``...) the launch files and pages of ``folders`` start
+    ``script`` with, read from their text; empty when none names it."""
+    found = set()
+    seen: set[Path] = set()
+    target = os.path.realpath(script)
+    for folder in folders:
+        for pattern in LAUNCH_FILE_PATTERNS:
+            for path in folder.glob(pattern):
+                if path in seen or not path.is_file():
+                    continue
+                seen.add(path)
+                try:
+                    text = read_source(path, "launch").text
+                except SourceError:
+                    continue
+                if script.name not in text:
+                    continue
+                for command in parse_launch(launch_text(text, path)).commands:
+                    named = command.script is not None and os.path.realpath(
+                        resolve_launch_path(command.script.text, path)
+                    )
+                    if named == target:
+                        found.add(command.launcher)
+    return found

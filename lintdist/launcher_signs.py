@@ -13,7 +13,7 @@ import libcst as cst
 
 from lintdist.collectives import ACCELERATE_OBJECTS
 from lintdist.devices import INIT_PROCESS_GROUP
-from lintdist.environment import environment_key, environment_writes, reads_environment
+from lintdist.environment import environment_key, environment_writes, reads_environment, spells_environment
 from lintdist.facts import argument_of, string_value
 
 if TYPE_CHECKING:
@@ -97,3 +97,28 @@ def emulates_launcher(facts: PythonFacts, near: cst.CSTNode) -> bool:
         and (facts.block_of is None or facts.block_of(write.node) == facts.block_of(near))
         for write in environment_writes(facts)
     )
+
+
+# Addresses of this machine: a rendezvous there admits no process of another node.
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
+
+
+def meets_on_this_machine(facts: PythonFacts, call: cst.Call) -> bool:
+    """The process group ``call`` (an ``init_process_group``) starts meets on this machine: its ``init_method`` is
+    ``tcp://localhost:port`` (``127.0.0.1``...), or its function (or the module, for a call at the top) writes
+    ``MASTER_ADDR`` as such an address, unless under a test of the environment (a fallback). A one-node group by
+    construction."""
+    from lintdist.surrounding_tests import surrounding_tests
+    from lintdist.values import string_of
+
+    method = string_of(facts, argument_of(call, "init_method", 1), call)
+    if method is not None and method.startswith("tcp://"):
+        return method[len("tcp://") :].rsplit(":", 1)[0].strip("[]") in LOCAL_ADDRESSES
+    scope = facts.enclosing_function(call)
+    for write in environment_writes(facts):
+        if "MASTER_ADDR" not in write.keys or write.how != "store" or facts.enclosing_function(write.node) is not scope:
+            continue
+        tests = surrounding_tests(facts, write.node, kinds=(cst.If,), scopes=(cst.FunctionDef, cst.ClassDef))
+        if string_value(write.value) in LOCAL_ADDRESSES and not any(spells_environment(facts, t.test) for t in tests):
+            return True
+    return False

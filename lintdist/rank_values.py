@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.facts import argument_of
+
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
 
@@ -355,3 +357,110 @@ def unconverted(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and get_full_name_for_node(expr.func) in CONVERSIONS and expr.args:
         expr = expr.args[0].value
     return expr
+
+
+# -- the local rank ----------------------------------------------------------------------------------------------
+
+# torch 2.13 `distributed_c10d.py::get_node_local_rank` reads `LOCAL_RANK` (its fallback when unset is a default).
+GET_LOCAL_RANK = frozenset(
+    {"torch.distributed.get_node_local_rank", "torch.distributed.distributed_c10d.get_node_local_rank"}
+)
+# Attributes that hold the rank on this node: torch.distributed.launch's `--local_rank` argument, accelerate's index.
+LOCAL_RANK_ATTRIBUTES = frozenset({"local_rank", "local_process_index"})
+
+
+def local_rank(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 0, crossed: bool = False
+) -> str | None:
+    """How ``expr`` holds the rank on this node only, in words (``os.environ["LOCAL_RANK"]``, ``args.local_rank``,
+    an accelerator's ``local_process_index``, ``dist.get_node_local_rank()``), following names, attributes and
+    parameters to their values; None when any value it may take is something else (``RANK``, ``node_rank * n +
+    local_rank``, a parameter with no caller in sight). A parameter no call of this file passes is followed to
+    the calls of other project modules, one module away (``crossed``: asked from there, no further)."""
+    if depth > MAX_RANK_DEPTH:
+        return None
+    expr = unconverted(expr)
+    found = local_rank_read(facts, expr)
+    if found is not None or not isinstance(expr, (cst.Name, cst.Attribute, cst.Call)):
+        return found
+    words = None
+    for origin in facts.origins(expr, at):
+        node = origin.node
+        if node is expr and isinstance(expr, cst.Attribute):
+            how = local_rank_read(facts, expr, unbound=True)
+        elif isinstance(node, cst.Param) and isinstance(expr, cst.Name) and not crossed:
+            how = _passed_local_rank(facts, expr, at)
+        elif origin.index is not None or not isinstance(node, cst.BaseExpression) or node is expr:
+            return None
+        else:
+            how = local_rank(facts, node, node, depth + 1, crossed)
+        if how is None:
+            return None  # one value it may take is not the local rank (`rank = args.local_rank if ... else RANK`)
+        words = words or how
+    return words
+
+
+def local_rank_read(facts: PythonFacts, expr: cst.BaseExpression, unbound: bool = False) -> str | None:
+    """How ``expr`` itself reads the local rank, in words: ``os.environ["LOCAL_RANK"]`` (``.get``, ``os.getenv``),
+    ``dist.get_node_local_rank()``, ``x.local_process_index`` of an Accelerator or ``PartialState``; with
+    ``unbound`` (an attribute nothing in sight assigns), ``args.local_rank`` too. None otherwise."""
+    from lintdist.environment import environment_key
+
+    if isinstance(expr, cst.Call) and facts.method_name(expr) == "get_node_local_rank":
+        return "`dist.get_node_local_rank()`" if facts.callee_is(expr, GET_LOCAL_RANK) else None
+    if isinstance(expr, (cst.Call, cst.Subscript)):
+        return '`os.environ["LOCAL_RANK"]`' if environment_key(facts, expr) == "LOCAL_RANK" else None
+    if not isinstance(expr, cst.Attribute) or expr.attr.value not in LOCAL_RANK_ATTRIBUTES:
+        return None
+    if expr.attr.value == "local_process_index":
+        owner = expr.value
+        if facts.accelerator_like(owner, expr) or any(
+            isinstance(o.node, cst.Call) and facts.callee_is(o.node, ACCELERATE_STATES) for o in facts.origins(owner)
+        ):
+            return "accelerate's `local_process_index`"
+        return None
+    if unbound:
+        return f"`{code_text(expr)}`, the `--local_rank` a launcher passes"
+    return None
+
+
+def _passed_local_rank(facts: PythonFacts, name: cst.Name, at: cst.CSTNode) -> str | None:
+    """What the calls of other project modules pass for parameter ``name`` (``ddp_setup(local_rank=local_rank)``
+    in ``main.py``), when each passes the local rank; None when none is in sight or one passes something else."""
+    found = facts.parameter(name.value, at)
+    if facts.project is None or found is None:
+        return None
+    function, index, param = found
+    exported = facts._exported_name(function)
+    if exported is None or "." in exported:
+        return None  # a method: its instance's callers are not followed
+    words = None
+    for site in facts.project.callers(exported, ("LOCAL_RANK", "local_rank", "local_process_index")):
+        argument = argument_of(site.call, param.name.value, None if index < 0 else index)
+        how = local_rank(site.facts, argument, site.call, 1, crossed=True) if argument is not None else None
+        if how is None:
+            return None
+        words = words or f"{how}, passed at {site.facts._where(site.call)}"
+    return words
+
+
+def local_rank_in_scope(facts: PythonFacts, at: cst.CSTNode) -> str | None:
+    """Code for the local rank that a statement at ``at`` can read, for a fix: a name its function (or the module)
+    bound before it to the local rank (``local_rank = int(os.environ["LOCAL_RANK"])``), else an Accelerator's
+    ``local_process_index`` (``accelerator = Accelerator()`` before it); None when neither is in sight."""
+    from lintdist.facts import ACCELERATOR_CLASSES
+
+    scope, order = facts.enclosing_function(at), facts.index.order(at)
+    accelerator = None
+    for assign in facts.index.nodes(cst.Assign):
+        if facts.index.order(assign) >= order or facts.enclosing_function(assign) not in {scope, None}:
+            continue
+        target = assign.targets[0].target if len(assign.targets) == 1 else None
+        if not isinstance(target, cst.Name):
+            continue
+        if local_rank(facts, assign.value, assign) is not None:
+            return target.value
+        value = assign.value
+        if isinstance(value, cst.Call) and facts.callee_is(value, ACCELERATOR_CLASSES) and accelerator is None:
+            accelerator = f"{target.value}.local_process_index"
+    return accelerator

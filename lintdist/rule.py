@@ -69,6 +69,8 @@ class Rule:
     # The harm needs several processes (work repeated on every rank, a rank left out of a collective): the
     # engine runs no such rule on a Python file whose launch surely runs one process (`TrainingLoop.surely_single`)
     needs_several_processes: ClassVar[bool] = False
+    # The rule reads launch files whose only commands are plain `python x.py` lines (the pre-filter skips those)
+    plain_python_launches: ClassVar[bool] = False
     VALID: ClassVar[tuple[Valid, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
 

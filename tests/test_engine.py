@@ -217,3 +217,19 @@ def test_a_backwards_pattern_reads_the_text_from_its_end_and_survives_the_manife
     assert info.wanted(text, "python") and not info.wanted(text.replace("loss", "step"), "python")
     forwards = Pattern(("break",), pattern.regex)  # the same regex read forwards finds nothing
     assert not forwards.search(text)
+
+
+def test_a_launch_file_of_plain_python_lines_is_read_only_for_rules_that_ask_for_them():
+    from lintdist.engine import _worth_parsing
+
+    class PlainLines(Rule):
+        code, name, severity, kinds = "LD990", "plain-lines", Severity.WARNING, frozenset({"launch"})
+        plain_python_launches = True
+
+    class LauncherLines(Rule):
+        code, name, severity, kinds = "LD991", "launcher-lines", Severity.WARNING, frozenset({"launch"})
+
+    assert _worth_parsing("python train.py --lr 1\n", "launch", [PlainLines])
+    assert not _worth_parsing("python train.py --lr 1\n", "launch", [LauncherLines])
+    assert not _worth_parsing("echo done\n", "launch", [PlainLines])
+    assert _worth_parsing("torchrun --nproc_per_node 2 train.py\n", "launch", [LauncherLines])

@@ -324,3 +324,29 @@ def test_most_nodes_reads_the_node_flag_the_elastic_maximum_and_the_starter():
     assert found[:3] == [(2, "--nnodes 2"), (4, "--nnodes 1:4"), (1, "--num_machines 1")]
     assert found[3][0] == 3 and "-N 3" in found[3][1]
     assert found[4:] == [(None, ""), (None, "")]
+
+
+def test_config_beside_a_script_is_the_one_accelerate_config_of_its_folder(tmp_path):
+    from lintdist.launch import config_beside
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    assert config_beside(script) is None
+    (tmp_path / "default_config.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    (tmp_path / "data.yaml").write_text("paths: [a, b]\n")  # not an accelerate config
+    path, document = config_beside(script)
+    assert path.name == "default_config.yaml" and document.data["num_processes"] == 2
+    (tmp_path / "fsdp.yaml").write_text("distributed_type: FSDP\n")
+    assert config_beside(script) is None  # two: which one is meant is not said
+
+
+def test_launchers_of_a_script_read_from_the_launch_files_and_pages_of_folders(tmp_path):
+    from lintdist.launch import launchers_of
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    (tmp_path / "debug.sh").write_text("python train.py --steps 10\n")
+    (tmp_path / "other.sh").write_text("torchrun --nproc_per_node 2 eval.py\n")
+    assert launchers_of(script, [tmp_path]) == {"python"}
+    (tmp_path / "README.md").write_text("Run:\n\n```bash\naccelerate launch train.py\n```\n")
+    assert launchers_of(script, [tmp_path]) == {"python", "accelerate"}

@@ -99,3 +99,47 @@ def test_code_that_writes_the_launcher_variables_emulates_a_launcher():
     first = emulated.index.module.body[1]
     assert emulates_launcher(emulated, first)
     assert not emulates_launcher(plain, plain.index.module.body[1])  # RANK is read, not written
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ('dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500", rank=r, world_size=2)', True),
+        ('dist.init_process_group("gloo", init_method="tcp://10.0.0.5:29500", rank=r, world_size=2)', False),
+        ('os.environ["MASTER_ADDR"] = "localhost"\ndist.init_process_group("gloo", rank=r, world_size=2)', True),
+        ('os.environ["MASTER_ADDR"] = "node0"\ndist.init_process_group("gloo", rank=r, world_size=2)', False),
+        (
+            (
+                'if "MASTER_ADDR" not in os.environ:\n    os.environ["MASTER_ADDR"] = "localhost"\n'
+                'dist.init_process_group("gloo", rank=r, world_size=2)'
+            ),
+            False,  # a fallback: the launcher's address wins
+        ),
+        ('dist.init_process_group("gloo", rank=r, world_size=2)', False),
+    ],
+)
+def test_a_group_meets_on_this_machine(code: str, expected: bool) -> None:
+    from lintdist.launcher_signs import meets_on_this_machine
+
+    facts = _facts("import os\nimport torch.distributed as dist\n" + code + "\n")
+    call = next(c for c in facts.calls if facts.method_name(c) == "init_process_group")
+    assert meets_on_this_machine(facts, call) is expected
+
+
+def test_a_local_address_written_in_another_function_does_not_count() -> None:
+    from lintdist.launcher_signs import meets_on_this_machine
+
+    facts = _facts(
+        """
+        import os
+        import torch.distributed as dist
+
+        def local():
+            os.environ["MASTER_ADDR"] = "localhost"
+
+        def setup(r):
+            dist.init_process_group("gloo", rank=r, world_size=2)
+        """
+    )
+    call = next(c for c in facts.calls if facts.method_name(c) == "init_process_group")
+    assert meets_on_this_machine(facts, call) is False

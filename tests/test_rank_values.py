@@ -195,3 +195,77 @@ def test_unconverted_strips_int_and_str_conversions_only():
     assert code(unconverted(cst.parse_expression('str(int(os.environ["RANK"]))'))) == 'os.environ["RANK"]'
     assert code(unconverted(cst.parse_expression("float(rank)"))) == "float(rank)"
     assert code(unconverted(cst.parse_expression("int()"))) == "int()"
+
+
+def test_local_rank_followed_through_names_parameters_and_unbound_arguments():
+    from lintdist.rank_values import local_rank, local_rank_read
+
+    facts = _facts(
+        """
+        import os
+        import torch.distributed as dist
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        lr = int(os.environ["LOCAL_RANK"])
+        a = lr
+        b = int(os.getenv("LOCAL_RANK", "0"))
+        c = accelerator.local_process_index
+        d = args.local_rank
+        e = args.node_rank * 8 + lr
+        f = lr if lr != -1 else int(os.environ["RANK"])
+        g = dist.get_node_local_rank()
+        h = int(os.environ["RANK"])
+        i = accelerator.process_index
+
+        def setup(rank):
+            return rank
+
+        def unused(rank):
+            return rank
+
+        setup(lr)
+        """
+    )
+    values = {
+        s.targets[0].target.value: s.value
+        for s in facts.index.nodes(cst.Assign)
+        if isinstance(s.targets[0].target, cst.Name)
+    }
+    answers = {name: local_rank(facts, values[name], values[name]) for name in "abcdefghi"}
+    assert answers["a"] == answers["b"] == '`os.environ["LOCAL_RANK"]`'
+    assert "local_process_index" in answers["c"]
+    assert "--local_rank" in answers["d"]
+    assert answers["g"] == "`dist.get_node_local_rank()`"
+    # computed from it, or only sometimes it, or the global rank: not the local rank
+    assert answers["e"] is None and answers["f"] is None and answers["h"] is None and answers["i"] is None
+    assert local_rank_read(facts, values["a"]) is None  # a name: read elsewhere
+    returns = {f.name.value: facts.returns[f][0] for f in facts.index.nodes(cst.FunctionDef)}
+    assert local_rank(facts, returns["setup"], returns["setup"]) == '`os.environ["LOCAL_RANK"]`'
+    assert local_rank(facts, returns["unused"], returns["unused"]) is None  # a parameter with no caller
+
+
+def test_local_rank_in_scope_names_a_binding_before_the_statement():
+    from lintdist.rank_values import local_rank_in_scope
+
+    facts = _facts(
+        """
+        import os
+        from accelerate import Accelerator
+
+        def with_name():
+            local_rank = int(os.environ["LOCAL_RANK"])
+            here = 1
+
+        def with_accelerator():
+            accelerator = Accelerator()
+            here = 2
+
+        def with_none():
+            here = 3
+            local_rank = int(os.environ["LOCAL_RANK"])
+        """
+    )
+    statements = {s.value.value: s for s in facts.index.nodes(cst.Assign) if isinstance(s.value, cst.Integer)}
+    assert local_rank_in_scope(facts, statements["1"]) == "local_rank"
+    assert local_rank_in_scope(facts, statements["2"]) == "accelerator.local_process_index"
+    assert local_rank_in_scope(facts, statements["3"]) is None  # bound after it
