@@ -57,8 +57,8 @@ class TrackerOnEveryRank(Rule):
     grouped), `settings=` (a shared run) or a `mode=` other than a literal
     `"online"`/`"offline"`; a file that sets `WANDB_MODE`/`WANDB_DISABLED`
     (the environment may disable the other ranks). accelerate's
-    `init_trackers`/`log_with=` (accelerate 1.15 `tracking.py`: every
-    tracker's `__init__`, `start`, `log` and `finish` are `on_main_process`),
+    `init_trackers`/`log_with=` (accelerate 1.15: `Accelerator.init_trackers`
+    runs on the main process only, so its trackers start there alone),
     transformers' `report_to=` (its callbacks check `is_world_process_zero`)
     and Lightning loggers (rank-zero only) are never called here.
 
@@ -106,12 +106,15 @@ class TrackerOnEveryRank(Rule):
     must be guarded by hand.
 
     ## References
-    - accelerate 1.15 `tracking.py::GeneralTracker` (`main_process_only = True`)
-      and `on_main_process`, decorating `__init__`/`start`/`log`/`finish` of
-      `WandBTracker`, `TensorBoardTracker`, `MLflowTracker`
+    - accelerate 1.15 `accelerator.py::Accelerator.init_trackers`
+      (`@on_main_process`: trackers are built and started on the main process
+      only) and `tracking.py::on_main_process` (`log`/`finish` of
+      `TensorBoardTracker`, `MLflowTracker`: `main_process_only = True`)
     - transformers 5.24 `integrations/integration_utils.py::WandbCallback.setup`,
       `TensorBoardCallback.on_train_begin`, `MLflowCallback.setup`
       (`state.is_world_process_zero`)
+    - wandb `sdk/wandb_init.py::init` (`mode: Literal["online", "offline",
+      "disabled", "shared"] | None = None`; a disabled run's methods are no-ops)
     - wandb docs, "Log distributed training experiments"
       (https://docs.wandb.ai/guides/track/log/distributed-training/): track
       rank 0 only, or one run per process grouped with `group=`
@@ -278,11 +281,11 @@ with mlflow.start_run():
         for ancestor in facts.ancestors(call):
             if isinstance(ancestor, cst.BaseSmallStatement | cst.BaseCompoundStatement):
                 return False
-            if isinstance(ancestor, cst.IfExp) and child is not ancestor.test and reads_rank(facts, ancestor.test, call):
-                return True
+            test = ancestor.test if isinstance(ancestor, cst.IfExp) and child is not ancestor.test else None
             if isinstance(ancestor, cst.BooleanOperation) and child is ancestor.right:
-                if reads_rank(facts, ancestor.left, call):
-                    return True
+                test = ancestor.left
+            if test is not None and (facts.rank_dependent(test) or reads_rank(facts, test, call)):
+                return True
             child = ancestor
         return False
 
