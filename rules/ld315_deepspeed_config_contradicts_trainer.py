@@ -52,7 +52,10 @@ class DeepSpeedConfigContradictsTrainer(Rule):
     Values that are `"auto"`, arguments lintdist cannot read (a variable, an
     `argparse` value, `**kwargs`), `auto_find_batch_size=True` (the batch
     size is not matched then), a config path it cannot find and a launch line
-    whose script it cannot see are not compared. `train_batch_size`, the
+    whose script it cannot see are not compared. On a launch line, a field
+    the flags leave out takes its `TrainingArguments` default only when the
+    script reads its options with `HfArgumentParser` and never names the
+    field itself (a subclass may give it another default). `train_batch_size`, the
     optimizer, scheduler and precision keys are not checked here.
 
     ## Why is this bad?
@@ -188,14 +191,16 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
         for command in launch.commands:
             flags = script_flags(command, text)
             flag = flags.get("deepspeed")
-            reads = self._trainer_script(command) if flag is not None and flag.value is not None else None
-            if reads is None:
+            script = self._trainer_script(command) if flag is not None and flag.value is not None else None
+            if script is None:
                 continue
+            reads, source = script
             found = named_deepspeed_config(flag.value, self.context.path)
             if found is None:
                 continue
+            # a field the script names itself may have another default there (a subclass, its own parser)
             hf = {
-                field: self._flag_number(flags.get(field), default if reads == "parser" else UNKNOWN)
+                field: self._flag_number(flags.get(field), default if reads == "parser" and field not in source else UNKNOWN)
                 for field, default in MATCHED.values()
             }
             if "auto_find_batch_size" in flags:
@@ -233,10 +238,10 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
         except (TypeError, ValueError):
             return UNKNOWN
 
-    def _trainer_script(self, command) -> str | None:
-        """How the launched script reads its options when it is in sight and uses ``TrainingArguments``: "parser"
-        (``HfArgumentParser``: a flag left out keeps the field's default), "own" (its own parser: only the flags
-        on the line are known); None otherwise."""
+    def _trainer_script(self, command) -> tuple[str, str] | None:
+        """How the launched script reads its options, when it is in sight and uses ``TrainingArguments``, and its
+        text: "parser" (``HfArgumentParser``: a flag left out keeps the field's default), "own" (its own parser:
+        only the flags on the line are known); None otherwise."""
         if command.script is None:
             return None
         script = resolve_launch_path(command.script.text, self.context.path)
@@ -246,7 +251,7 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
             return None
         if "TrainingArguments" not in text:
             return None
-        return "parser" if "HfArgumentParser" in text else "own"
+        return "parser" if "HfArgumentParser" in text else "own", text
 
     def _contradictions(self, name: str, ds: dict[str, object], hf: dict[str, object], defaulted: dict[str, bool]):
         """(message, severity) for each DeepSpeed value the arguments contradict, and for a clipping left out."""
