@@ -136,7 +136,7 @@ class TrackerOnEveryRank(Rule):
     severity = Severity.WARNING
     needs_several_processes = True
     fix_kind = "unsafe"
-    triggers = (Pattern(("wandb", "SummaryWriter", "start_run(")),)
+    triggers = (Pattern(("wandb.init", "SummaryWriter", "start_run(")),)
     also_triggers = (
         (
             "Accelerator(",
