@@ -10,7 +10,7 @@ from lintdist.facts import argument_of
 from lintdist.in_sight import holds_value
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.process_group import group_started_before
-from lintdist.rank_reads import every_rank_callers, reads_rank
+from lintdist.rank_reads import every_rank_callers, launching_process_only, reads_rank
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.spelling import main_process_test
 
@@ -50,7 +50,10 @@ class TrackerOnEveryRank(Rule):
     wraps a model in DDP/FSDP or starts a process group, and its launch does
     not run one process.
 
-    Not reported: a call any of whose arguments reads the rank
+    Not reported: a call in the process that starts the workers itself
+    (`wandb.init(...)` under `if __name__ == "__main__":` before
+    `mp.spawn(train, ...)`: one run, handed to the workers), a call any of
+    whose arguments reads the rank
     (`SummaryWriter(f"runs/rank{rank}")`, `wandb.init(name=f"r{rank}")`,
     `mode="disabled" if rank else None`): per-rank runs by design; a
     `wandb.init` with `group=` (wandb's documented "one run per process",
@@ -256,7 +259,7 @@ with mlflow.start_run():
         if kind == "wandb" and self._arranged(call):
             return
         callers = every_rank_callers(facts, call)
-        if callers is None:
+        if callers is None or launching_process_only(facts, call):
             return
         evidence = ""
         if callers:
