@@ -103,7 +103,9 @@ class DeepSpeedConfigContradictsTrainer(Rule):
       runs `trainer_config_process`)
     - accelerate 1.15 `accelerator.py::Accelerator.clip_grad_norm_` (DEEPSPEED:
       "DeepSpeed handles gradient clipping internally", returns the norm only)
-      and `utils/dataclasses.py::DeepSpeedPlugin.fill_match` (fills `"auto"` only)
+      and `utils/dataclasses.py::DeepSpeedPlugin.fill_match`/`deepspeed_config_process`
+      (fill `"auto"` only, walking the keys the config has: `_prepare_deepspeed`'s
+      `gradient_clipping: 1.0` never reaches a config without the key)
     - DeepSpeed `runtime/constants.py` (`GRADIENT_CLIPPING_DEFAULT = 0.`; not pinned)
     - axolotl-ai-cloud/axolotl issue #1381: `max_grad_norm` ignored under DeepSpeed;
       adding `"gradient_clipping": "auto"` to the JSON fixed it
