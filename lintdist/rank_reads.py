@@ -84,3 +84,37 @@ def every_rank_callers(facts: PythonFacts, node: cst.CSTNode) -> list[tuple[Pyth
     if not callers or any(rank_tested(other, site) for other, site in reach.through):
         return None  # no caller sets up processes, or one tests the rank in a way the facts do not parse
     return callers
+
+
+def launching_process_only(facts: PythonFacts, node: cst.CSTNode, depth: int = 0) -> bool:
+    """The script starts its own processes (``mp.spawn(train, ...)``, ``notebook_launcher``, a ``Process``) and
+    ``node`` runs in the process that starts them, not in the workers: under ``if __name__ == "__main__":`` at
+    module level, or in a function that no such call runs and that every call of this file makes from such a place
+    (up to ``MAX_CALLER_DEPTH`` levels)."""
+    from lintdist.launch import STARTER_NAMES, starts_processes
+
+    if not starts_processes(facts):
+        return False
+    function = facts.enclosing_function(node)
+    if function is None:
+        return any(isinstance(a, cst.If) and _tests_main_module(a.test) for a in facts.ancestors(node))
+    name = function.name.value
+    handed = any(
+        facts.callee_is(call, STARTER_NAMES) and any(n.value == name for n in facts.within(call, cst.Name))
+        for call in facts.calls
+    )
+    sites = facts.call_sites(function)
+    if handed or not sites or depth >= MAX_CALLER_DEPTH:
+        return False
+    return all(launching_process_only(facts, site, depth + 1) for site in sites)
+
+
+def _tests_main_module(test: cst.BaseExpression) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    sides = [test.left, test.comparisons[0].comparator]
+    return isinstance(test.comparisons[0].operator, cst.Equal) and {
+        "__name__" if isinstance(s, cst.Name) and s.value == "__name__" else getattr(s, "evaluated_value", None)
+        for s in sides
+    } == {"__name__", "__main__"}

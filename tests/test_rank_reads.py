@@ -8,7 +8,7 @@ import libcst as cst
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.rank_reads import rank_tested, reads_rank
+from lintdist.rank_reads import launching_process_only, rank_tested, reads_rank
 from lintdist.syntax import SyntaxIndex
 
 
@@ -85,3 +85,44 @@ def test_every_rank_callers_none_in_a_module_that_sets_up_no_run():
     facts = _facts("import torch\n\ndef save(model):\n    torch.save(model.state_dict(), 'm.pt')\n")
     call = next(c for c in facts.calls if facts.method_name(c) == "save")
     assert every_rank_callers(facts, call) is None  # no caller elsewhere sets up processes
+
+
+def test_launching_process_only_under_main_and_in_its_helpers() -> None:
+    facts = _facts(
+        """
+        import torch.multiprocessing as mp
+        import wandb
+
+        def worker(rank, run):
+            wandb.init(project="worker")
+
+        def start_tracking():
+            return wandb.init(project="helper")
+
+        wandb.init(project="import time")
+        if __name__ == "__main__":
+            run = wandb.init(project="parent")
+            other = start_tracking()
+            mp.spawn(worker, args=(run,), nprocs=2)
+        """
+    )
+    inits = [c for c in facts.calls if facts.method_name(c) == "init"]
+    projects = [facts.index.module.code_for_node(c.args[0].value) for c in inits]
+    assert dict(zip(projects, (launching_process_only(facts, c) for c in inits))) == {
+        '"worker"': False,
+        '"helper"': True,
+        '"import time"': False,
+        '"parent"': True,
+    }
+
+
+def test_launching_process_only_needs_a_spawn_in_the_file() -> None:
+    facts = _facts(
+        """
+        import wandb
+
+        if __name__ == "__main__":
+            wandb.init(project="torchrun runs this on every rank")
+        """
+    )
+    assert [launching_process_only(facts, c) for c in facts.calls if facts.method_name(c) == "init"] == [False]
