@@ -63,10 +63,11 @@ def wrapped_modules(facts: PythonFacts, call: cst.Call, kind: str) -> list[cst.B
 
 def model_key(facts: PythonFacts, expr: cst.BaseExpression) -> str | None:
     """The dotted name a model expression reads, past a wrapper's ``.module`` and ``accelerator.unwrap_model(...)``
-    (``ddp.module`` reads ``ddp``); None when it reads no name."""
+    (``ddp.module`` and ``ddp.module.unet`` read ``ddp``); None when it reads no name."""
     while True:
-        if isinstance(expr, cst.Attribute) and expr.attr.value == "module":
-            expr = expr.value
+        inner = _before_module(expr)
+        if inner is not None:
+            expr = inner
         elif (
             isinstance(expr, cst.Call)
             and facts.method_name(expr) in UNWRAP_METHODS
@@ -134,4 +135,14 @@ def _wraps_taking(facts: PythonFacts, key: str, function: cst.CSTNode | None) ->
             get_full_name_for_node(m) == key for m in wrapped_modules(facts, call, kind)
         ):
             found.append((call, kind))
+    return found
+
+
+def _before_module(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``ddp`` for ``ddp.module`` and ``ddp.module.unet``; None when no ``.module`` is read."""
+    found = None
+    while isinstance(expr, cst.Attribute):
+        if expr.attr.value == "module":
+            found = expr.value
+        expr = expr.value
     return found

@@ -16,10 +16,13 @@ What the libraries do, read in their source:
 
 from __future__ import annotations
 
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
 from lintdist.facts import argument_of
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.wrap_order import wrapped_before
+from lintdist.wrap_order import wrapped_after, wrapped_before
 
 GET_PEFT_MODEL = frozenset(
     {"peft.get_peft_model", "peft.mapping.get_peft_model", "peft.mapping_func.get_peft_model"}
@@ -66,7 +69,9 @@ class PeftAfterWrap(Rule):
     wrapper's result itself, the wrapper's `.module`,
     `accelerator.unwrap_model(model)`, and the bare model a wrapper took (its
     name not bound again since). A wrap in another method or module, whose
-    order lintdist cannot see, is not reported.
+    order lintdist cannot see, is not reported, nor is a PEFT model that is
+    wrapped again afterwards (by a wrapper or a transformers `Trainer`), which
+    then registers the adapters.
 
     ## Why is this bad?
     `get_peft_model` modifies the model in place: it replaces the targeted
@@ -159,6 +164,17 @@ else:
     model = DistributedDataParallel(model)
 """
         ),
+        Valid(
+            """\
+from peft import get_peft_model
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import Trainer
+
+model = DDP(model)
+peft_model = get_peft_model(model.module, config)
+Trainer(model=peft_model, args=training_args).train()
+"""
+        ),
     )
     INVALID = (
         Invalid(
@@ -204,7 +220,7 @@ def build(model, config):
                 continue
             model = argument_of(call, "model", 0)
             wrap = wrapped_before(facts, model, call) if model is not None else None
-            if wrap is None:
+            if wrap is None or self._wrapped_again(call):
                 continue
             wrapper, why = WHAT_THE_WRAP_DID[wrap.kind]
             line = self.context.span(wrap.call).line
@@ -215,3 +231,25 @@ def build(model, config):
                 "apply peft to the bare model before the wrap",
                 severity=severity,
             )
+
+    def _wrapped_again(self, call: cst.Call) -> bool:
+        """The PEFT model is wrapped afterwards (by a wrapper or a transformers ``Trainer``), which then registers
+        the adapters: the first wrapper is left unused."""
+        facts = self.facts
+        owner = facts.parent(call)
+        if not isinstance(owner, cst.Assign) or len(owner.targets) != 1:
+            return False
+        target = owner.targets[0].target
+        key = get_full_name_for_node(target)
+        if key is None:
+            return False
+        if wrapped_after(facts, target, call) is not None:
+            return True
+        order = facts.index.order
+        return any(
+            order(later) > order(call)
+            and (get_full_name_for_node(later.func) or "").endswith("Trainer")
+            and (given := argument_of(later, "model", 0)) is not None
+            and get_full_name_for_node(given) == key
+            for later in facts.calls
+        )

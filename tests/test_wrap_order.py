@@ -83,3 +83,8 @@ def test_model_key_and_wrap_kind():
     assert model_key(facts, use.args[0].value) == "ddp"
     assert wrap_kind(facts, use.args[1].value) == "prepare"
     assert wrap_kind(facts, use) is None
+
+
+def test_a_submodule_of_a_wrapped_model():
+    assert _before("model = DDP(model)\nuse(model.module.unet)\n") == "ddp"
+    assert _before("use(model.unet)\n") is None
