@@ -24,6 +24,8 @@ from lintdist.wrappers import wrapper_kind
 DEEPSPEED_INITIALIZE = frozenset({"deepspeed.initialize"})
 PREPARE_METHODS = frozenset({"prepare", "prepare_model"})
 UNWRAP_METHODS = frozenset({"unwrap_model"})
+# Methods that return the module they are called on: `model = model.to(device)` keeps the same object.
+SAME_MODULE_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double", "requires_grad_"})
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def wrapped_before(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode
     for call, kind in _wraps_taking(facts, key, function):
         if order(call) < order(at) and not facts.exclusive(call, at):
             scope = function if function is not None else facts.index.module
-            if not rebound_between(facts, {key}, scope, order(call) + 1, order(at)):
+            if not _replaced(facts, key, call, scope, order(call) + 1, order(at)):
                 return Wrap(call, kind)
     return None
 
@@ -119,7 +121,7 @@ def wrapped_after(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode)
     scope = function if function is not None else facts.index.module
     for call, kind in _wraps_taking(facts, key, function):
         if order(call) > order(at) and not facts.exclusive(call, at):
-            if not rebound_between(facts, {key}, scope, order(at) + 1, order(statement_of(facts, call) or call)):
+            if not _replaced(facts, key, at, scope, order(at) + 1, order(statement_of(facts, call) or call)):
                 return Wrap(call, kind)
     return None
 
@@ -146,3 +148,23 @@ def _before_module(expr: cst.BaseExpression) -> cst.BaseExpression | None:
             found = expr.value
         expr = expr.value
     return found
+
+
+def _replaced(
+    facts: PythonFacts, key: str, at: cst.CSTNode, scope: cst.CSTNode, start: int, stop: int
+) -> bool:
+    """``key`` is bound to another object between the pre-order positions ``start`` and ``stop`` of ``scope``;
+    ``model = model.to(device)`` (a method that returns its module) keeps the same object."""
+    if not rebound_between(facts, {key}, scope, start, stop):
+        return False
+    order = facts.index.order
+    function = facts.enclosing_function(at)
+    between = [b for b in facts.bindings(key, at) if b.function is function and start <= order(b.statement) < stop]
+    return not between or not all(
+        b.index is None
+        and isinstance(b.value, cst.Call)
+        and isinstance(b.value.func, cst.Attribute)
+        and b.value.func.attr.value in SAME_MODULE_METHODS
+        and get_full_name_for_node(b.value.func.value) == key
+        for b in between
+    )

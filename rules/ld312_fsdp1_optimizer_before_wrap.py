@@ -52,8 +52,10 @@ class Fsdp1OptimizerBeforeWrap(Rule):
     """
     ## What it does
     Reports a `torch.optim` optimizer built from `model.parameters()` (or
-    `named_parameters()`, also inside parameter groups) when the same model
-    is wrapped later in the same function by torch's FSDP1
+    `named_parameters()`, also inside parameter groups), or by nanoGPT's
+    `model.configure_optimizers(...)`, when the same model
+    is wrapped later in the same function (`model = model.to(device)` keeps
+    it the same model) by torch's FSDP1
     `FullyShardedDataParallel(model, ...)` without `use_orig_params=True`, or
     sharded in place by FSDP2's `fully_shard(model)`, and the optimizer is
     still used after the wrap (not built again). A `use_orig_params` value
@@ -106,6 +108,10 @@ class Fsdp1OptimizerBeforeWrap(Rule):
       `use_orig_params=False` never updates the model; every grad is None at `zero_grad`
     - https://github.com/huggingface/accelerate/issues/2665: "FSDP Model not learning during training, loss
       stays constant"; fixed by `fsdp_use_orig_params: true`
+    - https://github.com/intelligent-machine-learning/dlrover/issues/584: nanoGPT with FSDP, "the loss does not
+      decrease"; fixed in PR 585 by building the optimizer after the FSDP wrap
+    - https://github.com/huggingface/accelerate/pull/3298: "`use_orig_params=False` requires model preparation
+      before optimizer instantiation. This is a silent failure"
     - https://github.com/Lightning-Universe/lightning-GPT/pull/17: the optimizer was built from the module's
       parameters before FSDP wrapped it; fixed by building it from the wrapped model
     - Proof: tests/proofs/test_ld312_optimizer_before_wrap.py (gloo, 2 ranks): with the optimizer built before
@@ -118,7 +124,7 @@ class Fsdp1OptimizerBeforeWrap(Rule):
     severity = Severity.ERROR
     fix_kind = "unsafe"
     triggers = ("FullyShardedDataParallel", "FSDP(", "fully_shard")
-    also_triggers = (("parameters(",),)
+    also_triggers = (("parameters(", "configure_optimizers"),)
 
     VALID = (
         Valid(
@@ -195,9 +201,13 @@ optimizer.step()
     def check_python(self) -> None:
         facts = self.facts
         for call in facts.calls:
-            if optimizer_class(facts, call) is None:
+            if optimizer_class(facts, call) is not None:
+                models = self._models(call)
+            elif facts.method_name(call) == "configure_optimizers" and isinstance(call.func, cst.Attribute):
+                models = [call.func.value]  # nanoGPT's `model.configure_optimizers(...)` builds one from its parameters
+            else:
                 continue
-            for model in self._models(call):
+            for model in models:
                 wrap = wrapped_after(facts, model, call)
                 if wrap is None or wrap.kind not in WHAT_THE_WRAP_DOES or not self._flattens(wrap):
                     continue

@@ -88,3 +88,8 @@ def test_model_key_and_wrap_kind():
 def test_a_submodule_of_a_wrapped_model():
     assert _before("model = DDP(model)\nuse(model.module.unet)\n") == "ddp"
     assert _before("use(model.unet)\n") is None
+
+
+def test_moving_the_model_keeps_it():
+    assert _after("use(model)\nmodel = model.to(rank)\nmodel = FSDP(model)\n") == "fsdp1"
+    assert _before("model = DDP(model)\nmodel = model.cuda()\nuse(model)\n") == "ddp"
