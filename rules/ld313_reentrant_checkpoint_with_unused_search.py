@@ -1,0 +1,355 @@
+"""LD313 reentrant-checkpoint-with-unused-search: reentrant activation checkpointing under DDP with
+`find_unused_parameters=True`, whose first backward raises "Expected to mark a variable ready only once".
+
+What the libraries do, read in their source:
+
+* torch 2.13 ``utils/checkpoint.py::checkpoint``: with ``use_reentrant`` not given it warns and sets
+  ``use_reentrant = True`` (no exception, despite the warning's "Starting in PyTorch 2.9 ... will raise");
+  ``checkpoint_sequential`` passes its ``use_reentrant=None`` on. The reentrant forward runs the segment under
+  ``torch.no_grad()``, so the segment's parameters are not in the graph of the output.
+* torch 2.13 ``nn/parallel/distributed.py``, the class docstring: with ``use_reentrant=True`` DDP works "when
+  there are no unused parameters ... (make sure you are not passing `find_unused_parameters=True` to DDP)";
+  ``static_graph=True`` supports "Reentrant backwards" and "Activation checkpointing when model has unused
+  parameters". The reducer (C++) raises "Expected to mark a variable ready only once" when a parameter it already
+  marked unused at forward time gets its gradient during backward.
+* transformers 5.24 ``modeling_utils.py::PreTrainedModel._activation_checkpointing_enable`` (behind
+  ``gradient_checkpointing_enable``): ``gradient_checkpointing_kwargs=None`` becomes ``{"use_reentrant": False}``;
+  any dict given is passed to torch's ``checkpoint`` as it is (so ``{}`` is reentrant). transformers 4.x defaulted
+  to reentrant. ``Trainer`` passes ``args.gradient_checkpointing_kwargs`` to it.
+* transformers 5.24 ``Trainer`` turns ``args.activation_checkpointing_kwargs`` (alias
+  ``gradient_checkpointing_kwargs``) of ``{}`` into None before it calls ``activation_checkpointing_enable``.
+* peft 0.21.2 ``utils/other.py::prepare_model_for_kbit_training``: ``gradient_checkpointing_kwargs=None`` becomes
+  ``{}``, passed to ``gradient_checkpointing_enable``, so torch's reentrant default applies.
+* accelerate 1.15 ``DistributedDataParallelKwargs`` hands ``find_unused_parameters`` and ``static_graph`` to DDP;
+  transformers ``TrainingArguments`` has ``ddp_find_unused_parameters`` and ``ddp_static_graph``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from lintdist.edits import with_keyword_last
+from lintdist.facts import argument_of
+from lintdist.model import Applicability, Fix, Severity
+from lintdist.rule import Invalid, Rule, Valid
+from lintdist.values import constant_truth, known_value
+
+CHECKPOINTS = frozenset({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
+# What passes `find_unused_parameters` (and `static_graph`) to DDP.
+SEARCHERS = ("DistributedDataParallel", "DistributedDataParallelKwargs", "DDPStrategy")
+KWARGS = ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")  # transformers 5 added the second
+ENABLES = frozenset({"gradient_checkpointing_enable", "activation_checkpointing_enable"})
+FLAGS = ("gradient_checkpointing", "activation_checkpointing")
+REENTRANT = {
+    "enable": "reentrant in transformers 4",
+    "arguments": "reentrant in transformers 4",
+    "peft": "peft passes `{}` on, which torch reads as reentrant",
+}
+FALSE_DICT = '{"use_reentrant": False}'
+
+
+class ReentrantCheckpointWithUnusedSearch(Rule):
+    """
+    ## What it does
+    Reports reentrant activation checkpointing in a file that also turns on
+    DDP's search for unused parameters (`find_unused_parameters=True` given to
+    `DistributedDataParallel`, accelerate's `DistributedDataParallelKwargs` or
+    Lightning's `DDPStrategy`; `ddp_find_unused_parameters=True` given to
+    transformers' `TrainingArguments`), without `static_graph=True`
+    (`ddp_static_graph=True`). Reentrant checkpointing is
+    `torch.utils.checkpoint.checkpoint(...)` or `checkpoint_sequential(...)`
+    with `use_reentrant=True` or without `use_reentrant` (torch's default is
+    still reentrant), and transformers or peft checkpointing whose kwargs ask
+    for it (`{"use_reentrant": True}`, or a dict without the key): in
+    `model.gradient_checkpointing_enable(...)`
+    (`activation_checkpointing_enable`), in `TrainingArguments(...)` with
+    `gradient_checkpointing=True` (`activation_checkpointing`), and in peft's
+    `prepare_model_for_kbit_training(...)`, which passes `{}` on when given no
+    kwargs. Without kwargs (and, through the `Trainer`, with `{}`)
+    transformers 5 checkpoints non-reentrantly and 4 reentrantly, so those
+    are reported only when the project pins transformers below 5. A value
+    lintdist cannot read is left alone.
+
+    ## Why is this bad?
+    The reentrant variant runs the checkpointed segment's forward without
+    recording a graph, so when DDP searches the output's graph for unused
+    parameters after the forward, it finds none of the segment's parameters
+    and marks them all ready. The backward then recomputes the segment and
+    their gradients arrive, and DDP's reducer raises `RuntimeError: Expected
+    to mark a variable ready only once ... has been marked as ready twice` at
+    the first backward. Each of the two settings alone works.
+
+    ## Example
+    ```python
+    model = DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)
+    model.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    ```
+
+    ## Use instead
+    ```python
+    model = DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)
+    model.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ```
+
+    ## Fix safety
+    Unsafe: the fix sets `use_reentrant=False` (on the `checkpoint` call, or
+    in `gradient_checkpointing_kwargs`). The non-reentrant variant computes the
+    same gradients in the usual cases, but not in all: where no input of a
+    segment requires grad, the reentrant variant leaves the segment's
+    parameters without gradients (a frozen embedding before LoRA layers), and
+    the non-reentrant one trains them; hooks and `torch.autograd.grad` inside
+    the segment behave differently too. Dropping `find_unused_parameters=True`
+    instead can expose parameters that really are unused.
+
+    ## References
+    - torch 2.13 `utils/checkpoint.py::checkpoint` (`use_reentrant=None` warns, then is True) and
+      `checkpoint_sequential`
+    - torch 2.13 `nn/parallel/distributed.py::DistributedDataParallel` (docstring notes on checkpointing and
+      `static_graph`); the reducer's "Expected to mark a variable ready only once" (`libtorch`)
+    - transformers 5.24 `modeling_utils.py::PreTrainedModel._activation_checkpointing_enable`,
+      `trainer.py::Trainer.__init__` (the kwargs it passes); peft 0.21.2
+      `utils/other.py::prepare_model_for_kbit_training` (`{}` by default)
+    - https://github.com/huggingface/accelerate/issues/2017: "Expected to mark a variable ready only once"
+      with gradient checkpointing and `find_unused_parameters=True`; solved by not combining them
+    - https://github.com/huggingface/transformers/pull/4659: DDP with `find_unused_parameters=True` and BERT
+      checkpointing raises the error; with `find_unused_parameters=False` it runs
+    - https://github.com/huggingface/accelerate/issues/389: users confirm
+      `gradient_checkpointing_kwargs={"use_reentrant": False}` fixes it
+    - https://github.com/huggingface/peft/issues/313: the same error under `accelerate launch` with
+      `gradient_checkpointing_enable()`
+    - Proof: tests/proofs/test_ld313_reentrant_unused.py (gloo, 2 ranks): a model with a reentrant checkpointed
+      block under DDP with `find_unused_parameters=True` raises the error at the first backward on both ranks;
+      after the fix it trains and the ranks stay equal
+    """
+
+    code = "LD313"
+    name = "reentrant-checkpoint-with-unused-search"
+    severity = Severity.ERROR
+    fix_kind = "unsafe"
+    triggers = ("find_unused_parameters",)
+    also_triggers = (("checkpoint", "prepare_model_for_kbit_training"),)
+    needs_several_processes = True
+
+    VALID = (
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+model = DistributedDataParallel(net, find_unused_parameters=True)
+hidden = checkpoint(block, x, use_reentrant=False)
+"""
+        ),
+        Valid(
+            """\
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+model = DistributedDataParallel(net, find_unused_parameters=True, static_graph=True)
+hidden = checkpoint(block, x, use_reentrant=True)
+"""
+        ),
+        Valid(
+            """\
+from transformers import TrainingArguments
+
+args = TrainingArguments("out", gradient_checkpointing=True, ddp_find_unused_parameters=True)
+"""
+        ),
+        Valid(
+            """\
+from peft import prepare_model_for_kbit_training
+from transformers import TrainingArguments
+
+model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"use_reentrant": False})
+args = TrainingArguments("out", ddp_find_unused_parameters=True)
+"""
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """\
+import torch.utils.checkpoint
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x))
+
+
+model = DDP(Net(), find_unused_parameters=True)
+""",
+            lines=(7,),
+            unsafe_fixed="""\
+import torch.utils.checkpoint
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x, use_reentrant=False))
+
+
+model = DDP(Net(), find_unused_parameters=True)
+""",
+        ),
+        Invalid(
+            """\
+from accelerate import Accelerator, DistributedDataParallelKwargs
+
+accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+""",
+            lines=(4,),
+            unsafe_fixed="""\
+from accelerate import Accelerator, DistributedDataParallelKwargs
+
+accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+""",
+        ),
+        Invalid(
+            """\
+from transformers import TrainingArguments
+
+args = TrainingArguments(
+    "out",
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": True},
+    ddp_find_unused_parameters=True,
+)
+""",
+            lines=(6,),
+            unsafe_fixed="""\
+from transformers import TrainingArguments
+
+args = TrainingArguments(
+    "out",
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    ddp_find_unused_parameters=True,
+)
+""",
+        ),
+        Invalid(
+            """\
+from peft import prepare_model_for_kbit_training
+from torch.nn.parallel import DistributedDataParallel
+
+model = prepare_model_for_kbit_training(model)
+model = DistributedDataParallel(model, find_unused_parameters=True)
+""",
+            lines=(4,),
+            unsafe_fixed="""\
+from peft import prepare_model_for_kbit_training
+from torch.nn.parallel import DistributedDataParallel
+
+model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"use_reentrant": False})
+model = DistributedDataParallel(model, find_unused_parameters=True)
+""",
+        ),
+    )
+
+    def check_python(self) -> None:
+        search = self._unused_search()
+        if search is None:
+            return
+        line = self.context.span(search).line
+        for call in self.facts.calls:
+            found = self._reentrant(call)
+            if found is None:
+                continue
+            node, what, replacements = found
+            self.report(
+                node,
+                f"{what} under DDP with `find_unused_parameters=True` (line {line}): the reentrant forward records no "
+                "graph, so DDP marks the segment's parameters unused after the forward, and the first backward "
+                "raises RuntimeError 'Expected to mark a variable ready only once'; use `use_reentrant=False`",
+                fix=Fix(Applicability.UNSAFE, "Checkpoint non-reentrantly (`use_reentrant=False`)", replacements)
+                if replacements
+                else None,
+            )
+
+    def _unused_search(self) -> cst.Arg | None:
+        """The keyword that turns on DDP's search for unused parameters with a literal True, in a call without
+        ``static_graph=True``; None when there is none."""
+        facts = self.facts
+        for call in facts.calls:
+            keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
+            if "ddp_find_unused_parameters" in keywords:
+                search, static = keywords["ddp_find_unused_parameters"], keywords.get("ddp_static_graph")
+            elif "find_unused_parameters" in keywords and any(
+                name.rsplit(".", 1)[-1] in SEARCHERS for name in facts.qualified_names(call.func)
+            ):
+                search, static = keywords["find_unused_parameters"], keywords.get("static_graph")
+            else:
+                continue
+            if self._truth(search.value) is True and (static is None or self._truth(static.value) is False):
+                return search
+        return None
+
+    def _truth(self, expr: cst.BaseExpression) -> bool | None:
+        return constant_truth(known_value(self.facts, expr))
+
+    def _reentrant(self, call: cst.Call) -> tuple[cst.CSTNode, str, tuple] | None:
+        """(the node to report, what it is, the fix's replacements) for a call that checkpoints reentrantly."""
+        facts = self.facts
+        if any(arg.star == "**" for arg in call.args):
+            return None
+        if facts.callee_is(call, CHECKPOINTS):
+            given = argument_of(call, "use_reentrant", None)
+            name = facts.method_name(call) or "checkpoint"
+            if given is None:
+                fixed = with_keyword_last(call, "use_reentrant", cst.Name("False"))
+                return call, f"`{name}` without `use_reentrant` (torch's default is still True)", ((call, fixed),)
+            if self._truth(given) is True:
+                return given, f"`{name}(..., use_reentrant=True)`", ((given, cst.Name("False")),)
+            return None
+        kind = self._checkpointing(call)
+        if kind is None:
+            return None
+        keyword = next((k for k in KWARGS if argument_of(call, k, None) is not None), None)
+        kwargs = argument_of(call, keyword, None) if keyword else None
+        if kwargs is None and kind == "enable" and call.args and call.args[0].keyword is None:
+            keyword, kwargs = KWARGS[0], call.args[0].value
+        # With no kwargs (or `{}` through the Trainer) transformers 5 checkpoints non-reentrantly, 4 reentrantly;
+        # peft's `prepare_model_for_kbit_training` passes `{}` on, which torch reads as reentrant.
+        transformers_4 = self.versions.allows("transformers", ">=5") is False
+        if kwargs is None:
+            if kind != "peft" and not transformers_4:
+                return None
+            fixed = with_keyword_last(call, KWARGS[0], cst.parse_expression(FALSE_DICT))
+            return call, f"`{facts.method_name(call) or 'TrainingArguments'}` without `{KWARGS[0]}` ({REENTRANT[kind]})", (
+                (call, fixed),
+            )
+        value = known_value(facts, kwargs)
+        if not isinstance(value, cst.Dict) or any(not isinstance(e, cst.DictElement) for e in value.elements):
+            return None  # unreadable, or `{**other}` may carry the key
+        entry = next(
+            (e for e in value.elements if isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == "use_reentrant"),
+            None,
+        )
+        if entry is None:
+            if kind == "arguments" and not transformers_4:
+                return None  # the Trainer turns `{}` into None: transformers 5's non-reentrant default
+            replacements = ((value, cst.parse_expression(FALSE_DICT)),) if value is kwargs and not value.elements else ()
+            return kwargs, f"`{keyword}` without `use_reentrant` (torch's default is still True)", replacements
+        if self._truth(entry.value) is not True:
+            return None
+        replacements = ((entry.value, cst.Name("False")),) if value is kwargs else ()
+        return entry, f'`{keyword}` with `"use_reentrant": True`', replacements
+
+    def _checkpointing(self, call: cst.Call) -> str | None:
+        """How a call turns on transformers' checkpointing: "enable" (``model.gradient_checkpointing_enable()``),
+        "arguments" (``TrainingArguments(gradient_checkpointing=True)`` and its kin), "peft"
+        (``prepare_model_for_kbit_training``, which checkpoints unless told not to); None for any other call."""
+        facts = self.facts
+        name = facts.method_name(call) or (call.func.value if isinstance(call.func, cst.Name) else None)
+        if name in ENABLES:
+            return "enable"
+        if name == "prepare_model_for_kbit_training":
+            use = argument_of(call, "use_gradient_checkpointing", 1)
+            return "peft" if use is None or self._truth(use) is True else None
+        flag = next((argument_of(call, f, None) for f in FLAGS if argument_of(call, f, None) is not None), None)
+        return "arguments" if flag is not None and self._truth(flag) is True else None
