@@ -1,4 +1,4 @@
-"""LD312 fsdp1-optimizer-before-wrap: an optimizer built from a model's parameters before torch FSDP wraps the
+"""LD312 optimizer-before-fsdp-wrap: an optimizer built from a model's parameters before torch FSDP wraps the
 model, and used after: it steps tensors the wrapped model no longer computes with.
 
 What torch 2.13 does, read in its source:
@@ -120,7 +120,7 @@ class Fsdp1OptimizerBeforeWrap(Rule):
     """
 
     code = "LD312"
-    name = "fsdp1-optimizer-before-wrap"
+    name = "optimizer-before-fsdp-wrap"
     severity = Severity.ERROR
     fix_kind = "unsafe"
     triggers = ("FullyShardedDataParallel", "FSDP(", "fully_shard")
