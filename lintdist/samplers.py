@@ -220,7 +220,7 @@ def rank_aware_among(facts: PythonFacts, values: list[cst.CSTNode], batched: boo
 
 
 def padding_sampler(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
-    """The rank-aware sampler (``DistributedSampler``...) behind a loader expression (through ``enumerate``/
+    """The ``DistributedSampler`` (or a subclass of this file) behind a loader expression (through ``enumerate``/
     ``tqdm``) when it pads: not given ``drop_last=True``, so every rank gets ``ceil(len(dataset) / world)``
     indices, the last ones repeated from the start. None for a loader prepared by accelerate, a sampler that drops,
     or one lintdist cannot find."""
@@ -232,7 +232,9 @@ def padding_sampler(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTN
             continue
         for origin in facts.origins(sampler, call):
             node = origin.node
-            if isinstance(node, cst.Call) and rank_aware(facts, node):
+            # torch's class or a subclass of this file: other libraries' `UnpaddedDistributedSampler`,
+            # `DistributedEvalSampler` exist because they do not pad
+            if isinstance(node, cst.Call) and rank_aware(facts, node) and facts.is_instance_of(node, SAMPLER_CLASSES):
                 drop_last = argument_of(node, "drop_last", 5)
                 if drop_last is None or constant_truth(drop_last) is False:
                     return node

@@ -38,7 +38,9 @@ class MetricOverSamplerPadding(Rule):
     after `model.eval()`, or in a function named for evaluation.
 
     Not reported: a loader passed to `accelerator.prepare` (LD404 covers
-    accelerate's `gather`), a sampler given `drop_last=True`, a collective
+    accelerate's `gather`), a sampler given `drop_last=True`, other
+    libraries' samplers (`UnpaddedDistributedSampler`,
+    `DistributedEvalSampler` exist because they do not pad), a collective
     whose value does not come from the loop, and results cut afterwards
     (`preds[:len(dataset)]`, any `x[:n]` later in the function). A dataset
     whose length divides by the world size has no duplicates; lintdist

@@ -266,3 +266,5 @@ def test_padding_sampler_is_a_distributed_sampler_that_does_not_drop():
     assert _padding(head + "for b in DataLoader(ds, shuffle=False):\n    pass\n") is None
     prepared = head + "loader = accelerator.prepare(DataLoader(ds, sampler=DistributedSampler(ds)))\n"
     assert _padding(prepared + "for b in loader:\n    pass\n") is None
+    unpadded = head + "from evalkit import UnpaddedDistributedSampler\n"
+    assert _padding(unpadded + "for b in DataLoader(ds, sampler=UnpaddedDistributedSampler(ds)):\n    pass\n") is None
