@@ -5,22 +5,11 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.batch_rows import accumulated_in, batch_derived, first_rows_cut, mentions
+from lintdist.collectives import combined_value
 from lintdist.evaluation import evaluates
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.samplers import padding_sampler
-
-# torch.distributed collectives that combine the ranks' results, with the position of the value each rank sends.
-COMBINERS = {
-    "all_reduce": 0,
-    "reduce": 0,
-    "all_gather": 1,
-    "all_gather_into_tensor": 1,
-    "all_gather_object": 1,
-    "gather": 0,
-    "gather_object": 0,
-}
-QUALIFIED = {f"torch.distributed.{name}": position for name, position in COMBINERS.items()}
 
 
 class MetricOverSamplerPadding(Rule):
@@ -28,7 +17,8 @@ class MetricOverSamplerPadding(Rule):
     ## What it does
     Reports a `torch.distributed` collective (`all_reduce`, `reduce`,
     `all_gather`, `all_gather_into_tensor`, `all_gather_object`, `gather`,
-    `gather_object`) that combines the ranks' evaluation results, when the
+    `gather_object`), or a call of the file's own helper that runs one on its
+    argument (`reduce_tensor(t)`), that combines the ranks' evaluation results, when the
     evaluation loop reads a loader whose sampler is a `DistributedSampler`
     without `drop_last=True`, and nothing cuts the gathered results back to
     the dataset's length. The results are the loop's batch values (the
@@ -213,29 +203,21 @@ for images, labels in loader:
 
     def finish(self) -> None:
         facts = self.facts
-        combiners = [c for c in facts.calls if facts.qualified_names(c.func) & QUALIFIED.keys()]
-        if not combiners:
-            return
         loops = [
             (loop, sampler)
             for loop, expr in facts.data_loops()
             if evaluates(facts, loop) and (sampler := padding_sampler(facts, expr, loop)) is not None
         ]
-        for call in combiners:
-            value = self._sent(call)
+        if not loops:
+            return
+        for call in facts.calls:
+            value = combined_value(facts, call)
             if value is None:
                 continue
             for loop, sampler in loops:
                 if self._from_loop(call, value, loop) and not self._cut_later(call):
                     self._report(call, sampler)
                     break
-
-    def _sent(self, call: cst.Call) -> cst.BaseExpression | None:
-        """The value this rank sends (``all_gather(out, value)``, ``all_reduce(value)``)."""
-        names = {q.rsplit(".", 1)[-1] for q in self.facts.qualified_names(call.func) & QUALIFIED.keys()}
-        position = COMBINERS[next(iter(names))]
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        return positional[position].value if len(positional) > position else None
 
     def _from_loop(self, call: cst.Call, value: cst.BaseExpression, loop: cst.For) -> bool:
         """The value comes from the loop's batches: sent inside the loop from its batch values, or accumulated
