@@ -181,3 +181,39 @@ def _mask(subscript: cst.Subscript) -> bool:
     if isinstance(value, (cst.Comparison, cst.UnaryOperation)):
         return True
     return "mask" in (get_full_name_for_node(value) or "").lower()
+
+
+# Methods that add a batch's results to a container kept across the loop (`preds.append(p)`, `preds.extend(p)`).
+ACCUMULATORS = frozenset({"append", "extend", "add_", "update"})
+
+
+def accumulated_in(facts: PythonFacts, value: cst.BaseExpression, loop: cst.For, at: cst.CSTNode) -> bool:
+    """Whether ``value`` (read at ``at``, after ``loop``) holds what the loop accumulated from its batches: it
+    reads a name the loop's body adds batch results to (``correct += (pred == y).sum()``, ``preds.append(p)``),
+    directly or through the last assignment of a name between the loop and ``at``
+    (``stats = torch.tensor([correct, total])``)."""
+    derived = batch_derived(facts, loop)
+    grown = set()
+    for statement in facts.within(loop.body, cst.AugAssign):
+        if mentions(facts, statement.value, derived):
+            grown |= {key for n in facts.within(statement.target, cst.Name, cst.Attribute) if (key := full(n))}
+    for call in facts.within(loop.body, cst.Call):
+        func = call.func
+        accumulates = isinstance(func, cst.Attribute) and func.attr.value in ACCUMULATORS
+        if accumulates and mentions(facts, call, derived) and (key := full(func.value)) is not None:
+            grown.add(key)
+    if not grown:
+        return False
+    if mentions(facts, value, grown):
+        return True
+    order = facts.index.order
+    for name in facts.within(value, cst.Name):
+        binding = last_binding_in(facts, name.value, facts.enclosing_function(at) or facts.index.module, at)
+        if binding is not None and order(binding.statement) > order(loop) and mentions(facts, binding.value, grown):
+            return True
+    return False
+
+
+def full(node: cst.CSTNode) -> str | None:
+    """The dotted name of a name or attribute chain (``self.preds``), None for anything else."""
+    return get_full_name_for_node(node) if isinstance(node, (cst.Name, cst.Attribute)) else None

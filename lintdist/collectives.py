@@ -279,3 +279,50 @@ COLLECTIVE_TEXTS = (
         *("full_optim_state_dict", "sharded_optim_state_dict"),
     ),
 )
+
+
+# torch.distributed collectives that combine every rank's value into one result, with the position of the value
+# each rank sends (`all_gather(out, value)`, `all_reduce(value)`).
+COMBINING_COLLECTIVES = {
+    f"torch.distributed.{name}": position
+    for name, position in (
+        ("all_reduce", 0),
+        ("reduce", 0),
+        ("all_gather", 1),
+        ("all_gather_into_tensor", 1),
+        ("all_gather_object", 1),
+        ("gather", 0),
+        ("gather_object", 0),
+    )
+}
+
+
+def combined_value(facts: PythonFacts, call: cst.Call, depth: int = 0) -> cst.BaseExpression | None:
+    """What ``call`` sends to be combined with the other ranks' values: the sent argument of a ``torch.distributed``
+    collective that combines (``all_reduce``, ``all_gather``, ``gather``...), or what a call of the file's own helper
+    passes for a parameter that the helper combines, itself or through a name made from it
+    (``reduce_tensor(loss)`` of ``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt)``). None otherwise."""
+    positions = [COMBINING_COLLECTIVES[q] for q in facts.qualified_names(call.func) if q in COMBINING_COLLECTIVES]
+    if positions:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return positional[positions[0]].value if len(positional) > positions[0] else None
+    functions = facts.local_functions(call) if depth < 2 else []
+    if len(functions) != 1:
+        return None
+    function = functions[0]
+    params = [*function.params.posonly_params, *function.params.params]
+    for inner in facts.calls_within(function):
+        sent = combined_value(facts, inner, depth + 1) if inner is not call else None
+        if sent is None:
+            continue
+        names = {n.value for n in facts.within(sent, cst.Name)}
+        for name in list(names):  # `rt = t.clone()`: the name made from the parameter
+            for binding in facts.bindings(name, inner):
+                if binding.index is None and binding.value is not None and facts.is_within(binding.statement, function):
+                    names |= {n.value for n in facts.within(binding.value, cst.Name)}
+        for index, param in enumerate(params):
+            if param.name.value in names:
+                passed = facts.argument_for(call, function, param.name.value, index)
+                if passed is not None:
+                    return passed
+    return None

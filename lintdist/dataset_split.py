@@ -7,6 +7,7 @@ from libcst.helpers import get_full_name_for_node
 
 from lintdist.datasets import LOAD_DATASET
 from lintdist.facts import RANK_GETTERS, RANK_NAMES, PythonFacts, argument_of
+from lintdist.values import constant_truth
 
 ITERABLE_CLASSES = frozenset(
     {
@@ -112,3 +113,128 @@ def device_use(facts: PythonFacts, node: cst.CSTNode, container: cst.CSTNode) ->
 
 def _iterable_name(qualified: str) -> bool:
     return any(part in qualified.rsplit(".", 1)[-1] for part in ITERABLE_NAME_PARTS)
+
+
+# -- streams no rank splits: every rank of a DDP job reads all of them ------------------------------------------
+
+TORCH_ITERABLE = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
+# Names that split data across processes besides the rank itself: the world size, a shard count, a split helper.
+SPLIT_NAMES = frozenset({"world_size", "num_replicas", "num_shards", "get_world_size", "world", "nprocs"})
+# Methods of a `datasets` stream that return a stream of the same rows (so the split question is their receiver's).
+STREAM_METHODS = frozenset(
+    {"map", "filter", "shuffle", "with_format", "select_columns", "remove_columns", "rename_column", "take", "skip"}
+    | {"rename_columns", "cast", "cast_column", "batch"}
+)
+FROM_GENERATOR = frozenset({"datasets.IterableDataset.from_generator"})
+STREAM_OBJECT_BASES = frozenset({"object", "typing.Generic", "builtins.object"})
+PENDING = cst.Call(func=cst.Name("pending"))  # an origin whose answer is being worked out
+SPLIT = cst.Call(func=cst.Name("split"))  # an origin split by rank
+
+
+def unsplit_stream(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+    """The stream the dataset ``expr`` (at ``at``) may read with nothing splitting it by rank: a
+    ``load_dataset(..., streaming=...)`` call whose ``streaming`` is not ``False``, ``.to_iterable_dataset()``,
+    ``IterableDataset.from_generator``, a stream method of one (``.map``, ``.shuffle``...), or the construction of a
+    ``torch`` ``IterableDataset`` subclass of this file whose code never reads the rank (``unsplit_iterable_class``).
+    None when no value is such a stream, or some value (a branch, a reassignment) is split by rank or is another
+    library's stream (WebDataset, torchdata...), which splits itself."""
+    found = _stream(facts, expr, at, 0, {})
+    return found if found is not SPLIT else None
+
+
+def _stream(
+    facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode, depth: int, seen: dict[int, cst.Call | None]
+) -> cst.Call | None:
+    """A stream among the values of ``expr``, SPLIT when a value is split by rank, else None."""
+    if depth > MAX_DEPTH:
+        return None
+    found = None
+    for origin in facts.origins(expr, at):
+        node = origin.node
+        if id(node) not in seen:  # met again (`ds = ds.map(...)`): its answer stands; PENDING, a cycle, adds nothing
+            seen[id(node)] = PENDING
+            seen[id(node)] = _origin_stream(facts, node, origin.index, depth, seen)
+        value = seen[id(node)]
+        if value is SPLIT:
+            return SPLIT
+        if value is not PENDING:
+            found = found or value
+    return found
+
+
+def _origin_stream(
+    facts: PythonFacts, node: cst.CSTNode, index: object, depth: int, seen: dict[int, cst.Call | None]
+) -> cst.Call | None:
+    if index is not None or not isinstance(node, cst.Call):
+        return None
+    if mentions_split(facts, node):
+        return SPLIT
+    method = facts.method_name(node)
+    if method in SHARDING_CALLS - {"to_iterable_dataset"}:
+        return SPLIT
+    if method == "to_iterable_dataset" and isinstance(node.func, cst.Attribute):
+        return SPLIT if split_by_rank(facts, node.func.value, node) else node
+    if (facts.callee_is(node, LOAD_DATASET) and _may_stream(node)) or facts.callee_is(node, FROM_GENERATOR):
+        return node
+    if method in STREAM_METHODS and isinstance(node.func, cst.Attribute):
+        return _stream(facts, node.func.value, node, depth + 1, seen)
+    if unsplit_iterable_class(facts, node) is not None:
+        return SPLIT if any(split_by_rank(facts, arg.value, node) for arg in node.args) else node
+    return SPLIT if iterable_call(facts, node) else None
+
+
+def _may_stream(call: cst.Call) -> bool:
+    streaming = argument_of(call, "streaming", None)
+    return streaming is not None and constant_truth(streaming) is not False
+
+
+def unsplit_iterable_class(facts: PythonFacts, call: cst.Call) -> cst.ClassDef | None:
+    """The class ``call`` constructs when it is a top-level class of this file deriving (through this file's
+    classes only) from ``torch.utils.data.IterableDataset``, with an ``__iter__``, whose code and the file's
+    functions it calls never read the rank or world size (``get_worker_info`` alone splits across a rank's loader
+    workers, not across ranks). None otherwise."""
+    name = get_full_name_for_node(call.func)
+    cls = next((c for c in facts.classes if c.name.value == name and facts.enclosing_class(c) is None), None)
+    if cls is None or not facts.derives_from(cls, TORCH_ITERABLE.__contains__):
+        return None
+    chain = _local_chain(facts, cls)
+    if chain is None or not any(_defines(c, "__iter__") for c in chain):
+        return None
+    reached = [f for c in chain for inner in facts.reachable_calls(c) for f in facts.local_functions(inner)]
+    if any(mentions_split(facts, node) for node in (*chain, *reached)):
+        return None
+    return cls
+
+
+def mentions_split(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``mentions_rank``, or ``node`` reads the world size or a shard count, or calls a function that splits a
+    dataset by rank (``split_dataset_by_node``, ``.shard``)."""
+    if mentions_rank(facts, node):
+        return True
+    for part in facts.within(node, cst.Name, cst.SimpleString):
+        text = part.value if isinstance(part, cst.Name) else part.value.strip("\"'")
+        if text in SPLIT_NAMES or text == "WORLD_SIZE" or text in SHARDING_CALLS - {"to_iterable_dataset"}:
+            return True
+    return False
+
+
+def _local_chain(facts: PythonFacts, cls: cst.ClassDef, depth: int = 0) -> list[cst.ClassDef] | None:
+    """``cls`` and the classes of this file it derives from, when every other base is torch's IterableDataset
+    or ``object``; None when a base comes from elsewhere (its code may split by rank)."""
+    chain = [cls]
+    for arg in cls.bases:
+        names = facts.qualified_names(arg.value) | {get_full_name_for_node(arg.value) or ""}
+        if not names.isdisjoint(TORCH_ITERABLE | STREAM_OBJECT_BASES):
+            continue
+        local = next((c for c in facts.classes if c.name.value == get_full_name_for_node(arg.value)), None)
+        if local is None or local is cls or depth >= 3:
+            return None
+        inner = _local_chain(facts, local, depth + 1)
+        if inner is None:
+            return None
+        chain += inner
+    return chain
+
+
+def _defines(cls: cst.ClassDef, method: str) -> bool:
+    return any(isinstance(statement, cst.FunctionDef) and statement.name.value == method for statement in cls.body.body)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.facts import DDP_WRAPPERS, argument_of, string_value
+from lintdist.facts import DDP_WRAPPERS, RANK_NAMES, argument_of, string_value
 
 if TYPE_CHECKING:
     from lintdist.facts import PythonFacts
@@ -114,3 +114,28 @@ def starts_nccl_group(facts: PythonFacts, call: cst.Call) -> bool:
         if value is not None and "nccl" in value.lower():
             return True
     return False
+
+
+def uses_cuda(facts: PythonFacts) -> bool:
+    """This module puts work on CUDA devices itself: an NCCL process group (or the default backend), a CUDA
+    index (``set_device(i)``, ``.cuda(i)``, ``device_ids=[i]``, ``torch.device("cuda", i)``, ``.to(local_rank)``,
+    ``.to(f"cuda:{i}")``), or the current device (``.cuda()``, ``.to("cuda")``, ``torch.device("cuda")``); not
+    ``.to(device)`` of a device lintdist does not know."""
+    return any(
+        starts_nccl_group(facts, call) or current_device(facts, call) or _cuda_index(facts, call)
+        for call in facts.calls
+    )
+
+
+def _cuda_index(facts: PythonFacts, call: cst.Call) -> bool:
+    indices = device_indices(facts, call)
+    if not indices or not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "to"):
+        return bool(indices)
+    index = indices[0]
+    if cuda_prefix(index) or string_device_index(index) is not None:
+        return True
+    last = (get_full_name_for_node(index) or "").rsplit(".", 1)[-1]
+    return last in RANK_NAMES | GPU_INDEX_NAMES
+
+
+GPU_INDEX_NAMES = frozenset({"gpu", "gpu_id", "device_id", "local_gpu"})

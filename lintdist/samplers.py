@@ -217,3 +217,25 @@ def rank_aware_among(facts: PythonFacts, values: list[cst.CSTNode], batched: boo
             if wrapped is not None:
                 hits.extend(o.node for o in facts.origins(wrapped, node) if rank_aware(facts, o.node))
     return hits
+
+
+def padding_sampler(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTNode) -> cst.Call | None:
+    """The ``DistributedSampler`` (or a subclass of this file) behind a loader expression (through ``enumerate``/
+    ``tqdm``) when it pads: not given ``drop_last=True``, so every rank gets ``ceil(len(dataset) / world)``
+    indices, the last ones repeated from the start. None for a loader prepared by accelerate, a sampler that drops,
+    or one lintdist cannot find."""
+    from lintdist.loaders import loader_calls
+
+    for call in loader_calls(facts, loader, at):
+        sampler = argument_of(call, "sampler", 3)
+        if sampler is None:
+            continue
+        for origin in facts.origins(sampler, call):
+            node = origin.node
+            # torch's class or a subclass of this file: other libraries' `UnpaddedDistributedSampler`,
+            # `DistributedEvalSampler` exist because they do not pad
+            if isinstance(node, cst.Call) and rank_aware(facts, node) and facts.is_instance_of(node, SAMPLER_CLASSES):
+                drop_last = argument_of(node, "drop_last", 5)
+                if drop_last is None or constant_truth(drop_last) is False:
+                    return node
+    return None

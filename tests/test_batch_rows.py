@@ -97,3 +97,27 @@ def test_first_rows_cut_needs_an_upper_bound_only():
         text: cst.parse_expression(text) for text in ("x[:n]", "x[:n, 0]", "x[1:n]", "x[n:]", "x[0]", "x[:, :n]")
     }
     assert [first_rows_cut(s) for s in subscripts.values()] == [True, True, False, False, False, False]
+
+
+def test_accumulated_in_follows_counts_and_lists_grown_from_the_batch():
+    from lintdist.batch_rows import accumulated_in
+
+    facts = _facts(
+        """
+        def evaluate(loader):
+            correct, total, preds, steps = 0, 0, [], 0
+            for x, y in loader:
+                p = model(x).argmax(1)
+                correct += (p == y).sum()
+                total += y.numel()
+                preds.append(p)
+                steps += 1
+            stats = torch.tensor([correct, total])
+            reduce(stats)
+            reduce(preds)
+            reduce(steps)
+        """
+    )
+    loop = next(n for n in facts.index.nodes(cst.For))
+    calls = [c for c in facts.calls if facts.index.module.code_for_node(c.func) == "reduce"]
+    assert [accumulated_in(facts, c.args[0].value, loop, c) for c in calls] == [True, True, False]

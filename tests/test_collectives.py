@@ -261,3 +261,32 @@ def test_collective_texts_find_a_collective_by_its_name_only():
     assert found("import torch.distributed.checkpoint as dcp")
     assert not found("model.state_dict()")  # a collective only inside `state_dict_type(...)`
     assert not found("all_reduced = 3")
+
+
+def test_combined_value_of_a_collective_and_of_a_helper_that_combines_its_parameter():
+    from lintdist.collectives import combined_value
+
+    facts = _facts(
+        """
+        import torch.distributed as dist
+
+        def reduce_tensor(tensor, world_size):
+            rt = tensor.clone()
+            dist.all_reduce(rt)
+            return rt / world_size
+
+        def log(value):
+            print(value)
+
+        dist.all_reduce(a)
+        dist.all_gather(out, b)
+        reduce_tensor(c, 2)
+        log(d)
+        """
+    )
+    code = facts.index.module.code_for_node
+    sent = {code(call): combined_value(facts, call) for call in facts.calls}
+    assert code(sent["dist.all_reduce(a)"]) == "a"
+    assert code(sent["dist.all_gather(out, b)"]) == "b"
+    assert code(sent["reduce_tensor(c, 2)"]) == "c"
+    assert sent["log(d)"] is None

@@ -75,3 +75,51 @@ def test_the_rank_that_picks_a_device_is_not_a_split():
 def test_iterable_call_by_name_part():
     facts = _facts("StreamingTextDataset(path)\nTextDataset(path)\n")
     assert [iterable_call(facts, c) for c in facts.calls] == [True, False]
+
+
+def _stream(code: str):
+    """``unsplit_stream`` of the dataset given to the script's ``DataLoader``, as source text (None when none)."""
+    from lintdist.dataset_split import unsplit_stream
+
+    facts = _facts(code)
+    loader = next(c for c in facts.calls if facts.index.module.code_for_node(c.func) == "DataLoader")
+    found = unsplit_stream(facts, loader.args[0].value, loader)
+    return None if found is None else facts.index.module.code_for_node(found)
+
+
+def test_a_datasets_stream_is_unsplit_until_split_by_node():
+    head = "from datasets import load_dataset\nds = load_dataset('c4', streaming=True)\n"
+    assert (
+        _stream(head + "ds = ds.map(f).with_format('torch')\nDataLoader(ds)\n") == "load_dataset('c4', streaming=True)"
+    )
+    assert _stream(head + "DataLoader(ds.shuffle(seed=0))\n") is not None
+    assert _stream(head + "ds = split_dataset_by_node(ds, rank=r, world_size=w)\nDataLoader(ds)\n") is None
+    assert _stream(head + "if ddp:\n    ds = split_dataset_by_node(ds, rank=r, world_size=w)\nDataLoader(ds)\n") is None
+    assert _stream(head + "DataLoader(ds.shard(num_shards=n, index=i))\n") is None
+    assert (
+        _stream("from datasets import load_dataset\nds = load_dataset('c4', streaming=False)\nDataLoader(ds)\n") is None
+    )
+    assert _stream("ds = full.to_iterable_dataset()\nDataLoader(ds)\n") == "full.to_iterable_dataset()"
+    assert _stream("import webdataset as wds\nDataLoader(wds.WebDataset(urls))\n") is None
+    assert _stream("DataLoader(unknown)\n") is None
+
+
+def test_an_iterable_subclass_is_unsplit_unless_it_reads_the_rank():
+    worker_only = textwrap.dedent(
+        """
+        from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+        class Rows(IterableDataset):
+            def __iter__(self):
+                info = get_worker_info()
+                yield from range(info.id, 10, info.num_workers)
+        DataLoader(Rows())
+        """
+    )
+    assert _stream(worker_only) == "Rows()"
+    assert _stream(worker_only.replace("DataLoader(Rows())", "DataLoader(Rows(rank))")) is None
+    by_rank = worker_only.replace("info.id, 10, info.num_workers", "dist.get_rank(), 10, dist.get_world_size()")
+    assert _stream(by_rank) is None
+    helper = worker_only.replace("yield from range(info.id, 10, info.num_workers)", "yield from mine()")
+    assert _stream(helper + "def mine():\n    return range(rank, 10, world)\n") is None
+    imported_base = worker_only.replace("class Rows(IterableDataset)", "class Rows(ShardedBase)")
+    assert _stream("from base import ShardedBase\n" + imported_base) is None

@@ -100,3 +100,16 @@ def test_other_indexed_device_types_are_device_strings_too():
         found = string_device_index(cst.parse_expression(text))
         assert found is not None and cst.Module([]).code_for_node(found) == index, text
     assert string_device_index(cst.parse_expression('"cpu:%d" % rank')) is None
+
+
+def test_uses_cuda_needs_a_gpu_placement_or_an_nccl_group():
+    from lintdist.devices import uses_cuda
+
+    assert uses_cuda(_facts("import torch.distributed as dist\ndist.init_process_group('nccl')\n"))
+    assert uses_cuda(_facts("import torch.distributed as dist\ndist.init_process_group()\n"))
+    assert uses_cuda(_facts("model = model.cuda()\n"))
+    assert uses_cuda(_facts("import torch\ntorch.cuda.set_device(local_rank)\n"))
+    assert uses_cuda(_facts("model = model.to(f'cuda:{rank}')\n"))
+    assert not uses_cuda(_facts("import torch.distributed as dist\ndist.init_process_group('gloo')\nmodel.to('cpu')\n"))
+    assert uses_cuda(_facts("model = model.to(local_rank)\n"))
+    assert not uses_cuda(_facts("model = model.to(device)\nx = x.to(torch.float16)\n"))

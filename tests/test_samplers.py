@@ -244,3 +244,27 @@ def test_rank_aware_among_a_sampler_arguments_values_and_inside_batch_samplers()
     assert rank_aware_among(facts, [distributed, random]) == [distributed]
     assert rank_aware_among(facts, [batches]) == []  # a batch sampler given as `sampler=`
     assert rank_aware_among(facts, [batches, random], batched=True) == [inner]
+
+
+def _padding(source: str) -> str | None:
+    from lintdist.samplers import padding_sampler
+
+    facts = _facts(source)
+    loop = next(n for n in facts.index.nodes(cst.For))
+    found = padding_sampler(facts, loop.iter, loop)
+    return None if found is None else facts.index.module.code_for_node(found)
+
+
+def test_padding_sampler_is_a_distributed_sampler_that_does_not_drop():
+    head = "from torch.utils.data import DataLoader, DistributedSampler\n"
+    padded = (
+        head + "s = DistributedSampler(ds, shuffle=False)\nfor b in enumerate(DataLoader(ds, sampler=s)):\n    pass\n"
+    )
+    assert _padding(padded) == "DistributedSampler(ds, shuffle=False)"
+    assert _padding(padded.replace("shuffle=False", "drop_last=True")) is None
+    assert _padding(padded.replace("shuffle=False", "drop_last=False")) == "DistributedSampler(ds, drop_last=False)"
+    assert _padding(head + "for b in DataLoader(ds, shuffle=False):\n    pass\n") is None
+    prepared = head + "loader = accelerator.prepare(DataLoader(ds, sampler=DistributedSampler(ds)))\n"
+    assert _padding(prepared + "for b in loader:\n    pass\n") is None
+    unpadded = head + "from evalkit import UnpaddedDistributedSampler\n"
+    assert _padding(unpadded + "for b in DataLoader(ds, sampler=UnpaddedDistributedSampler(ds)):\n    pass\n") is None
