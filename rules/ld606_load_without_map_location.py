@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.devices import uses_cuda
 from lintdist.edits import keyword_arg
@@ -16,6 +17,10 @@ TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
 TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 # A path that names a checkpoint (`ckpt_path`, `args.resume`, `"snapshot.pt"`, `f"{out}/model_{step}.pth"`).
 CHECKPOINT_PATH = re.compile(r"ckpt|checkpoint|snapshot|resume|state_dict|weights", re.IGNORECASE)
+
+
+# Objects whose state dict holds numbers, not tensors, named as scripts name them.
+TENSORLESS = re.compile(r"scaler|sched|sampler", re.IGNORECASE)
 
 
 class LoadWithoutMapLocation(Rule):
@@ -112,6 +117,18 @@ class LoadWithoutMapLocation(Rule):
     )
 
     VALID = (
+        Valid(
+            """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(local_rank)
+scaler = torch.amp.GradScaler("cuda")
+torch.save(scaler.state_dict(), "scaler.pt")
+scaler.load_state_dict(torch.load("scaler.pt"))
+"""
+        ),
         Valid(
             """\
 import torch
@@ -271,7 +288,7 @@ dist.init_process_group(backend="nccl")
             return False
         parent = facts.parent(facts.parent(call))
         if isinstance(parent, cst.Call) and facts.method_name(parent) == "load_state_dict":
-            return True
+            return _holds_tensors(parent)
         statement = facts.parent(call)
         if not isinstance(statement, cst.Assign) or not isinstance(statement.targets[0].target, cst.Name):
             return False
@@ -279,6 +296,7 @@ dist.init_process_group(backend="nccl")
         scope = facts.enclosing_function(call) or facts.index.module
         return any(
             facts.method_name(other) == "load_state_dict"
+            and _holds_tensors(other)
             and any(n.value == name for arg in other.args for n in facts.within(arg, cst.Name))
             for other in facts.calls_within(scope)
         )
@@ -299,3 +317,11 @@ dist.init_process_group(backend="nccl")
             replacements=((call, call.with_changes(args=args)),),
         )
         self.report(call, message, fix=fix)
+
+
+def _holds_tensors(load_state_dict: cst.Call) -> bool:
+    """The object whose ``load_state_dict`` this is keeps tensors in its state: not a gradient scaler, a learning
+    rate scheduler or a sampler, whose states are numbers (torch 2.13 ``GradScaler.state_dict`` returns floats)."""
+    receiver = load_state_dict.func.value if isinstance(load_state_dict.func, cst.Attribute) else None
+    last = get_full_name_for_node(receiver).rsplit(".", 1)[-1] if receiver is not None else ""
+    return not TENSORLESS.search(last or "")
