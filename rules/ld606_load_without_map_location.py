@@ -38,8 +38,10 @@ class LoadWithoutMapLocation(Rule):
     dict, a callable); a load under a rank guard (`if rank == 0:`, then a
     broadcast); a CPU-only script (gloo and no CUDA device anywhere); a
     script whose own `torch.save` writes CPU tensors (`.cpu()`); a script
-    whose launch runs one process; `accelerator.load_state`,
-    `safetensors` and `from_pretrained`, which place tensors themselves.
+    whose launch runs one process; a state loaded into a gradient scaler, a
+    scheduler or a sampler (their state dicts hold numbers, not tensors);
+    `accelerator.load_state`, `safetensors` and `from_pretrained`, which
+    place tensors themselves.
 
     ## Why is this bad?
     With `map_location=None`, torch restores every tensor to the device it
