@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from lintdist.arguments import command_line_default, holds_parsed_arguments
 from lintdist.deepspeed_files import ABSENT, named_deepspeed_config, top_value
-from lintdist.facts import argument_of
+from lintdist.facts import argument_of, string_value
 from lintdist.launch import resolve_launch_path
 from lintdist.literals import dict_key, readable_mapping
 from lintdist.model import Severity, Span
@@ -36,8 +37,10 @@ class DeepSpeedConfigContradictsTrainer(Rule):
     ## What it does
     Reads the DeepSpeed config a transformers `TrainingArguments` runs with
     (`TrainingArguments(deepspeed="ds_config.json")` or a dict literal in
-    the script, or `--deepspeed ds_config.json` on a launch line of a script
-    that uses `TrainingArguments`) and compares it with the arguments:
+    the script, the `default=` of the script's own option when it passes
+    `deepspeed=args.deepspeed` from `argparse`, or `--deepspeed
+    ds_config.json` on a launch line of a script that uses
+    `TrainingArguments`) and compares it with the arguments:
 
     - the config has no `gradient_clipping` key while `max_grad_norm` is
       above 0 (its default is 1.0): reported as a warning, because nothing
@@ -50,7 +53,7 @@ class DeepSpeedConfigContradictsTrainer(Rule):
       so before the job is queued and the model loaded.
 
     Values that are `"auto"`, arguments lintdist cannot read (a variable, an
-    `argparse` value, `**kwargs`), `auto_find_batch_size=True` (the batch
+    `argparse` value without a literal default, `**kwargs`), `auto_find_batch_size=True` (the batch
     size is not matched then), a config path it cannot find and a launch line
     whose script it cannot see are not compared. On a launch line, a field
     the flags leave out takes its `TrainingArguments` default only when the
@@ -215,16 +218,29 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
 
     def _python_config(self, given: cst.BaseExpression, call: cst.Call) -> tuple[str, dict[str, object]] | None:
         """The config's name as a message shows it and the values it gives the matched keys."""
-        path = string_of(self.facts, given, call)
+        path, shown = string_of(self.facts, given, call), None
+        if path is None and (default := self._option_default(given, call)) is not None:
+            name = f"{given.value.value}.{given.attr.value}"
+            path, shown = default, f"`{default}` (the command-line default of `{name}`)"
         if path is not None:
             found = named_deepspeed_config(path, self.context.path)
-            return None if found is None else (f"`{path}`", {key: top_value(found[1], key) for key in MATCHED})
+            values = None if found is None else {key: top_value(found[1], key) for key in MATCHED}
+            return None if values is None else (shown or f"`{path}`", values)
         mapping = known_value(self.facts, given)
         if not isinstance(mapping, cst.Dict) or not readable_mapping(mapping):
             return None
         entries = {dict_key(e): e.value for e in mapping.elements if isinstance(e, cst.DictElement)}
         values = {key: ABSENT if key not in entries else _literal(entries[key]) for key in MATCHED}
         return "the DeepSpeed config dict", values
+
+    def _option_default(self, given: cst.BaseExpression, call: cst.Call) -> str | None:
+        """``deepspeed=args.deepspeed`` where ``args`` holds the script's parsed options: the path the script's
+        ``add_argument("--deepspeed", default=...)`` gives when the launch passes none; None otherwise."""
+        if not (isinstance(given, cst.Attribute) and isinstance(given.value, cst.Name)):
+            return None
+        if not holds_parsed_arguments(self.facts, given.value.value, call):
+            return None
+        return string_value(command_line_default(self.facts, given))
 
     def _number(self, expr: cst.BaseExpression | None, default: object, at: cst.CSTNode) -> object:
         if expr is None:
