@@ -132,3 +132,36 @@ def hangs_under_main_or_deepspeed(
     if backend is not None and backend != "FSDP" and not waits:
         return False
     return fsdp_evidence(facts, settings, line_of) is not None or waits
+
+
+TRAINING_ARGUMENTS = frozenset({"transformers.TrainingArguments", "transformers.Seq2SeqTrainingArguments"})
+
+
+def parameter_sharding(facts: PythonFacts, settings: LaunchSettings | None) -> tuple[bool | None, str]:
+    """Whether this script's model runs with its parameters sharded, so that every forward gathers them on every
+    rank (FSDP, DeepSpeed ZeRO-3), and what says so: True (the launch or the script selects FSDP or ZeRO stage 3),
+    False (they select a backend that keeps whole parameters: DDP, ZeRO stage 0-2), None (nothing says)."""
+    from lintdist.deepspeed_settings import literal_zero_stage, zero_stage
+    from lintdist.wrappers import module_wrapper_kinds
+
+    backend = launch_backend(settings)
+    if backend == "FSDP":
+        return True, "the launch settings select FSDP"
+    if builds_fsdp_plugin(facts):
+        return True, "the script builds an FSDP plugin"
+    if module_wrapper_kinds(facts) & {"fsdp1", "fsdp2"}:
+        return True, "the script wraps the model with FSDP"
+    for call in facts.calls:
+        fsdp = argument_of(call, "fsdp", None) if (facts.method_name(call) or "").endswith("TrainingArguments") else None
+        if fsdp is not None and isinstance(fsdp, cst.SimpleString) and fsdp.evaluated_value.strip():
+            if facts.callee_is(call, TRAINING_ARGUMENTS):
+                return True, f"`TrainingArguments(fsdp={fsdp.value})` selects FSDP"
+    plugin_or_launch = zero_stage(facts, settings) if backend == "DEEPSPEED" or _builds(
+        facts, DEEPSPEED_PLUGINS, ("deepspeed_plugin",)
+    ) else None
+    stage = plugin_or_launch if plugin_or_launch is not None else literal_zero_stage(facts)
+    if stage is not None:
+        return stage == 3, f"DeepSpeed runs with ZeRO stage {stage}"
+    if backend is not None and backend != "DEEPSPEED":
+        return False, f"the launch settings select {backend}"
+    return None, ""
