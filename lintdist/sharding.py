@@ -78,8 +78,7 @@ def _builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ..
     return any(
         facts.callee_is(call, plugins)
         or (
-            facts.callee_is(call, ACCELERATOR_CLASSES)
-            and any(argument_of(call, k, None) is not None for k in keywords)
+            facts.callee_is(call, ACCELERATOR_CLASSES) and any(argument_of(call, k, None) is not None for k in keywords)
         )
         for call in facts.calls
     )
@@ -152,13 +151,17 @@ def parameter_sharding(facts: PythonFacts, settings: LaunchSettings | None) -> t
     if module_wrapper_kinds(facts) & {"fsdp1", "fsdp2"}:
         return True, "the script wraps the model with FSDP"
     for call in facts.calls:
-        fsdp = argument_of(call, "fsdp", None) if (facts.method_name(call) or "").endswith("TrainingArguments") else None
-        if fsdp is not None and isinstance(fsdp, cst.SimpleString) and fsdp.evaluated_value.strip():
-            if facts.callee_is(call, TRAINING_ARGUMENTS):
-                return True, f"`TrainingArguments(fsdp={fsdp.value})` selects FSDP"
-    plugin_or_launch = zero_stage(facts, settings) if backend == "DEEPSPEED" or _builds(
-        facts, DEEPSPEED_PLUGINS, ("deepspeed_plugin",)
-    ) else None
+        if not (facts.method_name(call) or "").endswith("TrainingArguments"):
+            continue
+        fsdp = argument_of(call, "fsdp", None)
+        if (
+            isinstance(fsdp, cst.SimpleString)
+            and fsdp.evaluated_value.strip()
+            and facts.callee_is(call, TRAINING_ARGUMENTS)
+        ):
+            return True, f"`TrainingArguments(fsdp={fsdp.value})` selects FSDP"
+    uses_plugin = backend == "DEEPSPEED" or _builds(facts, DEEPSPEED_PLUGINS, ("deepspeed_plugin",))
+    plugin_or_launch = zero_stage(facts, settings) if uses_plugin else None
     stage = plugin_or_launch if plugin_or_launch is not None else literal_zero_stage(facts)
     if stage is not None:
         return stage == 3, f"DeepSpeed runs with ZeRO stage {stage}"

@@ -9,6 +9,7 @@ from lintdist.collectives import joined_by_others
 from lintdist.deepspeed_settings import deepspeed_engine
 from lintdist.facts import argument_of
 from lintdist.literals import is_name
+from lintdist.loop import UNWRAP_METHODS
 from lintdist.main_process import MAIN_GUARD_TEXTS, main_only
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
@@ -18,9 +19,11 @@ from lintdist.wrappers import forward_target, wrapper_calls
 GATHERS = (
     "all-gathers the sharded parameters in every forward, a collective the other ranks never join, and the job hangs"
 )
+# What says, in the file, that the DDP model holds buffers (the broadcast a `no_grad` forward still makes)
+BUFFER_SIGNS = ("BatchNorm", "register_buffer", "running_mean")
 DDP_BUFFERS = (
-    "DDP's forward broadcasts the module's buffers (BatchNorm statistics, position ids) from rank 0 whenever the "
-    "previous forward ran with gradients on (the first evaluation after training)"
+    "DDP's forward broadcasts the module's buffers (BatchNorm statistics) from rank 0 on the first forward and "
+    "whenever the previous one ran with gradients on (the first evaluation after training), under `no_grad` too"
 )
 
 
@@ -35,14 +38,18 @@ class WrappedForwardInRankGuard(Rule):
     `fully_shard` model built in the script, the model
     `accelerator.prepare` returns, or a `deepspeed.initialize` engine (or
     its `.module`). An error under FSDP and under ZeRO stage 3 as the script
-    or the launch says, and under DDP with gradients on (not under
-    `torch.no_grad()`); a warning under DDP in `no_grad`, where it hangs when
-    the model has buffers, and where the backend is unknown (an accelerate
+    or the launch says (`.module` and `unwrap_model` there too), and under
+    DDP where the file shows that the model holds buffers (`BatchNorm`,
+    `register_buffer`), which the forward broadcasts; a warning under DDP
+    with gradients on and no buffer in sight (the first forward after the
+    first backward rebuilds the buckets), and where the backend is unknown (an accelerate
     model with no launch settings, an engine whose stage is not in sight).
     Not reported: `model.module(x)` and `accelerator.unwrap_model(model)(x)`
-    under DDP, a DDP model built with `broadcast_buffers=False` run under
-    `no_grad`, a prepared model under a launch that selects DDP in `no_grad`
-    (warning), and a model the launch runs unsharded with ZeRO stage 0-2.
+    under DDP, a DDP model run under `no_grad` when it is built with
+    `broadcast_buffers=False` or nothing in the file shows a buffer (nanoGPT's
+    rank-0 `estimate_loss()`: its GPT registers no buffer with flash
+    attention, so the forward makes no collective), and a model the launch
+    runs unsharded with ZeRO stage 0-2 in `no_grad`.
 
     ## Why is this bad?
     The wrappers make collectives inside the forward. FSDP (1 and 2) and
@@ -57,7 +64,8 @@ class WrappedForwardInRankGuard(Rule):
 
     ## Example
     ```python
-    model = DDP(model, device_ids=[local_rank])
+    net = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 1))
+    model = DDP(net, device_ids=[local_rank])
     ...
     if dist.get_rank() == 0:
         with torch.no_grad():
@@ -105,7 +113,15 @@ class WrappedForwardInRankGuard(Rule):
     severity = Severity.ERROR
     needs_several_processes = True
     fix_kind = "unsafe"
-    triggers = ("DistributedDataParallel", "DDP(", "FullyShardedDataParallel", "FSDP(", "fully_shard", "prepare(")
+    triggers = (
+        "DistributedDataParallel",
+        "DDP(",
+        "FullyShardedDataParallel",
+        "FSDP(",
+        "fully_shard",
+        "prepare(",
+        "deepspeed.initialize",
+    )
     also_triggers = (MAIN_GUARD_TEXTS,)
 
     VALID = (
@@ -115,6 +131,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
 model = DDP(net, device_ids=[local_rank])
 if dist.get_rank() == 0:
     with torch.no_grad():
@@ -153,18 +170,20 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
 model = DDP(net, device_ids=[local_rank])
 if dist.get_rank() == 0:
     with torch.no_grad():
         print(model(val_x).mean())
 dist.barrier()
 """,
-            lines=(8,),
+            lines=(9,),
             unsafe_fixed="""\
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
 model = DDP(net, device_ids=[local_rank])
 if dist.get_rank() == 0:
     with torch.no_grad():
@@ -198,7 +217,7 @@ if rank == 0:
             generate = isinstance(call.func, cst.Attribute) and call.func.attr.value == "generate"
             if generate:
                 target = call.func.value
-            if not isinstance(target, (cst.Name, cst.Attribute)) or is_name(target, "self"):
+            if is_name(target, "self") or not isinstance(target, (cst.Name, cst.Attribute, cst.Call)):
                 continue
             wrapper = self._wrapper(target, call)
             if wrapper is None or (generate and wrapper[0] == "ddp"):
@@ -206,30 +225,40 @@ if rank == 0:
             hit = main_only(facts, call)
             if hit is None or id(hit[0]) in seen or joined_by_others(facts, hit[1] or call):
                 continue
-            seen.add(id(hit[0]))
-            self._report(call, target, hit, *wrapper)
+            if self._report(call, target, hit, *wrapper):
+                seen.add(id(hit[0]))
 
-    def _wrapper(self, target: cst.BaseExpression, at: cst.Call) -> tuple[str, cst.Call | None] | None:
-        """What wraps the model ``target`` holds ("ddp", "fsdp", "deepspeed", "prepared") and the wrapping call;
-        None when it holds no wrapped model (``model.module``, an unwrapped one)."""
+    def _wrapper(self, target: cst.BaseExpression, at: cst.Call) -> tuple[str, cst.Call | None, bool] | None:
+        """What wraps the model ``target`` runs ("ddp", "fsdp", "deepspeed", "prepared"), the wrapping call, and
+        whether ``target`` is past the wrapper (``model.module``, ``accelerator.unwrap_model(model)``); None when it
+        runs no wrapped model."""
         facts = self.facts
+        if isinstance(target, cst.Call):  # `accelerator.unwrap_model(model)(x)`
+            if facts.method_name(target) not in UNWRAP_METHODS or not target.args:
+                return None
+            prepared = self.loop.prepared_model(target, at)
+            return ("prepared", prepared, True) if prepared is not None else None
+        inner = isinstance(target, cst.Attribute) and target.attr.value == "module"
         if deepspeed_engine(facts, target, at):
-            return "deepspeed", None
-        if isinstance(target, cst.Attribute) and target.attr.value == "module":
-            return None  # past the wrapper
+            return "deepspeed", None, inner
+        wrapped = target.value if inner else target
         for kind in ("fsdp1", "fsdp2", "ddp"):
-            calls = wrapper_calls(facts, target, at, kind)
+            calls = wrapper_calls(facts, wrapped, at, kind)
             if calls:
-                return ("ddp" if kind == "ddp" else "fsdp"), calls[0]
-        if any(isinstance(o.node, cst.Call) and facts.method_name(o.node) == "unwrap_model" for o in facts.origins(target, at)):
-            return None
+                return ("ddp" if kind == "ddp" else "fsdp"), calls[0], inner
         prepared = self.loop.prepared_model(target, at)
-        return ("prepared", prepared) if prepared is not None else None
+        if prepared is None:
+            return None
+        unwrapped = inner or any(
+            isinstance(o.node, cst.Call) and facts.method_name(o.node) in UNWRAP_METHODS
+            for o in facts.origins(target, at)
+        )
+        return "prepared", prepared, unwrapped
 
-    def _report(self, call: cst.Call, target, hit, kind: str, wrapping: cst.Call | None) -> None:
+    def _report(self, call: cst.Call, target, hit, kind: str, wrapping: cst.Call | None, unwrapped: bool) -> bool:
         facts = self.facts
         guard, via = hit
-        name = get_full_name_for_node(target) or "the model"
+        name = cst.Module([]).code_for_node(target)
         line = self.context.span(guard).line
         where = f"only the main process runs it (the main-process guard at line {line}"
         where += f", through `{get_full_name_for_node(via.func)}()`)" if via is not None else ")"
@@ -238,21 +267,31 @@ if rank == 0:
         fix, severity = None, None
         if kind == "fsdp" or (kind in {"prepared", "deepspeed"} and sharded):
             why = "FSDP" if kind == "fsdp" else evidence
-            message = f"`{name}` is sharded ({why}): {where}, but it {GATHERS}; run the evaluation on every rank"
+            past = "; unwrapping does not help, the parameters stay sharded" if unwrapped else ""
+            message = (
+                f"`{name}` runs a sharded model ({why}{past}): {where}, but it {GATHERS}; run the evaluation on "
+                "every rank"
+            )
+        elif unwrapped:
+            return False  # past DDP's wrapper, or a backend that may keep whole parameters
         elif kind == "ddp" or (kind == "prepared" and sharded is False):
-            if kind == "ddp" and no_grad and self._no_buffer_sync(wrapping):
-                return
-            if no_grad:
-                severity = Severity.WARNING
-                does = f"{DDP_BUFFERS}: if the model has buffers, the other ranks never join and the job hangs"
+            buffers = not self._no_buffer_sync(wrapping) and any(w in self.context.text for w in BUFFER_SIGNS)
+            if buffers:
+                does = f"{DDP_BUFFERS}: the other ranks never join and the job hangs"
+            elif no_grad:
+                return False  # no buffer to broadcast in sight, and no bucket rebuild without gradients
             else:
-                does = f"with gradients on, {DDP_BUFFERS}, and rebuilds its gradient buckets after the first backward"
-                does += ": the other ranks never join and the job hangs"
+                severity = Severity.WARNING
+                does = (
+                    "with gradients on, DDP's forward rebuilds its gradient buckets (a collective) on the first forward "
+                    "after the first backward, and broadcasts the module's buffers if it has any: the other ranks never "
+                    "join and the job hangs"
+                )
             remedy = "call the wrapped module (`model.module(...)`, `accelerator.unwrap_model(model)(...)`)"
             message = f"`{name}` is wrapped in DDP and {where}: {does}; {remedy}"
             fix = self._unwrap_fix(target) if kind == "ddp" else None
         elif sharded is False:
-            return
+            return False
         else:
             severity = Severity.WARNING
             message = (
@@ -262,6 +301,7 @@ if rank == 0:
                 "process is enough)"
             )
         self.report(call, message, severity=severity, fix=fix)
+        return True
 
     def _no_buffer_sync(self, wrapping: cst.Call | None) -> bool:
         """The DDP wrapper is built with ``broadcast_buffers=False``."""
