@@ -168,3 +168,20 @@ def parameter_sharding(facts: PythonFacts, settings: LaunchSettings | None) -> t
     if backend is not None and backend != "DEEPSPEED":
         return False, f"the launch settings select {backend}"
     return None, ""
+
+
+def gathered_for_generation(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``node`` runs inside ``with unwrap_model_for_generation(model, accelerator):`` (TRL's, or a copy of it), which
+    under ZeRO-3 gathers the whole parameters and removes DeepSpeed's hooks for the block, so a forward there makes
+    no collective; not with ``gather_deepspeed3_params=False``, which yields the sharded model."""
+    for ancestor in facts.ancestors(node):
+        if not isinstance(ancestor, cst.With):
+            continue
+        for item in ancestor.items:
+            call = item.item
+            if isinstance(call, cst.Call) and facts.method_name(call) == "unwrap_model_for_generation":
+                gather = argument_of(
+                    call, "gather_deepspeed3_params", None
+                )  # by keyword: older TRL has is_peft_model third
+                return gather is None or not (isinstance(gather, cst.Name) and gather.value == "False")
+    return False

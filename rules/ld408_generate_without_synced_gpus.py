@@ -9,7 +9,7 @@ from lintdist.edits import keyword_arg, with_arg_appended
 from lintdist.literals import dict_key, is_name
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
-from lintdist.sharding import parameter_sharding
+from lintdist.sharding import gathered_for_generation, parameter_sharding
 
 # What makes transformers' `is_deepspeed_zero3_enabled()` true: an `HfDeepSpeedConfig` kept alive (the Trainer's,
 # accelerate's `DeepSpeedPlugin`'s, or the script's own).
@@ -37,7 +37,11 @@ class GenerateWithoutSyncedGpus(Rule):
     config dict literal with `"zero_optimization": {"stage": 3}`), a
     warning when the script runs several processes and nothing says which
     backend, and nothing where the backend keeps whole parameters (DDP,
-    ZeRO stage 0-2). `generate` with `synced_gpus` left out on an FSDP
+    ZeRO stage 0-2), nor inside TRL's `with unwrap_model_for_generation(...)`
+    unless the project selects FSDP (under ZeRO-3 it gathers the whole
+    parameters and removes DeepSpeed's hooks for the block, so the forward
+    makes no collective; not with `gather_deepspeed3_params=False`).
+    `generate` with `synced_gpus` left out on an FSDP
     model, under the Trainer or accelerate's DeepSpeed plugin is not
     reported: transformers 5.x turns it on itself there.
 
@@ -193,7 +197,10 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
         sharded, evidence = parameter_sharding(facts, self.settings)
         if sharded is False or (sharded is None and not self.loop.distributed):
             return
+        zero3_gathered = sharded is not True or "DeepSpeed" in evidence
         for call in facts.calls:
+            if zero3_gathered and gathered_for_generation(facts, call):
+                continue  # the parameters are whole and DeepSpeed's hooks removed: the forward makes no collective
             if facts.method_name(call) in {"generate", "dict"}:
                 for arg in call.args:
                     if arg.keyword is not None and arg.keyword.value == "synced_gpus" and is_name(arg.value, "False"):

@@ -14,6 +14,7 @@ from lintdist.sharding import (
     automatic_checkpoint_naming,
     builds_fsdp_plugin,
     fsdp_evidence,
+    gathered_for_generation,
     launch_backend,
     parameter_sharding,
     sharded,
@@ -173,3 +174,18 @@ def test_hangs_under_main_or_deepspeed(code: str, backend: str | None, kind: str
 )
 def test_parameter_sharding(code: str, backend: str | None, expected) -> None:
     assert parameter_sharding(_facts(code), _settings(backend)) == expected
+
+
+def test_gathered_for_generation_inside_trl_context_unless_gathering_is_off() -> None:
+    facts = _facts(
+        """
+        from trl.models import unwrap_model_for_generation
+        with unwrap_model_for_generation(model, accelerator) as policy:
+            policy.generate(x)
+        with unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=False) as policy:
+            policy.generate(y)
+        model.generate(z)
+        """
+    )
+    generates = [c for c in facts.calls if facts.method_name(c) == "generate"]
+    assert [gathered_for_generation(facts, c) for c in generates] == [True, False, False]
