@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.collectives import joined_by_others
-from lintdist.deepspeed_settings import deepspeed_engine
+from lintdist.deepspeed_settings import DEEPSPEED_INITIALIZE, deepspeed_engine
 from lintdist.facts import argument_of
 from lintdist.literals import is_name
 from lintdist.loop import UNWRAP_METHODS
@@ -14,7 +14,7 @@ from lintdist.main_process import MAIN_GUARD_TEXTS, main_only
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sharding import parameter_sharding
-from lintdist.wrappers import forward_target, wrapper_calls
+from lintdist.wrappers import forward_target, wrapper_calls, wrapper_kind
 
 GATHERS = (
     "all-gathers the sharded parameters in every forward, a collective the other ranks never join, and the job hangs"
@@ -212,21 +212,59 @@ if rank == 0:
     def finish(self) -> None:
         facts = self.facts
         seen: set[int] = set()
-        for call in facts.calls:
+        names = self._bound_to_wrapped_models()
+        for call in facts.calls if names else ():
             target = forward_target(call)
             generate = isinstance(call.func, cst.Attribute) and call.func.attr.value == "generate"
             if generate:
                 target = call.func.value
             if is_name(target, "self") or not isinstance(target, (cst.Name, cst.Attribute, cst.Call)):
                 continue
-            wrapper = self._wrapper(target, call)
-            if wrapper is None or (generate and wrapper[0] == "ddp"):
+            if not self._may_name_model(target, call, names):
                 continue
-            hit = main_only(facts, call)
-            if hit is None or id(hit[0]) in seen or joined_by_others(facts, hit[1] or call):
+            hit = main_only(facts, call)  # first: few calls are under a guard, and the wrapper is the costly question
+            if hit is None or id(hit[0]) in seen:
+                continue
+            wrapper = self._wrapper(target, call)
+            if wrapper is None or (generate and wrapper[0] == "ddp") or joined_by_others(facts, hit[1] or call):
                 continue
             if self._report(call, target, hit, *wrapper):
                 seen.add(id(hit[0]))
+
+    def _bound_to_wrapped_models(self) -> set[str]:
+        """The names this file binds to what a wrapper, ``accelerator.prepare`` or ``deepspeed.initialize``
+        returns (``model``, ``self.model``'s ``model``): the only names a wrapped model's forward here can use."""
+        facts, loop = self.facts, self.loop
+        names: set[str] = set()
+        for call in facts.calls:
+            if not (
+                wrapper_kind(facts, call)
+                or loop.is_accelerate_prepare(call)
+                or facts.callee_is(call, DEEPSPEED_INITIALIZE)
+            ):
+                continue
+            statement = next((a for a in facts.ancestors(call) if isinstance(a, (cst.Assign, cst.AnnAssign))), None)
+            targets = (
+                ([t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target])
+                if statement is not None
+                else []
+            )
+            names.update(n.value for t in targets for n in facts.within(t, cst.Name))
+        return names
+
+    def _may_name_model(self, target: cst.BaseExpression, at: cst.Call, names: set[str]) -> bool:
+        """Whether ``target`` can run a wrapped model as far as names tell: its last name (past ``.module`` and
+        ``unwrap_model(...)``) is one ``names`` holds, or a parameter of its function (a helper given the model)."""
+        if isinstance(target, cst.Call):
+            if not target.args:
+                return False
+            target = target.args[0].value
+        if isinstance(target, cst.Attribute) and target.attr.value == "module":
+            target = target.value
+        last = target.attr.value if isinstance(target, cst.Attribute) else getattr(target, "value", None)
+        if not isinstance(last, str):
+            return False
+        return last in names or (isinstance(target, cst.Name) and self.facts.parameter(last, at) is not None)
 
     def _wrapper(self, target: cst.BaseExpression, at: cst.Call) -> tuple[str, cst.Call | None, bool] | None:
         """What wraps the model ``target`` runs ("ddp", "fsdp", "deepspeed", "prepared"), the wrapping call, and
