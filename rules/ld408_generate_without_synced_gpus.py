@@ -2,23 +2,44 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from lintdist.deepspeed_settings import deepspeed_engine
 from lintdist.edits import keyword_arg, with_arg_appended
 from lintdist.literals import dict_key, is_name
 from lintdist.model import Applicability, Fix, Severity
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.sharding import gathered_for_generation, parameter_sharding
+from lintdist.wrappers import is_wrapped, wrapper_kind
 
 # What makes transformers' `is_deepspeed_zero3_enabled()` true: an `HfDeepSpeedConfig` kept alive (the Trainer's,
 # accelerate's `DeepSpeedPlugin`'s, or the script's own).
 ZERO3_DETECTED = ("HfDeepSpeedConfig", "HfTrainerDeepSpeedConfig", "DeepSpeedPlugin", "TrainingArguments")
+SHARDING_WORDS = re.compile("FullyShardedDataParallel|fully_shard|FSDP|fsdp|zero_stage|DeepSpeedPlugin|zero3|ZeRO")
+# The first transformers that turn `synced_gpus` on by themselves (`GenerationMixin.generate` when it is left out):
+# for ZeRO-3 4.28.0 (4.27.4 defaults to False), for an FSDP-managed module 4.46.0 (4.45.0 checks ZeRO-3 only).
+AUTO_SYNC_SINCE = {"ZeRO-3": "4.28", "FSDP": "4.46"}
 HANG = (
     "every forward all-gathers the sharded parameters, so a rank whose sequences end first (EOS, or a shorter "
     "`max_new_tokens`) leaves the decoding loop while the others wait in the next forward's all-gather, and the job "
     "hangs"
 )
+
+
+def is_wrapped_sharded(facts, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """``expr`` (or the model it is the ``.module`` of) holds an FSDP1 model, or is sharded in place by
+    ``fully_shard(expr)`` (FSDP2)."""
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "module":
+        expr = expr.value
+    if is_wrapped(facts, expr, at, "fsdp1") or is_wrapped(facts, expr, at, "fsdp2"):
+        return True
+    code = cst.Module([]).code_for_node(expr)
+    return any(
+        wrapper_kind(facts, call) == "fsdp2" and call.args and cst.Module([]).code_for_node(call.args[0].value) == code
+        for call in facts.wrapped_models()
+    )
 
 
 class GenerateWithoutSyncedGpus(Rule):
@@ -41,6 +62,11 @@ class GenerateWithoutSyncedGpus(Rule):
     unless the project selects FSDP (under ZeRO-3 it gathers the whole
     parameters and removes DeepSpeed's hooks for the block, so the forward
     makes no collective; not with `gather_deepspeed3_params=False`).
+    `generate` with `synced_gpus` left out on the sharded model (FSDP1,
+    `fully_shard`, a prepared model) is reported where the project pins a
+    transformers that does not turn it on by itself: older than 4.46 for
+    FSDP, older than 4.28 for ZeRO-3 (the project's requirements,
+    `pyproject.toml`, `setup.py` or environment file). Otherwise
     `generate` with `synced_gpus` left out on an FSDP
     model, under the Trainer or accelerate's DeepSpeed plugin is not
     reported: transformers 5.x turns it on itself there.
@@ -85,6 +111,9 @@ class GenerateWithoutSyncedGpus(Rule):
       (`(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self)) and world_size > 1 if synced_gpus is None
       else synced_gpus`) and `::_has_unfinished_sequences` (the done-flag `all_reduce`; without it a finished rank
       leaves the loop)
+    - transformers 4.27.4 `generation/utils.py::GenerationMixin.generate` (`synced_gpus: Optional[bool] = False`),
+      4.28.0 (`if synced_gpus is None: if is_deepspeed_zero3_enabled() and dist.get_world_size() > 1`), 4.45.0
+      (ZeRO-3 only) and 4.46.0 (`is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self)`)
     - transformers 5.24 `transformers/integrations/deepspeed.py::is_deepspeed_zero3_enabled` (true only while an
       `HfDeepSpeedConfig` is alive) and `transformers/distributed/fsdp.py::is_fsdp_managed_module`
     - https://github.com/huggingface/transformers/issues/18281: T5 `generate` under ZeRO-3 never finishes; the
@@ -96,8 +125,9 @@ class GenerateWithoutSyncedGpus(Rule):
       different lengths; the PR defaults `synced_gpus` to True for FSDP
     - https://github.com/deepspeedai/DeepSpeed/issues/8262: a ZeRO-3 rollout deadlocks when ranks stop
       `module.generate()` at different EOS positions
-    - Proof: tests/proofs/test_ld408_generate_unsynced.py (gloo, 2 ranks): a tiny model under FSDP2 `fully_shard`
-      decoding 3 and 6 tokens per rank hangs with `synced_gpus=False` semantics and finishes with the synced loop
+    - Proof: tests/proofs/test_ld408_generate_unsynced.py (gloo, 2 ranks): a tiny model sharded with FSDP2
+      `fully_shard`, decoding with transformers' loop (`_has_unfinished_sequences`) to 3 and 6 tokens per rank,
+      hangs with `synced_gpus=False` and finishes after the fix (`synced_gpus=True`), both ranks running 6 forwards
     """
 
     code = "LD408"
@@ -105,7 +135,8 @@ class GenerateWithoutSyncedGpus(Rule):
     severity = Severity.ERROR
     needs_several_processes = True
     fix_kind = "safe"
-    triggers = ("synced_gpus", "deepspeed.initialize")
+    # an explicit setting, a raw engine, or a generate in a script that names a sharding backend (an old pin)
+    triggers = ("synced_gpus", "deepspeed.initialize", Pattern(("generate(",), SHARDING_WORDS))
 
     VALID = (
         Valid(
@@ -137,8 +168,35 @@ outputs = engine.module.generate(input_ids)
 """
         ),
         Valid("outputs = model.generate(input_ids, synced_gpus=False)\n"),
+        Valid(
+            """\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(model, use_orig_params=True)
+samples = model.generate(prompt_ids, do_sample=True, max_length=256)
+""",
+            project={"requirements.txt": "transformers>=4.46\n"},
+        ),
     )
     INVALID = (
+        Invalid(
+            """\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(model, use_orig_params=True)
+with FSDP.summon_full_params(model, writeback=False, recurse=False):
+    samples = model.generate(prompt_ids, do_sample=True, max_length=256)
+""",
+            lines=(5,),
+            fixed="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(model, use_orig_params=True)
+with FSDP.summon_full_params(model, writeback=False, recurse=False):
+    samples = model.generate(prompt_ids, do_sample=True, max_length=256, synced_gpus=True)
+""",
+            project={"requirements.txt": "torch==2.1.0\ntransformers==4.29.2\n"},
+        ),
         Invalid(
             """\
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -211,6 +269,36 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
         text = self.context.text
         if "deepspeed.initialize" in text and not any(word in text for word in ZERO3_DETECTED):
             self._raw_engines(sharded, evidence)
+        elif sharded:
+            self._before_auto_sync(evidence)
+
+    def _before_auto_sync(self, evidence: str) -> None:
+        """``generate`` with ``synced_gpus`` left out on the project's sharded model, where the project pins a
+        transformers that does not turn it on by itself for that backend."""
+        facts, backend = self.facts, "ZeRO-3" if "DeepSpeed" in evidence else "FSDP"
+        since = AUTO_SYNC_SINCE[backend]
+        if self.versions.allows("transformers", f">={since}") is not False:
+            return  # a recent (or unknown) transformers decides by itself
+        for call in facts.calls:
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
+                continue
+            if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
+                continue
+            if backend == "ZeRO-3" and gathered_for_generation(facts, call):
+                continue
+            if not (self.loop.prepared_model(func.value, call) or is_wrapped_sharded(facts, func.value, call)):
+                continue
+            message = (
+                f"`generate` without `synced_gpus` on a sharded model ({evidence}), and the project pins a "
+                f"transformers older than {since}, which leaves it off for {backend}: {HANG}; pass `synced_gpus=True`"
+            )
+            fix = Fix(
+                Applicability.SAFE,
+                "Pass synced_gpus=True",
+                replacements=((call, with_arg_appended(call, keyword_arg("synced_gpus", cst.Name("True")))),),
+            )
+            self.report(call, message, fix=fix)
 
     def _raw_engines(self, sharded: bool | None, evidence: str) -> None:
         """``generate`` on a raw ``deepspeed.initialize`` engine, with ``synced_gpus`` left to transformers, which

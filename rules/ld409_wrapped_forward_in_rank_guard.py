@@ -14,7 +14,7 @@ from lintdist.main_process import MAIN_GUARD_TEXTS, main_only
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.sharding import parameter_sharding
-from lintdist.wrappers import forward_target, wrapper_calls, wrapper_kind
+from lintdist.wrappers import forward_target, names_bound_to_wrapped, wrapper_calls
 
 GATHERS = (
     "all-gathers the sharded parameters in every forward, a collective the other ranks never join, and the job hangs"
@@ -42,14 +42,15 @@ class WrappedForwardInRankGuard(Rule):
     DDP where the file shows that the model holds buffers (`BatchNorm`,
     `register_buffer`), which the forward broadcasts; a warning under DDP
     with gradients on and no buffer in sight (the first forward after the
-    first backward rebuilds the buckets), and where the backend is unknown (an accelerate
-    model with no launch settings, an engine whose stage is not in sight).
+    first backward rebuilds the buckets), and where the backend is unknown
+    (an accelerate model with no launch settings, an engine whose stage is
+    not in sight).
     Not reported: `model.module(x)` and `accelerator.unwrap_model(model)(x)`
     under DDP, a DDP model run under `no_grad` when it is built with
     `broadcast_buffers=False` or nothing in the file shows a buffer (nanoGPT's
     rank-0 `estimate_loss()`: its GPT registers no buffer with flash
-    attention, so the forward makes no collective), and a model the launch
-    runs unsharded with ZeRO stage 0-2 in `no_grad`.
+    attention, so the forward makes no collective), and a DeepSpeed engine or
+    prepared model the project runs with ZeRO stage 0-2 (whole parameters).
 
     ## Why is this bad?
     The wrappers make collectives inside the forward. FSDP (1 and 2) and
@@ -212,7 +213,10 @@ if rank == 0:
     def finish(self) -> None:
         facts = self.facts
         seen: set[int] = set()
-        names = self._bound_to_wrapped_models()
+        loop = self.loop
+        names = names_bound_to_wrapped(
+            facts, lambda c: loop.is_accelerate_prepare(c) or facts.callee_is(c, DEEPSPEED_INITIALIZE)
+        )
         for call in facts.calls if names else ():
             target = forward_target(call)
             generate = isinstance(call.func, cst.Attribute) and call.func.attr.value == "generate"
@@ -230,27 +234,6 @@ if rank == 0:
                 continue
             if self._report(call, target, hit, *wrapper):
                 seen.add(id(hit[0]))
-
-    def _bound_to_wrapped_models(self) -> set[str]:
-        """The names this file binds to what a wrapper, ``accelerator.prepare`` or ``deepspeed.initialize``
-        returns (``model``, ``self.model``'s ``model``): the only names a wrapped model's forward here can use."""
-        facts, loop = self.facts, self.loop
-        names: set[str] = set()
-        for call in facts.calls:
-            if not (
-                wrapper_kind(facts, call)
-                or loop.is_accelerate_prepare(call)
-                or facts.callee_is(call, DEEPSPEED_INITIALIZE)
-            ):
-                continue
-            statement = next((a for a in facts.ancestors(call) if isinstance(a, (cst.Assign, cst.AnnAssign))), None)
-            targets = (
-                ([t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target])
-                if statement is not None
-                else []
-            )
-            names.update(n.value for t in targets for n in facts.within(t, cst.Name))
-        return names
 
     def _may_name_model(self, target: cst.BaseExpression, at: cst.Call, names: set[str]) -> bool:
         """Whether ``target`` can run a wrapped model as far as names tell: its last name (past ``.module`` and
@@ -312,7 +295,7 @@ if rank == 0:
             )
         elif unwrapped:
             return False  # past DDP's wrapper, or a backend that may keep whole parameters
-        elif kind == "ddp" or (kind == "prepared" and sharded is False):
+        elif kind == "ddp" or (kind == "prepared" and sharded is False and not evidence.startswith("DeepSpeed")):
             buffers = not self._no_buffer_sync(wrapping) and any(w in self.context.text for w in BUFFER_SIGNS)
             if buffers:
                 does = f"{DDP_BUFFERS}: the other ranks never join and the job hangs"
