@@ -7,10 +7,12 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.facts import PythonFacts, argument_of
+from lintdist.literals import is_name, mapping_entry
 from lintdist.loop import DEEPSPEED_PLUGINS, integer_literal
 
 # accelerate fills DeepSpeed's "auto" `gradient_clipping` with 1.0 (`_prepare_deepspeed`)
 DEFAULT_CLIPPING = 1.0
+DEEPSPEED_INITIALIZE = frozenset({"deepspeed.initialize"})
 # `gradient_clipping` lintdist cannot read: a config file, an expression of the launch
 UNKNOWN = object()
 
@@ -81,3 +83,30 @@ def reads_accumulation_steps(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
         return "deepspeed" in (get_full_name_for_node(node.value) or "")
     return False
+
+
+def literal_zero_stage(facts: PythonFacts) -> int | None:
+    """The ZeRO stage of a DeepSpeed config the script writes as a literal (``{"zero_optimization": {"stage": 3}}``,
+    ``dict(zero_optimization=dict(stage=3))``), the highest when several do; None when none says."""
+    if "literal zero stage" not in facts._memo:
+        configs = [*facts.index.nodes(cst.Dict), *(c for c in facts.calls if is_name(c.func, "dict"))]
+        stages = [
+            stage
+            for config in configs
+            if (section := mapping_entry(config, "zero_optimization")) is not None
+            and (value := mapping_entry(section, "stage")) is not None
+            and (stage := integer_literal(value, facts, value)) is not None
+        ]
+        facts._memo["literal zero stage"] = max(stages) if stages else None
+    return facts._memo["literal zero stage"]
+
+
+def deepspeed_engine(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """Whether ``expr``, or the module it is the ``.module`` of, can hold the engine ``deepspeed.initialize``
+    returns (its first value)."""
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "module":
+        expr = expr.value
+    return any(
+        isinstance(o.node, cst.Call) and o.index in (None, 0) and facts.callee_is(o.node, DEEPSPEED_INITIALIZE)
+        for o in facts.origins(expr, at)
+    )

@@ -78,8 +78,7 @@ def _builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ..
     return any(
         facts.callee_is(call, plugins)
         or (
-            facts.callee_is(call, ACCELERATOR_CLASSES)
-            and any(argument_of(call, k, None) is not None for k in keywords)
+            facts.callee_is(call, ACCELERATOR_CLASSES) and any(argument_of(call, k, None) is not None for k in keywords)
         )
         for call in facts.calls
     )
@@ -132,3 +131,57 @@ def hangs_under_main_or_deepspeed(
     if backend is not None and backend != "FSDP" and not waits:
         return False
     return fsdp_evidence(facts, settings, line_of) is not None or waits
+
+
+TRAINING_ARGUMENTS = frozenset({"transformers.TrainingArguments", "transformers.Seq2SeqTrainingArguments"})
+
+
+def parameter_sharding(facts: PythonFacts, settings: LaunchSettings | None) -> tuple[bool | None, str]:
+    """Whether this script's model runs with its parameters sharded, so that every forward gathers them on every
+    rank (FSDP, DeepSpeed ZeRO-3), and what says so: True (the launch or the script selects FSDP or ZeRO stage 3),
+    False (they select a backend that keeps whole parameters: DDP, ZeRO stage 0-2), None (nothing says)."""
+    from lintdist.deepspeed_settings import literal_zero_stage, zero_stage
+    from lintdist.wrappers import module_wrapper_kinds
+
+    backend = launch_backend(settings)
+    if backend == "FSDP":
+        return True, "the launch settings select FSDP"
+    if builds_fsdp_plugin(facts):
+        return True, "the script builds an FSDP plugin"
+    if module_wrapper_kinds(facts) & {"fsdp1", "fsdp2"}:
+        return True, "the script wraps the model with FSDP"
+    for call in facts.calls:
+        if not (facts.method_name(call) or "").endswith("TrainingArguments"):
+            continue
+        fsdp = argument_of(call, "fsdp", None)
+        if (
+            isinstance(fsdp, cst.SimpleString)
+            and fsdp.evaluated_value.strip()
+            and facts.callee_is(call, TRAINING_ARGUMENTS)
+        ):
+            return True, f"`TrainingArguments(fsdp={fsdp.value})` selects FSDP"
+    uses_plugin = backend == "DEEPSPEED" or _builds(facts, DEEPSPEED_PLUGINS, ("deepspeed_plugin",))
+    plugin_or_launch = zero_stage(facts, settings) if uses_plugin else None
+    stage = plugin_or_launch if plugin_or_launch is not None else literal_zero_stage(facts)
+    if stage is not None:
+        return stage == 3, f"DeepSpeed runs with ZeRO stage {stage}"
+    if backend is not None and backend != "DEEPSPEED":
+        return False, f"the launch settings select {backend}"
+    return None, ""
+
+
+def gathered_for_generation(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``node`` runs inside ``with unwrap_model_for_generation(model, accelerator):`` (TRL's, or a copy of it), which
+    under ZeRO-3 gathers the whole parameters and removes DeepSpeed's hooks for the block, so a forward there makes
+    no collective; not with ``gather_deepspeed3_params=False``, which yields the sharded model."""
+    for ancestor in facts.ancestors(node):
+        if not isinstance(ancestor, cst.With):
+            continue
+        for item in ancestor.items:
+            call = item.item
+            if isinstance(call, cst.Call) and facts.method_name(call) == "unwrap_model_for_generation":
+                gather = argument_of(
+                    call, "gather_deepspeed3_params", None
+                )  # by keyword: older TRL has is_peft_model third
+                return gather is None or not (isinstance(gather, cst.Name) and gather.value == "False")
+    return False

@@ -9,6 +9,8 @@ the wrapper), and the run of statements from such a forward to a later node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -193,3 +195,21 @@ def wrapped_parameters_run(facts: PythonFacts, kind: str = "ddp") -> bool:
         and is_wrapped(facts, call.func, call, kind)
         for call in facts.calls
     )
+
+
+def names_bound_to_wrapped(facts: PythonFacts, also: Callable[[cst.Call], bool]) -> set[str]:
+    """The names this module assigns what a wrapper call returns, or a call ``also`` accepts (an accelerator's
+    ``prepare``, ``deepspeed.initialize``): ``model`` of ``model = DDP(net)``, ``engine`` of ``engine, *_ =
+    deepspeed.initialize(...)``, ``model`` of ``self.model = ...``. A wrapped model's forward in this module runs
+    through one of them, or through a parameter."""
+    names: set[str] = set()
+    for call in facts.calls:
+        if not (wrapper_kind(facts, call) or also(call)):
+            continue
+        statement = next((a for a in facts.ancestors(call) if isinstance(a, (cst.Assign, cst.AnnAssign))), None)
+        if isinstance(statement, cst.Assign):
+            targets = [t.target for t in statement.targets]
+        else:
+            targets = [statement.target] if statement is not None else []
+        names.update(n.value for t in targets for n in facts.within(t, cst.Name))
+    return names

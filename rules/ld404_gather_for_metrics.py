@@ -38,8 +38,8 @@ class GatherForMetrics(Rule):
     `drop_last=True`, or an `Accelerator` whose
     `DataLoaderConfiguration(even_batches=False)` (or `accelerator.even_batches
     = False`) turns the padding off. A generation output gathered without
-    `pad_across_processes` (by `gather` or `gather_for_metrics`) is reported
-    at info: its length differs between ranks, and the gather fails.
+    `pad_across_processes` (by `gather` or `gather_for_metrics`) is LD410's
+    (all-gather-uneven-shapes); a finding here then also says to pad it.
 
     ## Why is this bad?
     A prepared loader gives every rank the same number of full batches
@@ -271,15 +271,8 @@ for batch in eval_loader:
                 and (prepared is None or not drops_last(facts, prepared))
                 and not rows_cut(facts, call, loop.body)
             )
-            if duplicates:
+            if duplicates:  # an unpadded generation output alone is LD410's (all-gather-uneven-shapes)
                 self._report(call, kind, unpadded, None if prepared is not None else loop)
-            elif unpadded:
-                self.report(
-                    call,
-                    "the generated ids have a different length on each rank; pad them first with "
-                    "`accelerator.pad_across_processes(x, dim=1, pad_index=...)` before gathering",
-                    severity=Severity.INFO,
-                )
 
     def _accelerator(self, receiver: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """An ``Accelerator`` (``PartialState`` has no ``gather_for_metrics``)."""

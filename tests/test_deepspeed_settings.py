@@ -9,7 +9,9 @@ import libcst as cst
 from lintdist.deepspeed_settings import (
     DEFAULT_CLIPPING,
     UNKNOWN,
+    deepspeed_engine,
     gradient_clipping,
+    literal_zero_stage,
     reads_accumulation_steps,
     runs_deepspeed,
     zero_stage,
@@ -69,3 +71,29 @@ def test_reads_of_the_deepspeed_accumulation_steps():
     assert reads_accumulation_steps(read("state.deepspeed_plugin.gradient_accumulation_steps"))
     assert not reads_accumulation_steps(read("args.gradient_accumulation_steps"))
     assert not reads_accumulation_steps(read('deepspeed_config["train_batch_size"]'))
+
+
+def test_literal_zero_stage_reads_dict_literals_and_dict_calls():
+    assert literal_zero_stage(_facts('config = {"train_batch_size": 8, "zero_optimization": {"stage": 3}}')) == 3
+    assert literal_zero_stage(_facts("config = dict(zero_optimization=dict(stage=2))")) == 2
+    assert literal_zero_stage(_facts('stage = 1\nconfig = {"zero_optimization": {"stage": stage}}')) == 1
+    assert literal_zero_stage(_facts('config = {"zero_optimization": {"stage": args.stage}}')) is None
+    assert literal_zero_stage(_facts('config = {"stage": 3}')) is None
+
+
+def test_deepspeed_engine_follows_the_first_value_of_initialize_and_its_module():
+    facts = _facts(
+        """
+        import deepspeed
+        engine, optimizer, _, _ = deepspeed.initialize(model=net, config=cfg)
+        engine.module.generate(x)
+        optimizer.step()
+        net(x)
+        """
+    )
+    calls = {facts.index.module.code_for_node(c.func): c for c in facts.calls}
+    generate = calls["engine.module.generate"]
+    assert deepspeed_engine(facts, generate.func.value, generate)
+    step = calls["optimizer.step"]
+    assert not deepspeed_engine(facts, step.func.value, step)
+    assert not deepspeed_engine(facts, calls["net"].func, calls["net"])

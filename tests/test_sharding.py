@@ -10,7 +10,15 @@ import pytest
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings, Setting
 from lintdist.names import NameResolver
-from lintdist.sharding import automatic_checkpoint_naming, builds_fsdp_plugin, fsdp_evidence, launch_backend, sharded
+from lintdist.sharding import (
+    automatic_checkpoint_naming,
+    builds_fsdp_plugin,
+    fsdp_evidence,
+    gathered_for_generation,
+    launch_backend,
+    parameter_sharding,
+    sharded,
+)
 from lintdist.syntax import SyntaxIndex
 
 
@@ -131,3 +139,53 @@ def test_hangs_under_main_or_deepspeed(code: str, backend: str | None, kind: str
     source = f"from accelerate.utils import FullyShardedDataParallelPlugin, ProjectConfiguration\n{code}\n"
     facts = _facts(source)
     assert hangs_under_main_or_deepspeed(facts, _settings(backend), kind, method, _line(facts)) is expected
+
+
+@pytest.mark.parametrize(
+    ("code", "backend", "expected"),
+    [
+        ("x = 1", "FSDP", (True, "the launch settings select FSDP")),
+        ("x = 1", "MULTI_GPU", (False, "the launch settings select MULTI_GPU")),
+        ("x = 1", None, (None, "")),
+        (
+            "from torch.distributed.fsdp import fully_shard\nfully_shard(model)",
+            None,
+            (True, "the script wraps the model with FSDP"),
+        ),
+        (
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(model)",
+            None,
+            (None, ""),
+        ),
+        ('cfg = {"zero_optimization": {"stage": 3}}', None, (True, "DeepSpeed runs with ZeRO stage 3")),
+        ('cfg = {"zero_optimization": {"stage": 2}}', None, (False, "DeepSpeed runs with ZeRO stage 2")),
+        (
+            "from accelerate import Accelerator, DeepSpeedPlugin\nAccelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))",
+            None,
+            (True, "DeepSpeed runs with ZeRO stage 3"),
+        ),
+        (
+            'from transformers import TrainingArguments\nTrainingArguments("out", fsdp="full_shard auto_wrap")',
+            None,
+            (True, '`TrainingArguments(fsdp="full_shard auto_wrap")` selects FSDP'),
+        ),
+        ('from transformers import TrainingArguments\nTrainingArguments("out", fsdp="")', None, (None, "")),
+    ],
+)
+def test_parameter_sharding(code: str, backend: str | None, expected) -> None:
+    assert parameter_sharding(_facts(code), _settings(backend)) == expected
+
+
+def test_gathered_for_generation_inside_trl_context_unless_gathering_is_off() -> None:
+    facts = _facts(
+        """
+        from trl.models import unwrap_model_for_generation
+        with unwrap_model_for_generation(model, accelerator) as policy:
+            policy.generate(x)
+        with unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=False) as policy:
+            policy.generate(y)
+        model.generate(z)
+        """
+    )
+    generates = [c for c in facts.calls if facts.method_name(c) == "generate"]
+    assert [gathered_for_generation(facts, c) for c in generates] == [True, False, False]

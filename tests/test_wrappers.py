@@ -18,6 +18,7 @@ from lintdist.wrappers import (
     inner_module_forwards,
     is_wrapped,
     module_wrapper_kinds,
+    names_bound_to_wrapped,
     never_shards,
     runs_wrapped,
     wrapped_parameters_run,
@@ -231,3 +232,20 @@ def test_wrapped_parameters_run_by_a_helper_module(project_files):
     assert wrapped_parameters_run(project.facts((root / "lib/steps.py").resolve()))
     assert not wrapped_parameters_run(project.facts((root / "lib/steps.py").resolve()), "fsdp2")
     assert not wrapped_parameters_run(project.facts((root / "lib/dist.py").resolve()))
+
+
+def test_names_bound_to_wrapped() -> None:
+    facts = _facts(
+        """
+        import deepspeed
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        self.student = DDP(student)
+        engine, optimizer, _, _ = deepspeed.initialize(model=net2)
+        other = build(net3)
+        """
+    )
+    initialize = frozenset({"deepspeed.initialize"})
+    found = names_bound_to_wrapped(facts, lambda call: facts.callee_is(call, initialize))
+    assert found == {"model", "self", "student", "engine", "optimizer", "_"}
+    assert names_bound_to_wrapped(facts, lambda call: False) == {"model", "self", "student"}
