@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.batch_rows import accumulated_in, batch_derived, first_rows_cut, mentions
 from lintdist.collectives import combined_value
 from lintdist.evaluation import evaluates
+from lintdist.facts import SAMPLER_CLASSES
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.samplers import padding_sampler
@@ -20,8 +22,9 @@ class MetricOverSamplerPadding(Rule):
     `gather_object`), or a call of the file's own helper that runs one on its
     argument (`reduce_tensor(t)`), that combines the ranks' evaluation results, when the
     evaluation loop reads a loader whose sampler is a `DistributedSampler`
-    without `drop_last=True`, and nothing cuts the gathered results back to
-    the dataset's length. The results are the loop's batch values (the
+    without `drop_last=True` (built there, or returned by a function of
+    another project module, `sampler=utils.get_sampler(ds)`), and nothing
+    cuts the gathered results back to the dataset's length. The results are the loop's batch values (the
     collective runs in the loop) or what the loop accumulated from them
     (`correct += ...`, `preds.append(...)`) and the collective runs after it
     in the same function. The loop evaluates: no backward, under `no_grad`,
@@ -110,7 +113,7 @@ class MetricOverSamplerPadding(Rule):
     name = "metric-over-sampler-padding"
     severity = Severity.WARNING
     needs_several_processes = True
-    triggers = ("DistributedSampler",)
+    triggers = ("DistributedSampler", "sampler=")
     also_triggers = (("all_reduce", "all_gather", "gather", "reduce"),)
 
     VALID = (
@@ -237,7 +240,10 @@ for images, labels in loader:
         return any(first_rows_cut(s) and facts.index.order(s) > order for s in facts.within(scope, cst.Subscript))
 
     def _report(self, call: cst.Call, sampler: cst.Call) -> None:
-        where = self.facts.where(sampler)
+        facts = self.facts
+        where = facts.where(sampler)
+        if not facts.is_instance_of(sampler, SAMPLER_CLASSES):  # a helper of another module builds it
+            where = f"returned by `{get_full_name_for_node(sampler.func)}` at {where}"
         message = (
             f"these evaluation results come from a loader whose DistributedSampler ({where}) pads every rank to "
             "the same count by repeating samples (drop_last=False), and nothing cuts them back to `len(dataset)`: "
