@@ -98,3 +98,16 @@ def _helper_checks(facts: PythonFacts, helper: cst.FunctionDef, pattern: re.Patt
         facts.enclosing_function(check) is helper and mentions(facts, check.test, pattern)
         for check in facts.index.nodes(cst.Assert)
     )
+
+
+def branch_tests(facts: PythonFacts, node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The tests of the ``if``/``while``/conditional expressions ``node`` sits in a branch of, within its function
+    (innermost first; not a test ``node`` is part of): what decides whether ``node`` runs or is chosen."""
+    tests, child = [], node
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+            break
+        if isinstance(ancestor, (cst.If, cst.While, cst.IfExp)) and child is not ancestor.test:
+            tests.append(ancestor.test)
+        child = ancestor
+    return tests

@@ -232,10 +232,33 @@ def padding_sampler(facts: PythonFacts, loader: cst.BaseExpression, at: cst.CSTN
             continue
         for origin in facts.origins(sampler, call):
             node = origin.node
-            # torch's class or a subclass of this file: other libraries' `UnpaddedDistributedSampler`,
-            # `DistributedEvalSampler` exist because they do not pad
-            if isinstance(node, cst.Call) and rank_aware(facts, node) and facts.is_instance_of(node, SAMPLER_CLASSES):
-                drop_last = argument_of(node, "drop_last", 5)
-                if drop_last is None or constant_truth(drop_last) is False:
-                    return node
+            if _pads(facts, node) or (origin.index is None and helper_returns_padding(facts, node)):
+                return node
     return None
+
+
+def _pads(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    # torch's class or a subclass of this file: other libraries' `UnpaddedDistributedSampler`,
+    # `DistributedEvalSampler` exist because they do not pad
+    if isinstance(node, cst.Call) and rank_aware(facts, node) and facts.is_instance_of(node, SAMPLER_CLASSES):
+        drop_last = argument_of(node, "drop_last", 5)
+        return drop_last is None or constant_truth(drop_last) is False
+    return False
+
+
+def helper_returns_padding(facts: PythonFacts, node: cst.CSTNode) -> bool:
+    """``node`` calls a function of another project module that may return a padding ``DistributedSampler``
+    (``utils.get_sampler(ds)`` returning ``DistributedSampler(ds)`` when several processes run), followed one level."""
+    if not isinstance(node, cst.Call) or facts.project is None or facts.local_functions(node):
+        return False
+    if not facts.imported_root(node.func):
+        return False
+    for qualified in facts.qualified_names(node.func):
+        found = facts.project.definition(qualified, ("DistributedSampler",))
+        if found is None or not isinstance(found[1], cst.FunctionDef):
+            continue
+        other, function = found
+        for returned in other.returns.get(function, ()):
+            if any(_pads(other, o.node) for o in other.origins(returned, returned)):
+                return True
+    return False

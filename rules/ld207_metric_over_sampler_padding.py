@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.batch_rows import accumulated_in, batch_derived, first_rows_cut, mentions
 from lintdist.collectives import combined_value
 from lintdist.evaluation import evaluates
+from lintdist.facts import SAMPLER_CLASSES
 from lintdist.model import Severity
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.samplers import padding_sampler
@@ -20,8 +22,9 @@ class MetricOverSamplerPadding(Rule):
     `gather_object`), or a call of the file's own helper that runs one on its
     argument (`reduce_tensor(t)`), that combines the ranks' evaluation results, when the
     evaluation loop reads a loader whose sampler is a `DistributedSampler`
-    without `drop_last=True`, and nothing cuts the gathered results back to
-    the dataset's length. The results are the loop's batch values (the
+    without `drop_last=True` (built there, or returned by a function of
+    another project module, `sampler=utils.get_sampler(ds)`), and nothing
+    cuts the gathered results back to the dataset's length. The results are the loop's batch values (the
     collective runs in the loop) or what the loop accumulated from them
     (`correct += ...`, `preds.append(...)`) and the collective runs after it
     in the same function. The loop evaluates: no backward, under `no_grad`,
@@ -31,8 +34,11 @@ class MetricOverSamplerPadding(Rule):
     accelerate's `gather`), a sampler given `drop_last=True`, other
     libraries' samplers (`UnpaddedDistributedSampler`,
     `DistributedEvalSampler` exist because they do not pad), a collective
-    whose value does not come from the loop, and results cut afterwards
-    (`preds[:len(dataset)]`, any `x[:n]` later in the function). A dataset
+    whose value does not come from the loop, results cut afterwards
+    (`preds[:len(dataset)]`, any `x[:n]` later in the function), and results
+    written into a table at the gathered sample indices (`idx =
+    all_gather(idx)`, then `bank[idx] = feats`: a repeated sample overwrites
+    its own row). A dataset
     whose length divides by the world size has no duplicates; lintdist
     cannot prove that, so the rule is a warning.
 
@@ -110,7 +116,7 @@ class MetricOverSamplerPadding(Rule):
     name = "metric-over-sampler-padding"
     severity = Severity.WARNING
     needs_several_processes = True
-    triggers = ("DistributedSampler",)
+    triggers = ("DistributedSampler", "sampler=")
     also_triggers = (("all_reduce", "all_gather", "gather", "reduce"),)
 
     VALID = (
@@ -155,6 +161,27 @@ for x, y in loader:
     loss = loss_fn(model(x), y)
     loss.backward()
     dist.all_reduce(loss)
+"""
+        ),
+        Valid(
+            """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+loader = DataLoader(val_set, batch_size=64, sampler=DistributedSampler(val_set, shuffle=False))
+bank = torch.zeros(len(val_set), 128)
+with torch.no_grad():
+    for index, x in loader:
+        feats = gather_all(model(x))
+        index = gather_all(index)
+        bank[index] = feats
+
+
+def gather_all(t):
+    parts = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return torch.cat(parts)
 """
         ),
     )
@@ -203,6 +230,7 @@ for images, labels in loader:
 
     def finish(self) -> None:
         facts = self.facts
+        self._reported: set[cst.Call] = set()
         loops = [
             (loop, sampler)
             for loop, expr in facts.data_loops()
@@ -210,14 +238,29 @@ for images, labels in loader:
         ]
         if not loops:
             return
-        for call in facts.calls:
-            value = combined_value(facts, call)
-            if value is None:
+        combined = [(call, value) for call in facts.calls if (value := combined_value(facts, call)) is not None]
+        for loop, sampler in loops:
+            if self._stored_by_gathered_index(loop, combined):
                 continue
-            for loop, sampler in loops:
-                if self._from_loop(call, value, loop) and not self._cut_later(call):
+            for call, value in combined:
+                if call not in self._reported and self._from_loop(call, value, loop) and not self._cut_later(call):
+                    self._reported.add(call)
                     self._report(call, sampler)
-                    break
+
+    def _stored_by_gathered_index(self, loop: cst.For, combined: list) -> bool:
+        """The loop writes its results into a table at the gathered sample indices (``idx = all_gather(idx)``,
+        then ``bank[idx] = feats``): a repeated sample overwrites its own row, and nothing is counted twice."""
+        facts = self.facts
+        gathered = {call for call, _ in combined if facts.is_within(call, loop.body)}
+        for statement in facts.within(loop.body, cst.Assign):
+            for target in statement.targets:
+                if not isinstance(target.target, cst.Subscript):
+                    continue
+                for key in facts.within(target.target.slice[0], cst.Name) if target.target.slice else ():
+                    for binding in facts.bindings(key.value, statement):
+                        if any(call is binding.value or facts.is_within(call, binding.value) for call in gathered):
+                            return True
+        return False
 
     def _from_loop(self, call: cst.Call, value: cst.BaseExpression, loop: cst.For) -> bool:
         """The value comes from the loop's batches: sent inside the loop from its batch values, or accumulated
@@ -237,7 +280,10 @@ for images, labels in loader:
         return any(first_rows_cut(s) and facts.index.order(s) > order for s in facts.within(scope, cst.Subscript))
 
     def _report(self, call: cst.Call, sampler: cst.Call) -> None:
-        where = self.facts.where(sampler)
+        facts = self.facts
+        where = facts.where(sampler)
+        if not facts.is_instance_of(sampler, SAMPLER_CLASSES):  # a helper of another module builds it
+            where = f"returned by `{get_full_name_for_node(sampler.func)}` at {where}"
         message = (
             f"these evaluation results come from a loader whose DistributedSampler ({where}) pads every rank to "
             "the same count by repeating samples (drop_last=False), and nothing cuts them back to `len(dataset)`: "

@@ -9,6 +9,7 @@ import libcst as cst
 from lintdist.devices import INIT_PROCESS_GROUP
 from lintdist.environment import environment_writes
 from lintdist.facts import argument_of, string_value
+from lintdist.guards import branch_tests, mentions
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rank_values import local_rank_in_scope
 from lintdist.rule import Invalid, Pattern, Rule, Valid
@@ -25,6 +26,8 @@ TENSOR_PARALLEL = frozenset({"tp_plan", "tp_size", "distributed_config"})
 # Text that says the author keeps a device map across processes on purpose, or gives each process its own GPUs.
 DELIBERATE = ("ACCELERATE_BYPASS_DEVICE_MAP",)
 DEEPSPEED_INIT = frozenset({"deepspeed.initialize"})
+# Words of a test that chooses by the launch: how many processes run, or whether a process group exists.
+LAUNCH_TEST = re.compile(r"(?i)world|ddp|distributed|rank|process|is_initialized")
 
 
 class DeviceMapAutoMultiprocess(Rule):
@@ -37,10 +40,14 @@ class DeviceMapAutoMultiprocess(Rule):
     (`torchrun --nproc_per_node 4`, `accelerate launch` with `num_processes:
     4`, `deepspeed`), or the script itself wraps a model in
     `DistributedDataParallel`/FSDP or calls `init_process_group` /
-    `deepspeed.initialize`. The value is followed through assignments: a map
+    `deepspeed.initialize`, or picks a per-process map itself when several
+    processes run (`{"": local_rank} if ddp else ...`). The value is followed through assignments: a map
     that is `"auto"` in one branch and no map (`None`) in the other is
-    reported; one that is `"auto"` only beside a per-process branch
-    (`device_map = {"": local_rank}` when `WORLD_SIZE > 1`) is not. Not reported either:
+    reported; one that is `"auto"` only beside a per-process branch chosen by
+    the launch (`device_map = {"": local_rank}` when `WORLD_SIZE > 1`, `...
+    if ddp else "auto"`) is not, unless that branch itself sits under another
+    test (`if use_4bit:`), so that the other runs of several processes keep
+    `"auto"`. Not reported either:
     `device_map={"": local_rank}`, `{"": accelerator.local_process_index}`,
     `"cuda"` (transformers maps it to `cuda:{LOCAL_RANK}`), tensor parallelism
     asked for on purpose (`tp_plan`, `distributed_config`), a script that
@@ -226,6 +233,34 @@ Trainer(model=model, args=training_args).train()
             lines=(3,),
             project={"run.sh": "torchrun --nproc_per_node=8 train.py\n"},
         ),
+        Invalid(
+            """\
+import os
+from transformers import AutoModelForCausalLM, Trainer
+
+several = int(os.environ.get("WORLD_SIZE", 1)) > 1
+device_map = "auto"
+if use_4bit:
+    device_map = {"": int(os.environ["LOCAL_RANK"])} if several else "auto"
+model = AutoModelForCausalLM.from_pretrained("gpt2", device_map=device_map)
+Trainer(model=model, args=training_args).train()
+""",
+            lines=(8,),
+            project={"run.sh": "torchrun --nproc_per_node=4 train.py\n"},
+        ),
+        Invalid(
+            """\
+import os
+from transformers import AutoModelForCausalLM, Trainer
+
+device_map = "auto"
+if use_4bit:
+    device_map = {"": int(os.environ["LOCAL_RANK"])} if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
+model = AutoModelForCausalLM.from_pretrained("gpt2", device_map=device_map)
+Trainer(model=model, args=training_args).train()
+""",
+            lines=(7,),
+        ),
     )
 
     def check_python(self) -> None:
@@ -235,17 +270,15 @@ Trainer(model=model, args=training_args).train()
         if any("CUDA_VISIBLE_DEVICES" in write.keys for write in environment_writes(facts)):
             return  # the script gives each process its own GPUs: "auto" plans over those
         several = self._several_processes()
-        if several is None:
-            return
         for call in facts.calls:
             if facts.method_name(call) != "from_pretrained" or not self._model_class(call):
                 continue
             if any(a.keyword is not None and a.keyword.value in TENSOR_PARALLEL for a in call.args):
                 continue
             value = argument_of(call, "device_map", None)
-            spread = self._spreading(value, call) if value is not None else None
-            if spread is not None:
-                self._report(value, spread, several, text)
+            spread, aware = self._spreading(value, call) if value is not None else (None, None)
+            if spread is not None and (several or aware) is not None:
+                self._report(value, spread, several or aware, text)
 
     def _several_processes(self) -> tuple[str, bool] | None:
         """Why the script runs several processes, in words, and whether that is certain (the launch says how many,
@@ -260,19 +293,35 @@ Trainer(model=model, args=training_args).train()
                 return f"the script calls `{facts.method_name(call)}`, so a launcher starts several", False
         return None
 
-    def _spreading(self, value: cst.BaseExpression, call: cst.Call) -> str | None:
-        """The planning string ``value`` may be (``"auto"``), when every other value it may take is no map at all
-        (``None``): a branch that gives each process its own device (``{"": local_rank}``, an index) means the author
-        chose per launch, and is not reported."""
-        spread = None
-        for origin in self.facts.origins(value, call):
+    def _spreading(self, value: cst.BaseExpression, call: cst.Call) -> tuple[str | None, tuple[str, bool] | None]:
+        """The planning string ``value`` may be (``"auto"``) under several processes, and why the script itself says
+        that it runs in several (a per-process value chosen by a launch test elsewhere), or None. A value that gives each process
+        its own device (``{"": local_rank}``, an index) means the author chose per launch: a planning string chosen
+        under a test about the launch (``... if ddp else "auto"``) is then not reported, nor one that such a value
+        replaces under launch tests alone (``if world_size > 1: device_map = {"": local_rank}``); one replaced only
+        under another test (``if q_lora:``) still reaches the other runs of several processes."""
+        facts = self.facts
+        spreads, own = [], []
+        for origin in facts.origins(value, call):
             node = origin.node
             text = string_value(node) if isinstance(node, cst.SimpleString) else None
             if text in SPREADING:
-                spread = spread or text
+                spreads.append((node, text))
             elif not (isinstance(node, cst.Name) and node.value == "None"):
-                return None
-        return spread
+                own.append(node)
+
+        def about_launch(tests: list[cst.BaseExpression]) -> bool:
+            return any(mentions(facts, test, LAUNCH_TEST) for test in tests)
+
+        if any(all(mentions(facts, t, LAUNCH_TEST) for t in branch_tests(facts, n)) for n in own):
+            return None, None  # every launch of several processes takes the per-process value
+        # a per-process value chosen when several processes run: the script is written for such launches
+        chosen = next((n for n in own if about_launch(branch_tests(facts, n))), None)
+        aware = None if chosen is None else (f"the script picks a per-process map at {facts.where(chosen)} for such runs", False)
+        for node, text in spreads:
+            if not (own and about_launch(branch_tests(facts, node))):
+                return text, aware
+        return None, None
 
     def _model_class(self, call: cst.Call) -> bool:
         """``call`` loads a transformers or PEFT model (not a tokenizer or config)."""

@@ -58,3 +58,34 @@ def test_stops():
     index = SyntaxIndex(cst.parse_module("x = 1\n"))
     facts = PythonFacts(index, NameResolver(index))
     assert mentions(facts, cst.parse_expression("'deepspeed' in cfg"), BACKEND)
+
+
+def test_branch_tests_are_the_tests_around_a_node_within_its_function():
+    from lintdist.guards import branch_tests
+
+    code = textwrap.dedent(
+        """
+        def load(ddp, quantized):
+            if quantized:
+                choice = {"": rank} if ddp else "auto"
+            while waiting:
+                other = "x"
+            return "auto" if flag else None
+        if outer:
+            def inner():
+                return 1
+        """
+    )
+    module = cst.parse_module(code)
+    index = SyntaxIndex(module)
+    facts = PythonFacts(index, NameResolver(index))
+    words = {}
+    for node in facts.index.nodes(cst.SimpleString):
+        tests = branch_tests(facts, node)
+        words.setdefault(node.value, []).append([module.code_for_node(t) for t in tests])
+    assert words['"auto"'] == [["ddp", "quantized"], ["flag"]]
+    assert words['"x"'] == [["waiting"]]
+    integer = next(iter(facts.index.nodes(cst.Integer)))
+    assert branch_tests(facts, integer) == []  # the `if outer:` around the def is outside the function
+    ifexp = next(iter(facts.index.nodes(cst.IfExp)))
+    assert [module.code_for_node(t) for t in branch_tests(facts, ifexp.test)] == ["quantized"]

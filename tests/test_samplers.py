@@ -268,3 +268,45 @@ def test_padding_sampler_is_a_distributed_sampler_that_does_not_drop():
     assert _padding(prepared + "for b in loader:\n    pass\n") is None
     unpadded = head + "from evalkit import UnpaddedDistributedSampler\n"
     assert _padding(unpadded + "for b in DataLoader(ds, sampler=UnpaddedDistributedSampler(ds)):\n    pass\n") is None
+
+
+def test_helper_returns_padding_follows_a_sampler_helper_of_another_module(tmp_path):
+    from lintdist.project import Project, ProjectView
+    from lintdist.samplers import helper_returns_padding, padding_sampler
+
+    (tmp_path / "helpers.py").write_text(
+        textwrap.dedent(
+            """
+            from torch.utils.data import DistributedSampler, RandomSampler
+
+            def make_sampler(ds):
+                if world_size() == 1:
+                    return RandomSampler(ds)
+                return DistributedSampler(ds, shuffle=False)
+
+            def dropping_sampler(ds):
+                return DistributedSampler(ds, drop_last=True)
+
+            def plain_sampler(ds):
+                return RandomSampler(ds)
+            """
+        )
+    )
+    main = (
+        "import helpers\nfrom torch.utils.data import DataLoader\n"
+        "for b in DataLoader(ds, sampler=helpers.make_sampler(ds)):\n    pass\n"
+    )
+    (tmp_path / "train.py").write_text(main)
+    facts = _facts(main)
+    facts.project = ProjectView(Project(), tmp_path / "train.py")
+    calls = {cst.Module([]).code_for_node(c): c for c in facts.calls}
+    assert helper_returns_padding(facts, calls["helpers.make_sampler(ds)"])
+    loop = next(iter(facts.index.nodes(cst.For)))
+    assert padding_sampler(facts, loop.iter, loop) is calls["helpers.make_sampler(ds)"]
+    for name in ("dropping_sampler", "plain_sampler"):
+        other = _facts(main.replace("make_sampler", name))
+        other.project = ProjectView(Project(), tmp_path / "train.py")
+        call = next(c for c in other.calls if name in cst.Module([]).code_for_node(c))
+        assert not helper_returns_padding(other, call)
+    facts.project = None
+    assert not helper_returns_padding(facts, calls["helpers.make_sampler(ds)"])
