@@ -75,7 +75,10 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
       use `accelerate launch`".
     - huggingface/accelerate#707 (https://github.com/huggingface/accelerate/issues/707): `accelerate config`
       then `python my_script.py` used one GPU; `accelerate launch` fixed it.
-    - No CPU proof: the harm is a run on one GPU where the config asked for several.
+    - huggingface/accelerate#41 (https://github.com/huggingface/accelerate/issues/41): `python3 train.py` with a
+      MULTI_GPU config; the maintainer: launch it with `accelerate launch`.
+    - Proof: `tests/proofs/test_ld412_plain_python.py` (gloo, 2 CPU processes): with a config asking for two
+      processes, `python train.py` runs one (`DistributedType.NO`); the line the fix writes runs two.
     """
 
     code = "LD412"
