@@ -21,12 +21,17 @@ What the libraries do, read in their source:
 * peft 0.21.2 ``utils/other.py::prepare_model_for_kbit_training``: ``gradient_checkpointing_kwargs=None`` becomes
   ``{}``, passed to ``gradient_checkpointing_enable``, so torch's reentrant default applies.
 * accelerate 1.15 ``DistributedDataParallelKwargs`` hands ``find_unused_parameters`` and ``static_graph`` to DDP;
-  transformers ``TrainingArguments`` has ``ddp_find_unused_parameters`` and ``ddp_static_graph``.
+  transformers ``TrainingArguments`` has ``ddp_find_unused_parameters`` and ``ddp_static_graph``, read by
+  ``Trainer._build_accelerator_args`` when the Trainer is built (so a field assigned after parsing counts).
+* Lightning ``pytorch/strategies/ddp.py::DDPStrategy.register_strategies`` registers
+  ``"ddp_find_unused_parameters_true"`` (and ``ddp_spawn_``/``ddp_fork_``/``ddp_notebook_`` variants) as
+  ``DDPStrategy(find_unused_parameters=True)``; fabric registers the first name too.
 """
 
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
@@ -46,6 +51,10 @@ REENTRANT = {
     "peft": "peft passes `{}` on, which torch reads as reentrant",
 }
 FALSE_DICT = '{"use_reentrant": False}'
+# Lightning's registered strategy names that build `DDPStrategy(find_unused_parameters=True)` (and no static graph).
+LIGHTNING_SEARCHERS = frozenset(
+    f"ddp{start}_find_unused_parameters_true" for start in ("", "_spawn", "_fork", "_notebook")
+)
 
 
 class ReentrantCheckpointWithUnusedSearch(Rule):
@@ -54,8 +63,11 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     Reports reentrant activation checkpointing in a file that also turns on
     DDP's search for unused parameters (`find_unused_parameters=True` given to
     `DistributedDataParallel`, accelerate's `DistributedDataParallelKwargs` or
-    Lightning's `DDPStrategy`; `ddp_find_unused_parameters=True` given to
-    transformers' `TrainingArguments`), without `static_graph=True`
+    Lightning's `DDPStrategy`, or Lightning's strategy name
+    `"ddp_find_unused_parameters_true"` and its `_spawn`/`_fork`/`_notebook`
+    kin; `ddp_find_unused_parameters=True` given to transformers'
+    `TrainingArguments` or assigned to a field of parsed arguments,
+    `args.ddp_find_unused_parameters = True`), without `static_graph=True`
     (`ddp_static_graph=True`). Reentrant checkpointing is
     `torch.utils.checkpoint.checkpoint(...)` or `checkpoint_sequential(...)`
     with `use_reentrant=True` or without `use_reentrant` (torch's default is
@@ -63,7 +75,10 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     for it (`{"use_reentrant": True}`, or a dict without the key): in
     `model.gradient_checkpointing_enable(...)`
     (`activation_checkpointing_enable`), in `TrainingArguments(...)` with
-    `gradient_checkpointing=True` (`activation_checkpointing`), and in peft's
+    `gradient_checkpointing=True` (`activation_checkpointing`), assigned to
+    parsed arguments (`args.gradient_checkpointing_kwargs = {...}` under
+    `if args.gradient_checkpointing:`, or with `args.gradient_checkpointing =
+    True`), and in peft's
     `prepare_model_for_kbit_training(...)`, which passes `{}` on when given no
     kwargs. Without kwargs (and, through the `Trainer`, with `{}`)
     transformers 5 checkpoints non-reentrantly and 4 reentrantly, so those
@@ -165,6 +180,28 @@ model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"u
 args = TrainingArguments("out", ddp_find_unused_parameters=True)
 """
         ),
+        Valid(
+            """\
+from accelerate import DistributedDataParallelKwargs
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+"""
+        ),
+        Valid(
+            """\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+training_args.ddp_find_unused_parameters = True
+training_args.ddp_static_graph = True
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+"""
+        ),
     )
     INVALID = (
         Invalid(
@@ -249,6 +286,52 @@ model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"u
 model = DistributedDataParallel(model, find_unused_parameters=True)
 """,
         ),
+        Invalid(
+            """\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+    training_args.ddp_find_unused_parameters = True
+""",
+            lines=(5,),
+            unsafe_fixed="""\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+    training_args.ddp_find_unused_parameters = True
+""",
+        ),
+        Invalid(
+            """\
+import lightning as L
+import torch.utils.checkpoint
+
+
+class Net(L.LightningModule):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x))
+
+
+trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_parameters_true")
+""",
+            lines=(7,),
+            unsafe_fixed="""\
+import lightning as L
+import torch.utils.checkpoint
+
+
+class Net(L.LightningModule):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x, use_reentrant=False))
+
+
+trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_parameters_true")
+""",
+        ),
     )
 
     def check_python(self) -> None:
@@ -256,8 +339,9 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
         if search is None:
             return
         line = self.context.span(search).line
-        for call in self.facts.calls:
-            found = self._reentrant(call)
+        found_all = [self._reentrant(call) for call in self.facts.calls]
+        found_all += [self._assigned_kwargs(assign) for assign in self._assignments(KWARGS)]
+        for found in found_all:
             if found is None:
                 continue
             node, what, replacements = found
@@ -271,10 +355,19 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
                 else None,
             )
 
-    def _unused_search(self) -> cst.Arg | None:
-        """The keyword that turns on DDP's search for unused parameters with a literal True, in a call without
-        ``static_graph=True``; None when there is none."""
+    def _unused_search(self) -> cst.CSTNode | None:
+        """What turns on DDP's search for unused parameters: a keyword with a literal True in a call without
+        ``static_graph=True``, ``args.ddp_find_unused_parameters = True`` (transformers' ``TrainingArguments``)
+        with no ``args.ddp_static_graph = True``, or a Lightning strategy name that means it; None when there is
+        none."""
         facts = self.facts
+        static = [a for a in self._assignments(("ddp_static_graph",)) if self._truth(a.value) is True]
+        for assign in self._assignments(("ddp_find_unused_parameters",)):
+            if self._truth(assign.value) is True and not static:
+                return assign
+        for string in facts.index.nodes(cst.SimpleString):
+            if string.evaluated_value in LIGHTNING_SEARCHERS and isinstance(facts.parent(string), cst.Arg):
+                return string
         for call in facts.calls:
             keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
             if "ddp_find_unused_parameters" in keywords:
@@ -323,6 +416,13 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
             return call, f"`{facts.method_name(call) or 'TrainingArguments'}` without `{KWARGS[0]}` ({REENTRANT[kind]})", (
                 (call, fixed),
             )
+        return self._kwargs_dict(kwargs, keyword, kind)
+
+    def _kwargs_dict(self, kwargs: cst.BaseExpression, keyword: str, kind: str) -> tuple[cst.CSTNode, str, tuple] | None:
+        """(the node to report, what it is, the fix's replacements) for checkpointing kwargs that ask for the
+        reentrant variant; None when they do not or cannot be read."""
+        facts = self.facts
+        transformers_4 = self.versions.allows("transformers", ">=5") is False
         value = known_value(facts, kwargs)
         if not isinstance(value, cst.Dict) or any(not isinstance(e, cst.DictElement) for e in value.elements):
             return None  # unreadable, or `{**other}` may carry the key
@@ -353,3 +453,44 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
             return "peft" if use is None or self._truth(use) is True else None
         flag = next((argument_of(call, f, None) for f in FLAGS if argument_of(call, f, None) is not None), None)
         return "arguments" if flag is not None and self._truth(flag) is True else None
+
+    def _assignments(self, attributes: tuple[str, ...]) -> list[cst.Assign]:
+        """The single-target assignments ``x.<attribute> = value`` to one of these attribute names (how scripts
+        set fields of a parsed ``TrainingArguments``)."""
+        return [
+            assign
+            for assign in self.facts.index.nodes(cst.Assign)
+            if len(assign.targets) == 1
+            and isinstance(target := assign.targets[0].target, cst.Attribute)
+            and target.attr.value in attributes
+        ]
+
+    def _assigned_kwargs(self, assign: cst.Assign) -> tuple[cst.CSTNode, str, tuple] | None:
+        """``args.gradient_checkpointing_kwargs = {...}`` read as the same keyword given to ``TrainingArguments``:
+        a dict asking for ``use_reentrant=True`` (or, under transformers 4, one without the key), where
+        checkpointing is on: under ``if args.gradient_checkpointing`` or with ``args.gradient_checkpointing = True``."""
+        target = assign.targets[0].target
+        owner = get_full_name_for_node(target.value)
+        switched_on = {
+            get_full_name_for_node(a.targets[0].target.value)
+            for a in self._assignments(FLAGS)
+            if self._truth(a.value) is True
+        }
+        if owner is None or not (owner in switched_on or self._under_flag(assign, owner)):
+            return None
+        return self._kwargs_dict(assign.value, target.attr.value, "arguments")
+
+    def _under_flag(self, node: cst.CSTNode, owner: str) -> bool:
+        """``node`` runs only when ``<owner>.gradient_checkpointing`` (or ``activation_checkpointing``) is true:
+        in the body of an ``if`` testing it, alone or as one operand of ``and``."""
+        facts = self.facts
+        for ancestor in facts.ancestors(node):
+            if not isinstance(ancestor, cst.If) or not facts.is_within(node, ancestor.body):
+                continue
+            test = ancestor.test
+            operands = [test.left, test.right] if isinstance(test, cst.BooleanOperation) and isinstance(
+                test.operator, cst.And
+            ) else [test]
+            if any(get_full_name_for_node(o) in {f"{owner}.{flag}" for flag in FLAGS} for o in operands):
+                return True
+        return False
