@@ -418,7 +418,9 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             )
         return self._kwargs_dict(kwargs, keyword, kind)
 
-    def _kwargs_dict(self, kwargs: cst.BaseExpression, keyword: str, kind: str) -> tuple[cst.CSTNode, str, tuple] | None:
+    def _kwargs_dict(
+        self, kwargs: cst.BaseExpression, keyword: str, kind: str
+    ) -> tuple[cst.CSTNode, str, tuple] | None:
         """(the node to report, what it is, the fix's replacements) for checkpointing kwargs that ask for the
         reentrant variant; None when they do not or cannot be read."""
         facts = self.facts
