@@ -366,7 +366,13 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             if self._truth(assign.value) is True and not static:
                 return assign
         for string in facts.index.nodes(cst.SimpleString):
-            if string.evaluated_value in LIGHTNING_SEARCHERS and isinstance(facts.parent(string), cst.Arg):
+            owner = facts.parent(string)  # `Trainer(strategy="ddp_find_unused_parameters_true")`, Fabric alike
+            if (
+                string.evaluated_value in LIGHTNING_SEARCHERS
+                and isinstance(owner, cst.Arg)
+                and owner.keyword is not None
+                and owner.keyword.value == "strategy"
+            ):
                 return string
         for call in facts.calls:
             keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
