@@ -138,3 +138,20 @@ def never_together(facts: PythonFacts, a: cst.CSTNode, b: cst.CSTNode) -> bool:
             ):
                 return True
     return False
+
+
+def runs_only_if(facts: PythonFacts, node: cst.CSTNode, keys: set[str]) -> bool:
+    """Whether ``node`` runs only when one of ``keys`` (names or attribute chains) is true: it sits in the body of
+    an ``if`` testing one of them, alone or as one operand of ``and``, within its scope."""
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, SCOPES):
+            return False
+        if not isinstance(ancestor, cst.If) or not facts.is_within(node, ancestor.body):
+            continue
+        test = ancestor.test
+        operands = [test]
+        while operands and isinstance(operands[0], cst.BooleanOperation) and isinstance(operands[0].operator, cst.And):
+            operands = [operands[0].left, operands[0].right, *operands[1:]]
+        if any(get_full_name_for_node(o) in keys for o in operands if isinstance(o, (cst.Name, cst.Attribute))):
+            return True
+    return False

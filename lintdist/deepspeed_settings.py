@@ -81,3 +81,16 @@ def reads_accumulation_steps(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.Attribute) and node.attr.value == "gradient_accumulation_steps":
         return "deepspeed" in (get_full_name_for_node(node.value) or "")
     return False
+
+
+def may_run_deepspeed(facts: PythonFacts, settings, launch) -> bool:
+    """DeepSpeed may wrap the model instead of DDP: the ``deepspeed`` launcher starts the script (``launch``, the
+    script's ``Launch``), accelerate's launch or a ``DeepSpeedPlugin`` selects it, or the code passes a
+    ``deepspeed=`` config (``TrainingArguments(deepspeed="ds.json")``) other than ``None``."""
+    launcher = launch.launcher if launch is not None else None
+    if launcher is not None and launcher.value == "deepspeed":
+        return True
+    if settings is not None and runs_deepspeed(facts, settings):
+        return True
+    given = [argument_of(call, "deepspeed", None) for call in facts.calls]
+    return any(g is not None and not (isinstance(g, cst.Name) and g.value == "None") for g in given)

@@ -33,6 +33,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from lintdist.bindings import attribute_assignments
+from lintdist.control import runs_only_if
+from lintdist.deepspeed_settings import may_run_deepspeed
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
@@ -83,7 +86,11 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     kwargs. Without kwargs (and, through the `Trainer`, with `{}`)
     transformers 5 checkpoints non-reentrantly and 4 reentrantly, so those
     are reported only when the project pins transformers below 5. A value
-    lintdist cannot read is left alone.
+    lintdist cannot read is left alone, and so are the `Trainer`'s
+    `ddp_find_unused_parameters` and accelerate's DDP kwargs handler when
+    DeepSpeed may run the script (the `deepspeed` launcher, accelerate's
+    DeepSpeed config or plugin, a `deepspeed=` config in the code): DeepSpeed
+    wraps no DDP.
 
     ## Why is this bad?
     The reentrant variant runs the checkpointed segment's forward without
@@ -340,7 +347,7 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             return
         line = self.context.span(search).line
         found_all = [self._reentrant(call) for call in self.facts.calls]
-        found_all += [self._assigned_kwargs(assign) for assign in self._assignments(KWARGS)]
+        found_all += [self._assigned_kwargs(assign) for assign in attribute_assignments(self.facts, KWARGS)]
         for found in found_all:
             if found is None:
                 continue
@@ -361,9 +368,10 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         with no ``args.ddp_static_graph = True``, or a Lightning strategy name that means it; None when there is
         none."""
         facts = self.facts
-        static = [a for a in self._assignments(("ddp_static_graph",)) if self._truth(a.value) is True]
-        for assign in self._assignments(("ddp_find_unused_parameters",)):
-            if self._truth(assign.value) is True and not static:
+        on_deepspeed = may_run_deepspeed(facts, self.settings, self.launch)
+        static = [a for a in attribute_assignments(self.facts, ("ddp_static_graph",)) if self._truth(a.value) is True]
+        for assign in attribute_assignments(self.facts, ("ddp_find_unused_parameters",)):
+            if self._truth(assign.value) is True and not static and not on_deepspeed:
                 return assign
         for string in facts.index.nodes(cst.SimpleString):
             owner = facts.parent(string)  # `Trainer(strategy="ddp_find_unused_parameters_true")`, Fabric alike
@@ -377,10 +385,14 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         for call in facts.calls:
             keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
             if "ddp_find_unused_parameters" in keywords:
+                if on_deepspeed:
+                    continue
                 search, static = keywords["ddp_find_unused_parameters"], keywords.get("ddp_static_graph")
-            elif "find_unused_parameters" in keywords and any(
-                name.rsplit(".", 1)[-1] in SEARCHERS for name in facts.qualified_names(call.func)
+            elif "find_unused_parameters" in keywords and (
+                searcher := {name.rsplit(".", 1)[-1] for name in facts.qualified_names(call.func)} & set(SEARCHERS)
             ):
+                if on_deepspeed and "DistributedDataParallelKwargs" in searcher:
+                    continue  # accelerate hands the handler to DDP only, and DeepSpeed wraps no DDP
                 search, static = keywords["find_unused_parameters"], keywords.get("static_graph")
             else:
                 continue
@@ -462,17 +474,6 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         flag = next((argument_of(call, f, None) for f in FLAGS if argument_of(call, f, None) is not None), None)
         return "arguments" if flag is not None and self._truth(flag) is True else None
 
-    def _assignments(self, attributes: tuple[str, ...]) -> list[cst.Assign]:
-        """The single-target assignments ``x.<attribute> = value`` to one of these attribute names (how scripts
-        set fields of a parsed ``TrainingArguments``)."""
-        return [
-            assign
-            for assign in self.facts.index.nodes(cst.Assign)
-            if len(assign.targets) == 1
-            and isinstance(target := assign.targets[0].target, cst.Attribute)
-            and target.attr.value in attributes
-        ]
-
     def _assigned_kwargs(self, assign: cst.Assign) -> tuple[cst.CSTNode, str, tuple] | None:
         """``args.gradient_checkpointing_kwargs = {...}`` read as the same keyword given to ``TrainingArguments``:
         a dict asking for ``use_reentrant=True`` (or, under transformers 4, one without the key), where
@@ -481,24 +482,10 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         owner = get_full_name_for_node(target.value)
         switched_on = {
             get_full_name_for_node(a.targets[0].target.value)
-            for a in self._assignments(FLAGS)
+            for a in attribute_assignments(self.facts, FLAGS)
             if self._truth(a.value) is True
         }
-        if owner is None or not (owner in switched_on or self._under_flag(assign, owner)):
+        flags = {f"{owner}.{flag}" for flag in FLAGS}
+        if owner is None or not (owner in switched_on or runs_only_if(self.facts, assign, flags)):
             return None
         return self._kwargs_dict(assign.value, target.attr.value, "arguments")
-
-    def _under_flag(self, node: cst.CSTNode, owner: str) -> bool:
-        """``node`` runs only when ``<owner>.gradient_checkpointing`` (or ``activation_checkpointing``) is true:
-        in the body of an ``if`` testing it, alone or as one operand of ``and``."""
-        facts = self.facts
-        for ancestor in facts.ancestors(node):
-            if not isinstance(ancestor, cst.If) or not facts.is_within(node, ancestor.body):
-                continue
-            test = ancestor.test
-            operands = [test.left, test.right] if isinstance(test, cst.BooleanOperation) and isinstance(
-                test.operator, cst.And
-            ) else [test]
-            if any(get_full_name_for_node(o) in {f"{owner}.{flag}" for flag in FLAGS} for o in operands):
-                return True
-        return False

@@ -12,6 +12,7 @@ from lintdist.control import (
     common_loop,
     loop_iterable,
     never_together,
+    runs_only_if,
     runs_whenever,
     statement_of,
 )
@@ -151,3 +152,30 @@ def test_never_together_reads_if_else_and_opposite_flags():
     assert not never_together(facts, assigned["first"], assigned["third"])
     assert not never_together(facts, assigned["second"], assigned["fifth"])  # a compound test is not read
     assert not never_together(facts, assigned["sixth"], assigned["seventh"])  # the flag changes in between
+
+
+def test_runs_only_if_reads_if_bodies_and_and_operands():
+    facts = _facts(
+        """
+        def setup(args, other):
+            if args.gradient_checkpointing:
+                first = 1
+            if other and args.gradient_checkpointing and ready:
+                second = 2
+            if not args.gradient_checkpointing:
+                third = 3
+            if args.gradient_checkpointing:
+                pass
+            else:
+                fourth = 4
+            if args.gradient_checkpointing or other:
+                fifth = 5
+        """
+    )
+    assigned = {a.targets[0].target.value: a for a in facts.index.nodes(cst.Assign)}
+    keys = {"args.gradient_checkpointing"}
+    assert runs_only_if(facts, assigned["first"], keys)
+    assert runs_only_if(facts, assigned["second"], keys)
+    assert not runs_only_if(facts, assigned["third"], keys)
+    assert not runs_only_if(facts, assigned["fourth"], keys)
+    assert not runs_only_if(facts, assigned["fifth"], keys)

@@ -10,12 +10,13 @@ from lintdist.deepspeed_settings import (
     DEFAULT_CLIPPING,
     UNKNOWN,
     gradient_clipping,
+    may_run_deepspeed,
     reads_accumulation_steps,
     runs_deepspeed,
     zero_stage,
 )
 from lintdist.facts import PythonFacts
-from lintdist.launch import LaunchSettings, Setting
+from lintdist.launch import Launch, LaunchSettings, Said, Setting
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -69,3 +70,14 @@ def test_reads_of_the_deepspeed_accumulation_steps():
     assert reads_accumulation_steps(read("state.deepspeed_plugin.gradient_accumulation_steps"))
     assert not reads_accumulation_steps(read("args.gradient_accumulation_steps"))
     assert not reads_accumulation_steps(read('deepspeed_config["train_batch_size"]'))
+
+
+def test_may_run_deepspeed_from_launcher_launch_settings_and_code():
+    plain = _facts("from transformers import TrainingArguments\nargs = TrainingArguments('out', deepspeed=None)\n")
+    launched = Launch(launcher=Said("deepspeed", "run.sh", 2, "`deepspeed train.py`"))
+    assert may_run_deepspeed(plain, None, launched)
+    assert not may_run_deepspeed(plain, None, Launch())
+    assert not may_run_deepspeed(plain, None, None)
+    assert may_run_deepspeed(plain, _settings(distributed_type="DEEPSPEED"), Launch())
+    configured = _facts("args = TrainingArguments('out', deepspeed='z2.json')\n")
+    assert may_run_deepspeed(configured, None, Launch())
