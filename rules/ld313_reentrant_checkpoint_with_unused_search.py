@@ -477,7 +477,8 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
     def _assigned_kwargs(self, assign: cst.Assign) -> tuple[cst.CSTNode, str, tuple] | None:
         """``args.gradient_checkpointing_kwargs = {...}`` read as the same keyword given to ``TrainingArguments``:
         a dict asking for ``use_reentrant=True`` (or, under transformers 4, one without the key), where
-        checkpointing is on: under ``if args.gradient_checkpointing`` or with ``args.gradient_checkpointing = True``."""
+        checkpointing is on (under ``if args.gradient_checkpointing`` or with ``args.gradient_checkpointing = True``)
+        and the field is written nowhere else in the file (a later write or key update may undo it)."""
         target = assign.targets[0].target
         owner = get_full_name_for_node(target.value)
         switched_on = {
@@ -487,5 +488,15 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         }
         flags = {f"{owner}.{flag}" for flag in FLAGS}
         if owner is None or not (owner in switched_on or runs_only_if(self.facts, assign, flags)):
+            return None
+        field = f"{owner}.{target.attr.value}"
+        writes = [  # `args.<kwargs> = ...` elsewhere, or `args.<kwargs>["use_reentrant"] = False`: not its last value
+            t.target
+            for a in self.facts.index.nodes(cst.Assign)
+            for t in a.targets
+            if a is not assign
+            and get_full_name_for_node(t.target.value if isinstance(t.target, cst.Subscript) else t.target) == field
+        ]
+        if writes:
             return None
         return self._kwargs_dict(assign.value, target.attr.value, "arguments")
