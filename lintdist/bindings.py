@@ -119,3 +119,15 @@ def rebinds_any(facts: PythonFacts, statement: cst.CSTNode, names: set[str]) -> 
         elif hits(node.target):
             return True
     return False
+
+
+def attribute_assignments(facts: PythonFacts, attributes: tuple[str, ...]) -> list[cst.Assign]:
+    """The single-target assignments ``x.<attribute> = value`` of this module to one of these attribute names (how
+    scripts set fields of parsed arguments: ``training_args.ddp_find_unused_parameters = True``)."""
+    return [
+        assign
+        for assign in facts.index.nodes(cst.Assign)
+        if len(assign.targets) == 1
+        and isinstance(target := assign.targets[0].target, cst.Attribute)
+        and target.attr.value in attributes
+    ]

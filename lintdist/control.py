@@ -96,3 +96,62 @@ def loop_iterable(loop: cst.CSTNode | None) -> cst.BaseExpression | None:
             return None
         iterator = iterator.args[0].value
     return iterator
+
+
+def _guards(facts: PythonFacts, node: cst.CSTNode) -> list[tuple[str, bool, cst.If]]:
+    """(test, wanted truth, the ``if``) for each ``if`` whose body or ``else`` holds ``node`` and whose test is a
+    plain name or attribute chain, or ``not`` of one; the innermost first, up to ``node``'s scope."""
+    found = []
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, SCOPES):
+            break
+        if not isinstance(ancestor, cst.If):
+            continue
+        test, truth = ancestor.test, True
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, truth = test.expression, False
+        key = get_full_name_for_node(test) if isinstance(test, (cst.Name, cst.Attribute)) else None
+        if key is None:
+            continue
+        if facts.is_within(node, ancestor.body):
+            found.append((key, truth, ancestor))
+        elif ancestor.orelse is not None and facts.is_within(node, ancestor.orelse):
+            found.append((key, not truth, ancestor))
+    return found
+
+
+def never_together(facts: PythonFacts, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` never both run in one pass through their function: they sit in different branches
+    of one ``if``/``else``, or under ``if flag:`` and ``if not flag:`` on the same name (or attribute chain) that
+    their function does not assign anywhere."""
+    if facts.exclusive(a, b):
+        return True
+    function = facts.enclosing_function(a)
+    if function is not facts.enclosing_function(b):
+        return False
+    for key, truth, _ in _guards(facts, a):
+        for other_key, other_truth, _ in _guards(facts, b):
+            if (
+                key == other_key
+                and truth != other_truth
+                and not any(binding.function is function for binding in facts.bindings(key, a))
+            ):
+                return True
+    return False
+
+
+def runs_only_if(facts: PythonFacts, node: cst.CSTNode, keys: set[str]) -> bool:
+    """Whether ``node`` runs only when one of ``keys`` (names or attribute chains) is true: it sits in the body of
+    an ``if`` testing one of them, alone or as one operand of ``and``, within its scope."""
+    for ancestor in facts.ancestors(node):
+        if isinstance(ancestor, SCOPES):
+            return False
+        if not isinstance(ancestor, cst.If) or not facts.is_within(node, ancestor.body):
+            continue
+        test = ancestor.test
+        operands = [test]
+        while operands and isinstance(operands[0], cst.BooleanOperation) and isinstance(operands[0].operator, cst.And):
+            operands = [operands[0].left, operands[0].right, *operands[1:]]
+        if any(get_full_name_for_node(o) in keys for o in operands if isinstance(o, (cst.Name, cst.Attribute))):
+            return True
+    return False

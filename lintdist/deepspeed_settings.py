@@ -110,3 +110,16 @@ def deepspeed_engine(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNo
         isinstance(o.node, cst.Call) and o.index in (None, 0) and facts.callee_is(o.node, DEEPSPEED_INITIALIZE)
         for o in facts.origins(expr, at)
     )
+
+
+def may_run_deepspeed(facts: PythonFacts, settings, launch) -> bool:
+    """DeepSpeed may wrap the model instead of DDP: the ``deepspeed`` launcher starts the script (``launch``, the
+    script's ``Launch``), accelerate's launch or a ``DeepSpeedPlugin`` selects it, or the code passes a
+    ``deepspeed=`` config (``TrainingArguments(deepspeed="ds.json")``) other than ``None``."""
+    launcher = launch.launcher if launch is not None else None
+    if launcher is not None and launcher.value == "deepspeed":
+        return True
+    if settings is not None and runs_deepspeed(facts, settings):
+        return True
+    given = [argument_of(call, "deepspeed", None) for call in facts.calls]
+    return any(g is not None and not (isinstance(g, cst.Name) and g.value == "None") for g in given)

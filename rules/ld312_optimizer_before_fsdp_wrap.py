@@ -24,7 +24,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from lintdist.bindings import bound_names, read_names, rebinds_any
-from lintdist.control import statement_of
+from lintdist.control import never_together, statement_of
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.optimizers import optimizer_class
@@ -264,8 +264,12 @@ optimizer.step()
         name = next(iter(names))
         function = facts.enclosing_function(call)
         order = facts.index.order
-        rebinds = [
-            b for b in facts.bindings(name, call) if b.function is function and order(b.statement) > order(call)
+        rebinds = [  # built again later on the same path (not under the opposite `if` of the build)
+            b
+            for b in facts.bindings(name, call)
+            if b.function is function
+            and order(b.statement) > order(call)
+            and not never_together(facts, b.statement, call)
         ]
         reads = [r for r in facts.reads_of(name, function or facts.index.module) if order(r) > order(wrap.call)]
         return bool(reads) and all(order(b.statement) > order(reads[0]) for b in rebinds)

@@ -21,13 +21,21 @@ What the libraries do, read in their source:
 * peft 0.21.2 ``utils/other.py::prepare_model_for_kbit_training``: ``gradient_checkpointing_kwargs=None`` becomes
   ``{}``, passed to ``gradient_checkpointing_enable``, so torch's reentrant default applies.
 * accelerate 1.15 ``DistributedDataParallelKwargs`` hands ``find_unused_parameters`` and ``static_graph`` to DDP;
-  transformers ``TrainingArguments`` has ``ddp_find_unused_parameters`` and ``ddp_static_graph``.
+  transformers ``TrainingArguments`` has ``ddp_find_unused_parameters`` and ``ddp_static_graph``, read by
+  ``Trainer._build_accelerator_args`` when the Trainer is built (so a field assigned after parsing counts).
+* Lightning ``pytorch/strategies/ddp.py::DDPStrategy.register_strategies`` registers
+  ``"ddp_find_unused_parameters_true"`` (and ``ddp_spawn_``/``ddp_fork_``/``ddp_notebook_`` variants) as
+  ``DDPStrategy(find_unused_parameters=True)``; fabric registers the first name too.
 """
 
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
+from lintdist.bindings import attribute_assignments
+from lintdist.control import runs_only_if
+from lintdist.deepspeed_settings import may_run_deepspeed
 from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
@@ -46,6 +54,10 @@ REENTRANT = {
     "peft": "peft passes `{}` on, which torch reads as reentrant",
 }
 FALSE_DICT = '{"use_reentrant": False}'
+# Lightning's registered strategy names that build `DDPStrategy(find_unused_parameters=True)` (and no static graph).
+LIGHTNING_SEARCHERS = frozenset(
+    f"ddp{start}_find_unused_parameters_true" for start in ("", "_spawn", "_fork", "_notebook")
+)
 
 
 class ReentrantCheckpointWithUnusedSearch(Rule):
@@ -54,8 +66,11 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     Reports reentrant activation checkpointing in a file that also turns on
     DDP's search for unused parameters (`find_unused_parameters=True` given to
     `DistributedDataParallel`, accelerate's `DistributedDataParallelKwargs` or
-    Lightning's `DDPStrategy`; `ddp_find_unused_parameters=True` given to
-    transformers' `TrainingArguments`), without `static_graph=True`
+    Lightning's `DDPStrategy`, or Lightning's strategy name
+    `"ddp_find_unused_parameters_true"` and its `_spawn`/`_fork`/`_notebook`
+    kin; `ddp_find_unused_parameters=True` given to transformers'
+    `TrainingArguments` or assigned to a field of parsed arguments,
+    `args.ddp_find_unused_parameters = True`), without `static_graph=True`
     (`ddp_static_graph=True`). Reentrant checkpointing is
     `torch.utils.checkpoint.checkpoint(...)` or `checkpoint_sequential(...)`
     with `use_reentrant=True` or without `use_reentrant` (torch's default is
@@ -63,12 +78,19 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     for it (`{"use_reentrant": True}`, or a dict without the key): in
     `model.gradient_checkpointing_enable(...)`
     (`activation_checkpointing_enable`), in `TrainingArguments(...)` with
-    `gradient_checkpointing=True` (`activation_checkpointing`), and in peft's
+    `gradient_checkpointing=True` (`activation_checkpointing`), assigned to
+    parsed arguments (`args.gradient_checkpointing_kwargs = {...}` under
+    `if args.gradient_checkpointing:`, or with `args.gradient_checkpointing =
+    True`), and in peft's
     `prepare_model_for_kbit_training(...)`, which passes `{}` on when given no
     kwargs. Without kwargs (and, through the `Trainer`, with `{}`)
     transformers 5 checkpoints non-reentrantly and 4 reentrantly, so those
     are reported only when the project pins transformers below 5. A value
-    lintdist cannot read is left alone.
+    lintdist cannot read is left alone, and so are the `Trainer`'s
+    `ddp_find_unused_parameters` and accelerate's DDP kwargs handler when
+    DeepSpeed may run the script (the `deepspeed` launcher, accelerate's
+    DeepSpeed config or plugin, a `deepspeed=` config in the code): DeepSpeed
+    wraps no DDP.
 
     ## Why is this bad?
     The reentrant variant runs the checkpointed segment's forward without
@@ -165,6 +187,28 @@ model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"u
 args = TrainingArguments("out", ddp_find_unused_parameters=True)
 """
         ),
+        Valid(
+            """\
+from accelerate import DistributedDataParallelKwargs
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+"""
+        ),
+        Valid(
+            """\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+training_args.ddp_find_unused_parameters = True
+training_args.ddp_static_graph = True
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+"""
+        ),
     )
     INVALID = (
         Invalid(
@@ -249,6 +293,52 @@ model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"u
 model = DistributedDataParallel(model, find_unused_parameters=True)
 """,
         ),
+        Invalid(
+            """\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+    training_args.ddp_find_unused_parameters = True
+""",
+            lines=(5,),
+            unsafe_fixed="""\
+from transformers import HfArgumentParser, TrainingArguments
+
+(training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+if training_args.gradient_checkpointing:
+    training_args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+    training_args.ddp_find_unused_parameters = True
+""",
+        ),
+        Invalid(
+            """\
+import lightning as L
+import torch.utils.checkpoint
+
+
+class Net(L.LightningModule):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x))
+
+
+trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_parameters_true")
+""",
+            lines=(7,),
+            unsafe_fixed="""\
+import lightning as L
+import torch.utils.checkpoint
+
+
+class Net(L.LightningModule):
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.body, x, use_reentrant=False))
+
+
+trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_parameters_true")
+""",
+        ),
     )
 
     def check_python(self) -> None:
@@ -256,8 +346,9 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
         if search is None:
             return
         line = self.context.span(search).line
-        for call in self.facts.calls:
-            found = self._reentrant(call)
+        found_all = [self._reentrant(call) for call in self.facts.calls]
+        found_all += [self._assigned_kwargs(assign) for assign in attribute_assignments(self.facts, KWARGS)]
+        for found in found_all:
             if found is None:
                 continue
             node, what, replacements = found
@@ -271,17 +362,37 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
                 else None,
             )
 
-    def _unused_search(self) -> cst.Arg | None:
-        """The keyword that turns on DDP's search for unused parameters with a literal True, in a call without
-        ``static_graph=True``; None when there is none."""
+    def _unused_search(self) -> cst.CSTNode | None:
+        """What turns on DDP's search for unused parameters: a keyword with a literal True in a call without
+        ``static_graph=True``, ``args.ddp_find_unused_parameters = True`` (transformers' ``TrainingArguments``)
+        with no ``args.ddp_static_graph = True``, or a Lightning strategy name that means it; None when there is
+        none."""
         facts = self.facts
+        on_deepspeed = may_run_deepspeed(facts, self.settings, self.launch)
+        static = [a for a in attribute_assignments(self.facts, ("ddp_static_graph",)) if self._truth(a.value) is True]
+        for assign in attribute_assignments(self.facts, ("ddp_find_unused_parameters",)):
+            if self._truth(assign.value) is True and not static and not on_deepspeed:
+                return assign
+        for string in facts.index.nodes(cst.SimpleString):
+            owner = facts.parent(string)  # `Trainer(strategy="ddp_find_unused_parameters_true")`, Fabric alike
+            if (
+                string.evaluated_value in LIGHTNING_SEARCHERS
+                and isinstance(owner, cst.Arg)
+                and owner.keyword is not None
+                and owner.keyword.value == "strategy"
+            ):
+                return string
         for call in facts.calls:
             keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
             if "ddp_find_unused_parameters" in keywords:
+                if on_deepspeed:
+                    continue
                 search, static = keywords["ddp_find_unused_parameters"], keywords.get("ddp_static_graph")
-            elif "find_unused_parameters" in keywords and any(
-                name.rsplit(".", 1)[-1] in SEARCHERS for name in facts.qualified_names(call.func)
+            elif "find_unused_parameters" in keywords and (
+                searcher := {name.rsplit(".", 1)[-1] for name in facts.qualified_names(call.func)} & set(SEARCHERS)
             ):
+                if on_deepspeed and "DistributedDataParallelKwargs" in searcher:
+                    continue  # accelerate hands the handler to DDP only, and DeepSpeed wraps no DDP
                 search, static = keywords["find_unused_parameters"], keywords.get("static_graph")
             else:
                 continue
@@ -323,6 +434,15 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
             return call, f"`{facts.method_name(call) or 'TrainingArguments'}` without `{KWARGS[0]}` ({REENTRANT[kind]})", (
                 (call, fixed),
             )
+        return self._kwargs_dict(kwargs, keyword, kind)
+
+    def _kwargs_dict(
+        self, kwargs: cst.BaseExpression, keyword: str, kind: str
+    ) -> tuple[cst.CSTNode, str, tuple] | None:
+        """(the node to report, what it is, the fix's replacements) for checkpointing kwargs that ask for the
+        reentrant variant; None when they do not or cannot be read."""
+        facts = self.facts
+        transformers_4 = self.versions.allows("transformers", ">=5") is False
         value = known_value(facts, kwargs)
         if not isinstance(value, cst.Dict) or any(not isinstance(e, cst.DictElement) for e in value.elements):
             return None  # unreadable, or `{**other}` may carry the key
@@ -353,3 +473,30 @@ model = DistributedDataParallel(model, find_unused_parameters=True)
             return "peft" if use is None or self._truth(use) is True else None
         flag = next((argument_of(call, f, None) for f in FLAGS if argument_of(call, f, None) is not None), None)
         return "arguments" if flag is not None and self._truth(flag) is True else None
+
+    def _assigned_kwargs(self, assign: cst.Assign) -> tuple[cst.CSTNode, str, tuple] | None:
+        """``args.gradient_checkpointing_kwargs = {...}`` read as the same keyword given to ``TrainingArguments``:
+        a dict asking for ``use_reentrant=True`` (or, under transformers 4, one without the key), where
+        checkpointing is on (under ``if args.gradient_checkpointing`` or with ``args.gradient_checkpointing = True``)
+        and the field is written nowhere else in the file (a later write or key update may undo it)."""
+        target = assign.targets[0].target
+        owner = get_full_name_for_node(target.value)
+        switched_on = {
+            get_full_name_for_node(a.targets[0].target.value)
+            for a in attribute_assignments(self.facts, FLAGS)
+            if self._truth(a.value) is True
+        }
+        flags = {f"{owner}.{flag}" for flag in FLAGS}
+        if owner is None or not (owner in switched_on or runs_only_if(self.facts, assign, flags)):
+            return None
+        field = f"{owner}.{target.attr.value}"
+        writes = [  # `args.<kwargs> = ...` elsewhere, or `args.<kwargs>["use_reentrant"] = False`: not its last value
+            t.target
+            for a in self.facts.index.nodes(cst.Assign)
+            for t in a.targets
+            if a is not assign
+            and get_full_name_for_node(t.target.value if isinstance(t.target, cst.Subscript) else t.target) == field
+        ]
+        if writes:
+            return None
+        return self._kwargs_dict(assign.value, target.attr.value, "arguments")

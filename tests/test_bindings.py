@@ -10,6 +10,7 @@ import pytest
 from lintdist.bindings import (
     BINDERS,
     arithmetic,
+    attribute_assignments,
     bound_names,
     read_names,
     rebinds_any,
@@ -132,3 +133,18 @@ def test_arithmetic(text, answer):
 def test_rebinds_any(statement, answer):
     facts = _facts(statement + "\n")
     assert rebinds_any(facts, facts.index.module.body[0], {"loss", "outputs", "rest"}) is answer
+
+
+def test_attribute_assignments_by_attribute_name():
+    facts = _facts(
+        """
+        args.ddp_find_unused_parameters = True
+        cfg.train.ddp_find_unused_parameters = False
+        ddp_find_unused_parameters = True
+        a.ddp_find_unused_parameters = b.ddp_find_unused_parameters = True
+        args.other = 1
+        """
+    )
+    code = facts.index.module.code_for_node
+    found = [code(a.targets[0].target) for a in attribute_assignments(facts, ("ddp_find_unused_parameters",))]
+    assert found == ["args.ddp_find_unused_parameters", "cfg.train.ddp_find_unused_parameters"]

@@ -11,6 +11,8 @@ from lintdist.control import (
     caller_chains,
     common_loop,
     loop_iterable,
+    never_together,
+    runs_only_if,
     runs_whenever,
     statement_of,
 )
@@ -116,3 +118,64 @@ def test_loop_iterable_unwraps_enumerate_tqdm_and_iter():
     assert iterable("range(10)") == "range(10)"
     assert iterable("enumerate()") is None
     assert loop_iterable(cst.parse_statement("while True:\n    pass\n")) is None
+
+
+def test_never_together_reads_if_else_and_opposite_flags():
+    facts = _facts(
+        """
+        def build(flag, cfg):
+            if not flag:
+                first = 1
+            if flag:
+                second = 2
+            if cfg.eager:
+                third = 3
+            else:
+                fourth = 4
+            if flag and cfg.eager:
+                fifth = 5
+
+        def rebound(flag):
+            flag = not flag
+            if flag:
+                sixth = 6
+            if not flag:
+                seventh = 7
+        """
+    )
+    assigned = {
+        a.targets[0].target.value: a for a in facts.index.nodes(cst.Assign) if a.targets[0].target.value != "flag"
+    }
+    assert never_together(facts, assigned["first"], assigned["second"])
+    assert never_together(facts, assigned["second"], assigned["first"])
+    assert never_together(facts, assigned["third"], assigned["fourth"])
+    assert not never_together(facts, assigned["first"], assigned["third"])
+    assert not never_together(facts, assigned["second"], assigned["fifth"])  # a compound test is not read
+    assert not never_together(facts, assigned["sixth"], assigned["seventh"])  # the flag changes in between
+
+
+def test_runs_only_if_reads_if_bodies_and_and_operands():
+    facts = _facts(
+        """
+        def setup(args, other):
+            if args.gradient_checkpointing:
+                first = 1
+            if other and args.gradient_checkpointing and ready:
+                second = 2
+            if not args.gradient_checkpointing:
+                third = 3
+            if args.gradient_checkpointing:
+                pass
+            else:
+                fourth = 4
+            if args.gradient_checkpointing or other:
+                fifth = 5
+        """
+    )
+    assigned = {a.targets[0].target.value: a for a in facts.index.nodes(cst.Assign)}
+    keys = {"args.gradient_checkpointing"}
+    assert runs_only_if(facts, assigned["first"], keys)
+    assert runs_only_if(facts, assigned["second"], keys)
+    assert not runs_only_if(facts, assigned["third"], keys)
+    assert not runs_only_if(facts, assigned["fourth"], keys)
+    assert not runs_only_if(facts, assigned["fifth"], keys)

@@ -12,12 +12,13 @@ from lintdist.deepspeed_settings import (
     deepspeed_engine,
     gradient_clipping,
     literal_zero_stage,
+    may_run_deepspeed,
     reads_accumulation_steps,
     runs_deepspeed,
     zero_stage,
 )
 from lintdist.facts import PythonFacts
-from lintdist.launch import LaunchSettings, Setting
+from lintdist.launch import Launch, LaunchSettings, Said, Setting
 from lintdist.names import NameResolver
 from lintdist.syntax import SyntaxIndex
 
@@ -97,3 +98,14 @@ def test_deepspeed_engine_follows_the_first_value_of_initialize_and_its_module()
     step = calls["optimizer.step"]
     assert not deepspeed_engine(facts, step.func.value, step)
     assert not deepspeed_engine(facts, calls["net"].func, calls["net"])
+
+
+def test_may_run_deepspeed_from_launcher_launch_settings_and_code():
+    plain = _facts("from transformers import TrainingArguments\nargs = TrainingArguments('out', deepspeed=None)\n")
+    launched = Launch(launcher=Said("deepspeed", "run.sh", 2, "`deepspeed train.py`"))
+    assert may_run_deepspeed(plain, None, launched)
+    assert not may_run_deepspeed(plain, None, Launch())
+    assert not may_run_deepspeed(plain, None, None)
+    assert may_run_deepspeed(plain, _settings(distributed_type="DEEPSPEED"), Launch())
+    configured = _facts("args = TrainingArguments('out', deepspeed='z2.json')\n")
+    assert may_run_deepspeed(configured, None, Launch())
