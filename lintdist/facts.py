@@ -65,6 +65,7 @@ DDP_CLASSES = DDP_WRAPPERS | frozenset(
         "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
         "torch.distributed.fsdp.fully_shard",
         "torch.distributed._composable.fsdp.fully_shard",
+        "torch.distributed.fsdp._fully_shard.fully_shard",
     }
 )
 NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad"})

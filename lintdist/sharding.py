@@ -75,6 +75,13 @@ def automatic_checkpoint_naming(facts: PythonFacts) -> bool:
 
 def _builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ...]) -> bool:
     """The script builds one of ``plugins``, or passes one of ``keywords`` to an ``Accelerator``."""
+    memo = facts._memo.setdefault("builds", {})
+    if (plugins, keywords) not in memo:
+        memo[plugins, keywords] = _scan_builds(facts, plugins, keywords)
+    return memo[plugins, keywords]
+
+
+def _scan_builds(facts: PythonFacts, plugins: frozenset[str], keywords: tuple[str, ...]) -> bool:
     return any(
         facts.callee_is(call, plugins)
         or (

@@ -203,8 +203,9 @@ def names_bound_to_wrapped(facts: PythonFacts, also: Callable[[cst.Call], bool])
     deepspeed.initialize(...)``, ``model`` of ``self.model = ...``. A wrapped model's forward in this module runs
     through one of them, or through a parameter."""
     names: set[str] = set()
+    wrappers = {id(call) for call in facts.wrapped_models()}  # memoized per file: one callee question per call
     for call in facts.calls:
-        if not (wrapper_kind(facts, call) or also(call)):
+        if id(call) not in wrappers and not also(call):
             continue
         statement = next((a for a in facts.ancestors(call) if isinstance(a, (cst.Assign, cst.AnnAssign))), None)
         if isinstance(statement, cst.Assign):

@@ -133,6 +133,10 @@ class PeftAfterWrap(Rule):
     severity = Severity.ERROR
     fix_kind = "none"
     triggers = ("get_peft_model",)
+    # the wrap must be in the file (the rule reads it in the PEFT call's own function)
+    also_triggers = (
+        ("DistributedDataParallel", "DDP(", "FullyShardedDataParallel", "FSDP(", "fully_shard", "prepare(", "initialize("),
+    )
     needs_several_processes = True
 
     VALID = (

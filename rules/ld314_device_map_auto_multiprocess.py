@@ -130,8 +130,13 @@ class DeviceMapAutoMultiprocess(Rule):
     fix_kind = "unsafe"
     needs_several_processes = True
     triggers = (
+        # not on a `>>>`/`...` line of a docstring nor in a comment: library docstrings show `device_map="auto"`
         Pattern(
-            ("device_map",), re.compile(r"device_map\w*\s*=\s*[\"'](?:auto|balanced|balanced_low_0|sequential)[\"']")
+            ("device_map",),
+            re.compile(
+                r"^(?![ \t]*(?:>>>|\.\.\.|#))[^\n]*device_map\w*\s*=\s*[\"'](?:auto|balanced|balanced_low_0|sequential)[\"']",
+                re.MULTILINE,
+            ),
         ),
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -9,7 +11,7 @@ from lintdist.facts import argument_of
 from lintdist.literals import is_name
 from lintdist.model import Severity
 from lintdist.per_rank_shapes import generated_sequences
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 TORCH_GATHERS = frozenset(
     {
@@ -91,7 +93,17 @@ class AllGatherUnevenShapes(Rule):
     needs_several_processes = True
     fix_kind = "none"
     triggers = ("generate(",)
-    also_triggers = (("gather",),)
+    # a gather across processes: torch's, or accelerate's (`torch.gather` and `x.gather(dim, index)` are tensor ops)
+    also_triggers = (
+        (
+            "all_gather",
+            "gather_for_metrics",
+            Pattern(
+                ("gather",),
+                re.compile(r"accelerat\w*\.gather\(|accelerate\.utils\.gather\(|from accelerate\.utils import[^\n]*\bgather\b"),
+            ),
+        ),
+    )
 
     VALID = (
         Valid(
