@@ -117,11 +117,9 @@ class IterableDatasetNotSharded(Rule):
     severity = Severity.WARNING
     needs_several_processes = True
     fix_kind = "unsafe"
-    triggers = ("IterableDataset", "streaming", "to_iterable_dataset")
-    also_triggers = (
-        ("DataLoader",),
-        ("init_process_group", "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"),
-    )
+    # the words other rules test too come first: a file without them is passed over at no cost
+    triggers = ("init_process_group", "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard")
+    also_triggers = (("DataLoader",), ("IterableDataset", "streaming", "to_iterable_dataset"))
 
     VALID = (
         Valid(

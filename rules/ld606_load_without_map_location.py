@@ -113,10 +113,9 @@ class LoadWithoutMapLocation(Rule):
     severity = Severity.WARNING
     needs_several_processes = True
     fix_kind = "unsafe"
-    triggers = ("torch.load", "serialization.load")
-    also_triggers = (
-        ("init_process_group", "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "Accelerator"),
-    )
+    # the words other rules test too come first: a file without them is passed over at no cost
+    triggers = ("init_process_group", "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "Accelerator")
+    also_triggers = (("torch.load", "serialization.load"),)
 
     VALID = (
         Valid(
