@@ -135,7 +135,7 @@ class PeftAfterWrap(Rule):
     triggers = ("get_peft_model",)
     # the wrap must be in the file (the rule reads it in the PEFT call's own function)
     also_triggers = (
-        ("DistributedDataParallel", "DDP(", "FullyShardedDataParallel", "FSDP(", "fully_shard", "prepare(", "initialize("),
+        ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "prepare(", "initialize("),
     )
     needs_several_processes = True
 

@@ -123,7 +123,7 @@ class Fsdp1OptimizerBeforeWrap(Rule):
     name = "optimizer-before-fsdp-wrap"
     severity = Severity.ERROR
     fix_kind = "unsafe"
-    triggers = ("FullyShardedDataParallel", "FSDP(", "fully_shard")
+    triggers = ("FullyShardedDataParallel", "fully_shard")  # an alias (`as FSDP`) is imported by its full name
     also_triggers = (("parameters(", "configure_optimizers"),)
 
     VALID = (

@@ -20,7 +20,8 @@ ZERO3_DETECTED = ("HfDeepSpeedConfig", "HfTrainerDeepSpeedConfig", "DeepSpeedPlu
 # Spellings of a sharding backend in a script (a library's modeling code says "fsdp" or "ZeRO" in passing).
 # `synced_gpus=False`, `"synced_gpus": False`: the one setting of it the rule reports
 EXPLICIT_FALSE = re.compile(r"synced_gpus[\"']?\s*[=:]\s*False")
-SHARDING_WORDS = re.compile(r"FullyShardedDataParallel|fully_shard|fsdp=|zero_stage|DeepSpeedPlugin|\"stage\":\s*3")
+SHARDING_NEEDS = ("FullyShardedDataParallel", "fully_shard", "fsdp=", "zero_stage", "DeepSpeedPlugin", '"stage":')
+GENERATE = re.compile(r"generate\(")
 # The first transformers that turn `synced_gpus` on by themselves (`GenerationMixin.generate` when it is left out):
 # for ZeRO-3 4.28.0 (4.27.4 defaults to False), for an FSDP-managed module 4.46.0 (4.45.0 checks ZeRO-3 only).
 AUTO_SYNC_SINCE = {"ZeRO-3": "4.28", "FSDP": "4.46"}
@@ -139,7 +140,7 @@ class GenerateWithoutSyncedGpus(Rule):
     needs_several_processes = True
     fix_kind = "safe"
     # an explicit setting, a raw engine, or a generate in a script that names a sharding backend (an old pin)
-    triggers = (Pattern(("synced_gpus",), EXPLICIT_FALSE), "deepspeed.initialize", Pattern(("generate(",), SHARDING_WORDS))
+    triggers = (Pattern(("synced_gpus",), EXPLICIT_FALSE), "deepspeed.initialize", Pattern(SHARDING_NEEDS, GENERATE))
 
     VALID = (
         Valid(

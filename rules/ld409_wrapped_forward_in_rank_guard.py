@@ -116,9 +116,7 @@ class WrappedForwardInRankGuard(Rule):
     fix_kind = "unsafe"
     triggers = (
         "DistributedDataParallel",
-        "DDP(",
         "FullyShardedDataParallel",
-        "FSDP(",
         "fully_shard",
         "prepare(",
         "deepspeed.initialize",

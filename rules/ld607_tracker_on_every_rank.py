@@ -139,18 +139,16 @@ class TrackerOnEveryRank(Rule):
     severity = Severity.WARNING
     needs_several_processes = True
     fix_kind = "unsafe"
-    triggers = (Pattern(("wandb.init", "SummaryWriter", "start_run(")),)
-    also_triggers = (
-        (
-            "Accelerator(",
-            "DistributedDataParallel",
-            "init_process_group",
-            "DDP(",
-            "fully_shard",
-            "torch.distributed",
-            "torch import distributed",
-        ),
+    # the words other rules test too come first: a file without them is passed over at no cost
+    triggers = (
+        "Accelerator(",
+        "DistributedDataParallel",
+        "init_process_group",
+        "fully_shard",
+        "torch.distributed",
+        "torch import distributed",
     )
+    also_triggers = ((Pattern(("wandb.init", "SummaryWriter", "start_run(")),),)
 
     VALID = (
         Valid(
