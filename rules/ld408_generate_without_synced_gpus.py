@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -283,38 +284,22 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
         since = AUTO_SYNC_SINCE[backend]
         if self.versions.allows("transformers", f">={since}") is not False:
             return  # a recent (or unknown) transformers decides by itself
-        for call in facts.calls:
-            func = call.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
-                continue
-            if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
-                continue
+        for call, model in self._generate_unset():
             if backend == "ZeRO-3" and gathered_for_generation(facts, call):
                 continue
-            if not (self.loop.prepared_model(func.value, call) or is_wrapped_sharded(facts, func.value, call)):
+            if not (self.loop.prepared_model(model, call) or is_wrapped_sharded(facts, model, call)):
                 continue
             message = (
                 f"`generate` without `synced_gpus` on a sharded model ({evidence}), and the project pins a "
                 f"transformers older than {since}, which leaves it off for {backend}: {HANG}; pass `synced_gpus=True`"
             )
-            fix = Fix(
-                Applicability.SAFE,
-                "Pass synced_gpus=True",
-                replacements=((call, with_arg_appended(call, keyword_arg("synced_gpus", cst.Name("True")))),),
-            )
-            self.report(call, message, fix=fix)
+            self.report(call, message, fix=_pass_synced(call, Applicability.SAFE))
 
     def _raw_engines(self, sharded: bool | None, evidence: str) -> None:
         """``generate`` on a raw ``deepspeed.initialize`` engine, with ``synced_gpus`` left to transformers, which
         cannot see ZeRO-3 without an ``HfDeepSpeedConfig``."""
-        facts = self.facts
-        for call in facts.calls:
-            func = call.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
-                continue
-            if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
-                continue
-            if not deepspeed_engine(facts, func.value, call):
+        for call, model in self._generate_unset():
+            if not deepspeed_engine(self.facts, model, call):
                 continue
             where = evidence if sharded else "if the engine runs ZeRO stage 3 (its config is not in sight)"
             message = (
@@ -322,12 +307,19 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
                 "it on only while an `HfDeepSpeedConfig` is alive, and none is here; under ZeRO-3 "
                 f"{HANG}; pass `synced_gpus=True`"
             )
-            fix = Fix(
-                Applicability.SAFE if sharded else Applicability.UNSAFE,
-                "Pass synced_gpus=True",
-                replacements=((call, with_arg_appended(call, keyword_arg("synced_gpus", cst.Name("True")))),),
-            )
+            fix = _pass_synced(call, Applicability.SAFE if sharded else Applicability.UNSAFE)
             self.report(call, message, severity=None if sharded else Severity.WARNING, fix=fix)
+
+    def _generate_unset(self) -> Iterator[tuple[cst.Call, cst.BaseExpression]]:
+        """Each ``<model>.generate(...)`` call that leaves ``synced_gpus`` to transformers (no such keyword, no
+        ``*args``/``**kwargs`` that may carry it), with the model it runs."""
+        for call in self.facts.calls:
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
+                continue
+            if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
+                continue
+            yield call, func.value
 
     def _report(self, value: cst.Name, spelled: str, sharded: bool | None, evidence: str) -> None:
         if sharded:
@@ -343,3 +335,9 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
             replacements=((value, value.with_changes(value="True")),),
         )
         self.report(value, message, severity=None if sharded else Severity.WARNING, fix=fix)
+
+
+def _pass_synced(call: cst.Call, applicability: Applicability) -> Fix:
+    """``synced_gpus=True`` appended to a ``generate`` call that leaves it out."""
+    appended = with_arg_appended(call, keyword_arg("synced_gpus", cst.Name("True")))
+    return Fix(applicability, "Pass synced_gpus=True", replacements=((call, appended),))
