@@ -248,10 +248,11 @@ dist.init_process_group(backend="nccl")
 
     def finish(self) -> None:
         facts = self.facts
-        loads = [call for call in facts.calls if facts.callee_is(call, TORCH_LOAD) and self._unmapped(call)]
+        torch_loads = [call for call in facts.calls if facts.callee_is(call, TORCH_LOAD)]
+        loads = [call for call in torch_loads if self._unmapped(call)]
         if not loads or not facts.sets_up_processes() or not uses_cuda(facts) or self._saves_cpu_tensors():
             return
-        mapped = [c for c in facts.calls if facts.callee_is(c, TORCH_LOAD) and not self._unmapped(c)]
+        mapped = [call for call in torch_loads if not self._unmapped(call)]
         for call in loads:
             if facts.rank_guard(call) is not None or not self._checkpoint(call):
                 continue
