@@ -196,7 +196,7 @@ class MyTrainer(Trainer):
                     self._report(call, [name], modern, [], at=key)
 
     def _report(self, call: cst.Call, names: list[str], modern: bool, loose: list[cst.Arg], at=None) -> None:
-        spelled = ", ".join(f"`{name}=`" for name in names)
+        spelled = _listed(names)
         rejected = [name for name in names if name != "split_batches"]
         if not modern:
             severity = Severity.INFO
