@@ -56,9 +56,9 @@ class RuleInfo:
     python_triggers: tuple | None = None
     also_triggers: tuple = ()
 
-    def wanted(self, text: str, kind: str, seen: dict[str, bool] | None = None) -> bool:
+    def wanted(self, text: str, kind: str, seen: dict | None = None) -> bool:
         """``Rule.wanted`` without importing the rule (and libcst with it). ``seen`` remembers, for one text,
-        which plain strings it holds: rules share many (``accelerat``, ``torch.distributed``)."""
+        what each trigger found: rules share many (``accelerat``, ``torch.distributed``, the rank words)."""
         if kind not in self.kinds:
             return False
         groups = self._python_groups if kind == "python" else self._groups
@@ -85,13 +85,14 @@ def _cheap_first(groups: tuple[tuple, ...]) -> tuple[tuple, ...]:
     return tuple(sorted(compiled, key=lambda group: not all(isinstance(t, (_Text, Pattern)) for t in group)))
 
 
-def _search(trigger, text: str, seen: dict[str, bool]) -> bool:
-    if isinstance(trigger, _Text):
-        found = seen.get(trigger.text)
-        if found is None:
-            found = seen[trigger.text] = trigger.text in text
-        return found
-    return bool(trigger.search(text))
+def _search(trigger, text: str, seen: dict) -> bool:
+    # a trigger is compiled once per manifest entry (``_trigger`` is cached), so the words or pattern two rules
+    # share is one object: its answer for this text is remembered under it
+    key = trigger.text if isinstance(trigger, _Text) else trigger
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = trigger.text in text if isinstance(trigger, _Text) else bool(trigger.search(text))
+    return found
 
 
 @cache
@@ -108,7 +109,7 @@ def rules_wanted(codes: frozenset[str], text: str, kind: str) -> list[type[Rule]
     A Python file is read with the imports its unbound conventional names stand for (``dist.barrier()`` alone
     wants what ``import torch.distributed as dist`` does)."""
     found = []
-    seen: dict[str, bool] = {}
+    seen: dict = {}
     if kind == "python":
         text = text_with_implied_imports(text)
     for info in manifest():

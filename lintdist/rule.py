@@ -251,15 +251,40 @@ class Words:
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
         self._patterns: dict[str, re.Pattern[str]] = {}
+        self._stems = _stems(names)
 
     def search(self, text: str) -> bool:
-        return any(name in text and self._pattern(name).search(text) for name in self.names)
+        # a name absent from the text costs a scan: the names are scanned for only where a stem they share
+        # (``rank`` for ``local_rank``, ``get_rank``, ...) occurs
+        return any(
+            stem in text and any(name in text and self._pattern(name).search(text) for name in names)
+            for stem, names in self._stems
+        )
 
     def _pattern(self, name: str) -> re.Pattern[str]:
         # the literal first, then the boundary checks behind and ahead of it: a fast scan (compiled on first use)
         if name not in self._patterns:
             self._patterns[name] = re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})(?!\w)")
         return self._patterns[name]
+
+
+def _stems(names: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The names grouped under substrings of at least four characters that several share, chosen greedily (the
+    one that covers most names first, the longer of two that cover as many); a name that shares none is its own
+    stem."""
+    left, stems = list(names), []
+    while left:
+        counts: dict[str, int] = {}
+        for name in left:
+            for part in {name[i:j] for i in range(len(name)) for j in range(i + 4, len(name) + 1)}:
+                counts[part] = counts.get(part, 0) + 1
+        stem = max(counts, key=lambda part: (counts[part], len(part), part)) if counts else left[0]
+        if counts.get(stem, 0) < 2:
+            stems.extend((name, (name,)) for name in left)
+            break
+        stems.append((stem, tuple(name for name in left if stem in name)))
+        left = [name for name in left if stem not in name]
+    return tuple(stems)
 
 
 def words(*names: str) -> Words:

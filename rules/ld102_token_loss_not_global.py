@@ -32,7 +32,7 @@ from lintdist.normalisation import (
     on_one_path,
     predicted_positions,
 )
-from lintdist.rule import Invalid, Rule, Valid
+from lintdist.rule import Invalid, Pattern, Rule, Valid, words
 from lintdist.spelling import unused_name
 
 
@@ -172,9 +172,18 @@ class TokenLossNotGlobal(Rule):
     name = "token-loss-not-global"
     severity = Severity.ERROR
     fix_kind = "safe"
-    # a backward call (`loss.backward(`, `accelerator.backward(`, `self.manual_backward(`), or a Trainer's
-    # compute_loss / Lightning's training_step
-    triggers = (re.compile(r"backward\s*\("), "compute_loss", "training_step")
+    # a backward call in code (`loss.backward(`, `accelerator.backward(`, `self.manual_backward(`): not an autograd
+    # Function's `def backward(`, nor a docstring's `>>> loss.backward()` or a comment (modeling modules have
+    # many); read backwards from the `(`. Or a Trainer's compute_loss / Lightning's training_step, as whole names
+    # (not `num_training_steps`)
+    triggers = (
+        Pattern(
+            ("backward",),
+            re.compile(r"\(\s*drawkcab(?![ \t]+fed(?:\s|\Z))(?![^\n]*(?:>>>|\.\.\.|#)[ \t]*(?:\n|\Z))"),
+            backwards=True,
+        ),
+        words("compute_loss", "training_step"),
+    )
     # token evidence; "= -1": targets masked by hand (`targets[mask == 0] = -1`)
     also_triggers = (("-100", "ignore_index", "label_pad_token_id", "= -1", *sorted(TOKEN_COLLATORS)),)
 

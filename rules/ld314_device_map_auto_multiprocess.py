@@ -139,6 +139,7 @@ class DeviceMapAutoMultiprocess(Rule):
             ),
         ),
     )
+    also_triggers = (("from_pretrained",),)  # the only call the rule reads
 
     VALID = (
         Valid(
@@ -322,7 +323,11 @@ Trainer(model=model, args=training_args).train()
             return None, None  # every launch of several processes takes the per-process value
         # a per-process value chosen when several processes run: the script is written for such launches
         chosen = next((n for n in own if about_launch(branch_tests(facts, n))), None)
-        aware = None if chosen is None else (f"the script picks a per-process map at {facts.where(chosen)} for such runs", False)
+        aware = (
+            None
+            if chosen is None
+            else (f"the script picks a per-process map at {facts.where(chosen)} for such runs", False)
+        )
         for node, text in spreads:
             if not (own and about_launch(branch_tests(facts, node))):
                 return text, aware

@@ -8,12 +8,14 @@ import re
 
 import libcst as cst
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lintdist.config
 import lintdist.registry
 import lintdist.report
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
-from lintdist.rule import Pattern, Rule
+from lintdist.rule import Pattern, Rule, words
 
 
 class RenameFoo(Rule):
@@ -233,3 +235,57 @@ def test_a_launch_file_of_plain_python_lines_is_read_only_for_rules_that_ask_for
     assert not _worth_parsing("python train.py --lr 1\n", "launch", [LauncherLines])
     assert not _worth_parsing("echo done\n", "launch", [PlainLines])
     assert _worth_parsing("torchrun --nproc_per_node 2 train.py\n", "launch", [LauncherLines])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["rank", "local_rank", "get_rank", "is_main_process", "process_index", "gpu_id"]),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(
+        st.sampled_from(["rank", "local_", "get_", "process", "_index", "ranking", "x.rank", " ", "\n", "(", "main"]),
+        max_size=12,
+    ),
+)
+def test_words_grouped_under_stems_match_exactly_where_a_whole_name_occurs(names, pieces):
+    text = "".join(pieces)
+    found = words(*names).search(text)
+    assert found == any(re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text) for n in names)
+
+
+def test_words_share_stems_of_four_characters_or_more():
+    stems = dict(words("local_rank", "get_rank", "rank", "barrier", "monitored_barrier", "gpu_id")._stems)
+    assert stems["rank"] == ("get_rank", "local_rank", "rank") and stems["barrier"] == ("barrier", "monitored_barrier")
+    assert stems["gpu_id"] == ("gpu_id",), "a name that shares no stem is scanned for on its own"
+
+
+def test_a_trigger_two_rules_share_is_searched_once_per_text():
+    entries = [
+        {"code": code, "default_enabled": True, "module": "m", "triggers": (("words", ("local_rank", "rank")),)}
+        for code in ("LD991", "LD992")
+    ]
+    first, second = (lintdist.registry.RuleInfo(**entry) for entry in entries)
+    seen: dict = {}
+    assert first.wanted("if local_rank == 0:\n", "python", seen)
+    shared = lintdist.registry._trigger(("words", ("local_rank", "rank")))
+    assert seen[shared] is True
+    seen[shared] = False  # the remembered answer is the one used
+    assert not second.wanted("if local_rank == 0:\n", "python", seen)
+
+
+def test_backward_and_device_map_triggers_skip_definitions_docstring_sessions_and_lone_keywords():
+    from lintdist.registry import rule_by_code
+
+    token_loss, device_map = rule_by_code("LD102"), rule_by_code("LD314")
+    labels = "labels[labels == pad] = -100\n"
+    assert token_loss.wanted(labels + "loss.backward()\n")
+    assert token_loss.wanted(labels + "from torch.autograd import backward\nbackward(loss)\n")
+    assert not token_loss.wanted(labels + "class F(Function):\n    def backward(ctx, grad):\n        return grad\n")
+    assert not token_loss.wanted(labels + '"""\n    >>> loss.backward()\n"""\n# loss.backward()\n')
+    assert not token_loss.wanted(labels + "num_training_steps = 10\n")
+    assert token_loss.wanted(labels + "class T(Trainer):\n    def compute_loss(self, model, inputs):\n        pass\n")
+    auto = 'model = AutoModel.from_pretrained("m", device_map="auto")\n'
+    assert device_map.wanted(auto)
+    assert not device_map.wanted('def load(device_map="auto"):\n    return device_map\n')
