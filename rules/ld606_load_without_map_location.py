@@ -39,7 +39,8 @@ class LoadWithoutMapLocation(Rule):
     broadcast); a CPU-only script (gloo and no CUDA device anywhere); a
     script whose own `torch.save` writes CPU tensors (`.cpu()`); a script
     whose launch runs one process; a state loaded into a gradient scaler, a
-    scheduler or a sampler (their state dicts hold numbers, not tensors);
+    scheduler or a sampler, or read from a path that names one, even in a
+    checkpoint folder (their state dicts hold numbers, not tensors);
     `accelerator.load_state`, `safetensors` and `from_pretrained`, which
     place tensors themselves.
 
@@ -128,6 +129,18 @@ torch.cuda.set_device(local_rank)
 scaler = torch.amp.GradScaler("cuda")
 torch.save(scaler.state_dict(), "scaler.pt")
 scaler.load_state_dict(torch.load("scaler.pt"))
+"""
+        ),
+        Valid(
+            """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(local_rank)
+torch.save(model.state_dict(), os.path.join(run_dir, "checkpoint", "model.pt"))
+lr_scheduler.load_state_dict(torch.load(os.path.join(run_dir, "checkpoint", SCHEDULER_FILE)))
 """
         ),
         Valid(
@@ -282,15 +295,19 @@ dist.init_process_group(backend="nccl")
         (itself, or the name it is bound to, subscripted or not) in a script that saves checkpoints itself
         (``torch.save``, ``accelerator.save``, ``fabric.save``), so the file may hold its CUDA tensors."""
         facts = self.facts
-        if CHECKPOINT_PATH.search(self.context.module.code_for_node(call.args[0].value)):
+        path = self.context.module.code_for_node(call.args[0].value)
+        parent = facts.parent(facts.parent(call))
+        into = parent if isinstance(parent, cst.Call) and facts.method_name(parent) == "load_state_dict" else None
+        if TENSORLESS.search(path) or (into is not None and not _holds_tensors(into)):
+            return False  # `lr_scheduler.load_state_dict(torch.load(join(checkpoint, SCHEDULER_NAME)))`
+        if CHECKPOINT_PATH.search(path):
             return True
         if not any(
             facts.callee_is(c, TORCH_SAVE) or (facts.method_name(c) == "save" and len(c.args) >= 2) for c in facts.calls
         ):
             return False
-        parent = facts.parent(facts.parent(call))
-        if isinstance(parent, cst.Call) and facts.method_name(parent) == "load_state_dict":
-            return _holds_tensors(parent)
+        if into is not None:
+            return True
         statement = facts.parent(call)
         if not isinstance(statement, cst.Assign) or not isinstance(statement.targets[0].target, cst.Name):
             return False
