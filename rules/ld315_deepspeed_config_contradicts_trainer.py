@@ -13,6 +13,7 @@ from lintdist.model import Severity, Span
 from lintdist.rule import Invalid, Rule, Valid
 from lintdist.script_arguments import script_flags
 from lintdist.sources import launch_text, line_col
+from lintdist.value_uses import assigned_reads
 from lintdist.values import known_value, number_literal, python_value, string_of
 
 TRAINING_ARGUMENTS = frozenset(
@@ -58,7 +59,9 @@ class DeepSpeedConfigContradictsTrainer(Rule):
     whose script it cannot see are not compared. On a launch line, a field
     the flags leave out takes its `TrainingArguments` default only when the
     script reads its options with `HfArgumentParser` and never names the
-    field itself (a subclass may give it another default). `train_batch_size`, the
+    field itself (a subclass may give it another default). Arguments bound
+    to a name that nothing reads but an `assert` are not compared: no
+    Trainer runs with them (a test that only starts DeepSpeed). `train_batch_size`, the
     optimizer, scheduler and precision keys are not checked here.
 
     ## Why is this bad?
@@ -147,23 +150,38 @@ from transformers import TrainingArguments
 args = TrainingArguments("out", max_grad_norm=0.0, deepspeed={"zero_optimization": {"stage": 3}})
 """
         ),
+        Valid(
+            """\
+import torch.distributed as dist
+from transformers import AutoModel, TrainingArguments
+
+dist.init_process_group("nccl")
+settings = TrainingArguments("out", deepspeed={"zero_optimization": {"stage": 3}})
+model = AutoModel.from_pretrained("gpt2")
+assert settings is not None and model is not None
+"""
+        ),
     )
     INVALID = (
         Invalid(
             """\
-from transformers import TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 args = TrainingArguments("out", deepspeed="ds_config.json")
+Trainer(model=model, args=args, train_dataset=train_set).train()
 """,
             lines=(3,),
-            project={"ds_config.json": '{\n  "zero_optimization": {"stage": 2},\n  "train_micro_batch_size_per_gpu": 8\n}\n'},
+            project={
+                "ds_config.json": '{\n  "zero_optimization": {"stage": 2},\n  "train_micro_batch_size_per_gpu": 8\n}\n'
+            },
         ),
         Invalid(
             """\
-from transformers import TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}
 args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_config)
+Trainer(model=model, args=args, train_dataset=train_set).train()
 """,
             lines=(4,),
         ),
@@ -175,7 +193,7 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
             if not facts.callee_is(call, TRAINING_ARGUMENTS):
                 continue
             given = argument_of(call, "deepspeed", None)
-            if given is None:
+            if given is None or self._never_used(call):
                 continue
             config = self._python_config(given, call)
             if config is None:
@@ -184,12 +202,25 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
             if any(a.star for a in call.args):
                 hf = {field: UNKNOWN for field, _ in MATCHED.values()}
             else:
-                hf = {field: self._number(argument_of(call, field, None), default, call) for field, default in MATCHED.values()}
+                hf = {
+                    field: self._number(argument_of(call, field, None), default, call)
+                    for field, default in MATCHED.values()
+                }
             auto_batch = argument_of(call, "auto_find_batch_size", None)
             if auto_batch is not None and not (isinstance(auto_batch, cst.Name) and auto_batch.value == "False"):
                 hf["per_device_train_batch_size"] = UNKNOWN
-            for message, severity in self._contradictions(name, values, hf, {f: argument_of(call, f, None) is None for f in hf}):
+            for message, severity in self._contradictions(
+                name, values, hf, {f: argument_of(call, f, None) is None for f in hf}
+            ):
                 self.report(given, message, severity=severity)
+
+    def _never_used(self, call: cst.Call) -> bool:
+        """The arguments are bound to a name that nothing reads but ``assert`` statements: no Trainer gets them (a
+        test that only builds them to see DeepSpeed start)."""
+        reads = assigned_reads(self.facts, call)
+        return reads is not None and all(
+            any(isinstance(a, cst.Assert) for a in self.facts.ancestors(read)) for read in reads
+        )
 
     def check_launch(self, launch) -> None:
         text = launch_text(self.context.text, self.context.path)
@@ -205,7 +236,9 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
                 continue
             # a field the script names itself may have another default there (a subclass, its own parser)
             hf = {
-                field: self._flag_number(flags.get(field), default if reads == "parser" and field not in source else UNKNOWN)
+                field: self._flag_number(
+                    flags.get(field), default if reads == "parser" and field not in source else UNKNOWN
+                )
                 for field, default in MATCHED.values()
             }
             if "auto_find_batch_size" in flags:
@@ -213,7 +246,9 @@ args = TrainingArguments("out", per_device_train_batch_size=16, deepspeed=ds_con
             values = {key: top_value(found[1], key) for key in MATCHED}
             end = flag.value_token.end if flag.value_token is not None else flag.token.end
             span = Span(*line_col(text, flag.token.start), *line_col(text, end))
-            for message, severity in self._contradictions(f"`{flag.value}`", values, hf, {f: f not in flags for f in hf}):
+            for message, severity in self._contradictions(
+                f"`{flag.value}`", values, hf, {f: f not in flags for f in hf}
+            ):
                 self.report(None, message, severity=severity, span=span)
 
     def _python_config(self, given: cst.BaseExpression, call: cst.Call) -> tuple[str, dict[str, object]] | None:
