@@ -79,7 +79,10 @@ class GenerateWithoutSyncedGpus(Rule):
     `pyproject.toml`, `setup.py` or environment file). Otherwise
     `generate` with `synced_gpus` left out on an FSDP
     model, under the Trainer or accelerate's DeepSpeed plugin is not
-    reported: transformers 5.x turns it on itself there. An engine that
+    reported: transformers 5.x turns it on itself there; nor is a
+    `generate` that cannot stop early (`min_new_tokens` written as its
+    `max_new_tokens`, or `min_length` as its `max_length`): every rank runs
+    as many forwards. An engine that
     `deepspeed.initialize` builds in another module and hands over through
     an attribute or a parameter (`self.actor = engine_owner.actor`) is
     known by its API (`backward(loss)`, `step()` and `.module` on it):
@@ -192,6 +195,15 @@ outputs = engine.module.generate(input_ids)
 """
         ),
         Valid("outputs = model.generate(input_ids, synced_gpus=False)\n"),
+        Valid(
+            """\
+import deepspeed
+
+ds_config = {"train_batch_size": 16, "zero_optimization": {"stage": 3}}
+engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+outputs = engine.module.generate(input_ids, min_new_tokens=32, max_new_tokens=32)
+"""
+        ),
         Valid(
             """\
 class Rollout:
@@ -398,13 +410,17 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
 
     def _generate_unset(self) -> Iterator[tuple[cst.Call, cst.BaseExpression]]:
         """Each ``<model>.generate(...)`` call that leaves ``synced_gpus`` to transformers (no such keyword, no
-        ``*args``/``**kwargs`` that may carry it), with the model it runs."""
+        ``*args``/``**kwargs`` that may carry it) and may stop early (not ``min_length`` equal to ``max_length``,
+        nor ``min_new_tokens`` to ``max_new_tokens``), with the model it runs."""
         for call in self.facts.calls:
             func = call.func
             if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
                 continue
             if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
                 continue
+            given = {a.keyword.value: cst.Module([]).code_for_node(a.value) for a in call.args if a.keyword}
+            if any(given.get(f"min_{n}", 0) == given.get(f"max_{n}") for n in ("length", "new_tokens")):
+                continue  # EOS cannot stop a rank before the others: every rank runs as many forwards
             yield call, func.value
 
     def _report(self, value: cst.Name, spelled: str, sharded: bool | None, evidence: str) -> None:
