@@ -123,3 +123,21 @@ def may_run_deepspeed(facts: PythonFacts, settings, launch) -> bool:
         return True
     given = [argument_of(call, "deepspeed", None) for call in facts.calls]
     return any(g is not None and not (isinstance(g, cst.Name) and g.value == "None") for g in given)
+
+
+def engine_by_api(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNode) -> str | None:
+    """Where ``expr`` (or the model it is the ``.module`` of) holds an engine that ``deepspeed.initialize`` made
+    out of sight (in another module, handed over through an attribute or a parameter lintdist does not follow):
+    the evidence, that it is used as one (``backward(loss)``, ``step()`` and ``.module`` together, which no
+    other wrapper has); None where something in sight says what it holds, or its API does not."""
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "module":
+        expr = expr.value
+    if not isinstance(expr, (cst.Name, cst.Attribute)):
+        return None
+    if any(not isinstance(o.node, (cst.Param, cst.Name, cst.Attribute)) for o in facts.origins(expr, at)):
+        return None  # made in sight (a call, a literal): what it is was decided there
+    found = facts.used_as(expr, at)
+    if found is None or found[0] != "deepspeed_engine" or not {"step", "module"} <= set(found[1]):
+        return None
+    used = ", ".join(f"`{attribute}`" for attribute in found[1])
+    return f"`{get_full_name_for_node(expr)}` is used as a DeepSpeed engine: {used}"

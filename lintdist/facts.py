@@ -168,8 +168,15 @@ API_SIGNATURES = {
     ),
     "ddp": (frozenset({"no_sync"}), frozenset({"module"})),
     "sampler": (frozenset({"set_epoch"}), frozenset({"num_replicas"})),
+    # the engine `deepspeed.initialize` returns: `engine.backward(loss)`, `engine.step()`, `engine.module`
+    "deepspeed_engine": (frozenset({"backward"}), frozenset({"step", "module"})),
 }
-API_NAMES = {"accelerator": "an Accelerator", "ddp": "a DDP-wrapped model", "sampler": "a distributed sampler"}
+API_NAMES = {
+    "accelerator": "an Accelerator",
+    "ddp": "a DDP-wrapped model",
+    "sampler": "a distributed sampler",
+    "deepspeed_engine": "a DeepSpeed engine",
+}
 API_CONVENTIONAL_NAMES = {"accelerator": "accelerator"}
 # A name imported from one of these is what its import says, never identified by its API.
 KNOWN_LIBRARIES = frozenset({"torch", "accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed"})
@@ -1050,7 +1057,7 @@ class PythonFacts:
 
     def used_as(self, expr: cst.BaseExpression, at: cst.CSTNode) -> tuple[str, tuple[str, ...]] | None:
         """The kind of object ``expr`` is by the API used on it in its scope, where nothing binds it in sight:
-        ("accelerator", (the attributes it rests on)), ("ddp", ...) or ("sampler", ...)."""
+        ("accelerator", (the attributes it rests on)), ("ddp", ...), ("sampler", ...) or ("deepspeed_engine", ...)."""
         key = get_full_name_for_node(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
         if not key:
             return None

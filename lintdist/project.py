@@ -454,3 +454,13 @@ def _call(name: str) -> re.Pattern[str]:
 def _argument(name: str) -> re.Pattern[str]:
     """``name`` handed to a call as a value (``spawn(main_worker, ...)``, ``target=main_worker)``)."""
     return re.compile(rf"{re.escape(name)}(?<!\w{re.escape(name)})\s*[,)]")
+
+
+def mentioned_in_project(view: ProjectView, word: re.Pattern[str]) -> bool | None:
+    """Whether a module of ``view``'s project (a Python file under its import root, itself included) matches
+    ``word``; None when the project is too large to search. The files read count for the cache: a mention
+    added to any of them changes the answer."""
+    root = import_root(view.path)
+    if project_too_large(root):
+        return None
+    return any(word.search(view.project.text(path) or "") for path in project_files(root))

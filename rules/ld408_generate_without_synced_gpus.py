@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from lintdist.deepspeed_settings import deepspeed_engine
+from lintdist.deepspeed_settings import deepspeed_engine, engine_by_api
 from lintdist.edits import keyword_arg, with_arg_appended
 from lintdist.literals import dict_key, is_name
 from lintdist.model import Applicability, Fix, Severity
+from lintdist.project import mentioned_in_project
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.sharding import gathered_for_generation, parameter_sharding
 from lintdist.wrappers import is_wrapped, wrapper_kind
@@ -18,6 +19,10 @@ from lintdist.wrappers import is_wrapped, wrapper_kind
 # What makes transformers' `is_deepspeed_zero3_enabled()` true: an `HfDeepSpeedConfig` kept alive (the Trainer's,
 # accelerate's `DeepSpeedPlugin`'s, or the script's own).
 ZERO3_DETECTED = ("HfDeepSpeedConfig", "HfTrainerDeepSpeedConfig", "DeepSpeedPlugin", "TrainingArguments")
+# The same in any module of a project, with the objects that make one (a Trainer, an Accelerator)
+ZERO3_DETECTED_IN_PROJECT = re.compile(
+    r"HfDeepSpeedConfig|HfTrainerDeepSpeedConfig|DeepSpeedPlugin|TrainingArguments|\bTrainer\(|\bAccelerator\("
+)
 # Spellings of a sharding backend in a script (a library's modeling code says "fsdp" or "ZeRO" in passing).
 # `synced_gpus=False`, `"synced_gpus": False`: the one setting of it the rule reports
 EXPLICIT_FALSE = re.compile(r"synced_gpus[\"']?\s*[=:]\s*False")
@@ -74,7 +79,18 @@ class GenerateWithoutSyncedGpus(Rule):
     `pyproject.toml`, `setup.py` or environment file). Otherwise
     `generate` with `synced_gpus` left out on an FSDP
     model, under the Trainer or accelerate's DeepSpeed plugin is not
-    reported: transformers 5.x turns it on itself there.
+    reported: transformers 5.x turns it on itself there; nor is a
+    `generate` that cannot stop early (`min_new_tokens` written as its
+    `max_new_tokens`, or `min_length` as its `max_length`): every rank runs
+    as many forwards. An engine that
+    `deepspeed.initialize` builds in another module and hands over through
+    an attribute or a parameter (`self.actor = engine_owner.actor`) is
+    known by its API (`backward(loss)`, `step()` and `.module` on it):
+    `<engine>.module.generate` without `synced_gpus` is a warning there,
+    its ZeRO stage being out of sight, unless a module of the project (a
+    file under its import root) names `HfDeepSpeedConfig`, a `Trainer`,
+    `TrainingArguments`, an `Accelerator` or a `DeepSpeedPlugin` (lintdist
+    does not tell whether such a config outlives the call that made it).
 
     ## Why is this bad?
     Under FSDP and ZeRO-3 each forward all-gathers the parameters, a
@@ -124,7 +140,8 @@ class GenerateWithoutSyncedGpus(Rule):
     - https://github.com/huggingface/transformers/issues/18281: T5 `generate` under ZeRO-3 never finishes; the
       maintainer: "you must use `generate(..., synced_gpus=True)`"
     - https://github.com/deepspeedai/DeepSpeedExamples/pull/636: DS-Chat step 3 hung under ZeRO-3 (raw
-      `deepspeed.initialize`, no `HfDeepSpeedConfig`); fixed with `synced_gpus=True`
+      `deepspeed.initialize` in `rlhf_engine.py`, `generate` on `self.actor_model.module` in `ppo_trainer.py`,
+      the `HfDeepSpeedConfig` a local that dies on return); fixed with `synced_gpus=True`
     - https://github.com/huggingface/transformers/issues/30228 and
       https://github.com/huggingface/transformers/pull/33483: FSDP `generate` deadlocks when ranks produce
       different lengths; the PR defaults `synced_gpus` to True for FSDP
@@ -141,7 +158,12 @@ class GenerateWithoutSyncedGpus(Rule):
     needs_several_processes = True
     fix_kind = "safe"
     # an explicit setting, a raw engine, or a generate in a script that names a sharding backend (an old pin)
-    triggers = (Pattern(("synced_gpus",), EXPLICIT_FALSE), "deepspeed.initialize", Pattern(SHARDING_NEEDS, GENERATE))
+    triggers = (
+        Pattern(("synced_gpus",), EXPLICIT_FALSE),
+        "deepspeed.initialize",
+        Pattern(SHARDING_NEEDS, GENERATE),
+        Pattern((".module.generate(",), re.compile(r"\.backward\(")),  # an engine made in another module
+    )
 
     VALID = (
         Valid(
@@ -175,6 +197,32 @@ outputs = engine.module.generate(input_ids)
         Valid("outputs = model.generate(input_ids, synced_gpus=False)\n"),
         Valid(
             """\
+import deepspeed
+
+ds_config = {"train_batch_size": 16, "zero_optimization": {"stage": 3}}
+engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+outputs = engine.module.generate(input_ids, min_new_tokens=32, max_new_tokens=32)
+"""
+        ),
+        Valid(
+            """\
+class Rollout:
+    def __init__(self, engines):
+        self.policy = engines.policy
+
+    def sample(self, prompts):
+        return self.policy.module.generate(prompts, max_new_tokens=64)
+
+    def learn(self, loss):
+        self.policy.backward(loss)
+        self.policy.step()
+""",
+            project={
+                "engines.py": "from transformers.integrations import HfDeepSpeedConfig\nkept = HfDeepSpeedConfig(cfg)\n"
+            },
+        ),
+        Valid(
+            """\
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 model = FSDP(model, use_orig_params=True)
@@ -184,6 +232,33 @@ samples = model.generate(prompt_ids, do_sample=True, max_length=256)
         ),
     )
     INVALID = (
+        Invalid(
+            """\
+class Rollout:
+    def __init__(self, engines):
+        self.policy = engines.policy
+
+    def sample(self, prompts):
+        return self.policy.module.generate(prompts, max_new_tokens=64)
+
+    def learn(self, loss):
+        self.policy.backward(loss)
+        self.policy.step()
+""",
+            lines=(6,),
+            unsafe_fixed="""\
+class Rollout:
+    def __init__(self, engines):
+        self.policy = engines.policy
+
+    def sample(self, prompts):
+        return self.policy.module.generate(prompts, max_new_tokens=64, synced_gpus=True)
+
+    def learn(self, loss):
+        self.policy.backward(loss)
+        self.policy.step()
+""",
+        ),
         Invalid(
             """\
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -258,7 +333,13 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
     def finish(self) -> None:
         facts = self.facts
         sharded, evidence = parameter_sharding(facts, self.settings)
-        if sharded is False or (sharded is None and not self.loop.distributed):
+        if sharded is False:
+            return
+        text = self.context.text
+        unseen = not any(word in text for word in ZERO3_DETECTED)  # nothing here keeps ZeRO-3 visible
+        if unseen and ".module.generate(" in text:
+            self._engines_from_elsewhere()  # such an engine stands for a `deepspeed.initialize` run
+        if sharded is None and not self.loop.distributed:
             return
         zero3_gathered = sharded is not True or "DeepSpeed" in evidence
         for call in facts.calls:
@@ -271,8 +352,7 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
         for element in facts.index.nodes(cst.DictElement):
             if dict_key(element) == "synced_gpus" and is_name(element.value, "False"):
                 self._report(element.value, '`"synced_gpus": False`', sharded, evidence)
-        text = self.context.text
-        if "deepspeed.initialize" in text and not any(word in text for word in ZERO3_DETECTED):
+        if unseen and "deepspeed.initialize" in text:
             self._raw_engines(sharded, evidence)
         elif sharded:
             self._before_auto_sync(evidence)
@@ -310,15 +390,37 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
             fix = _pass_synced(call, Applicability.SAFE if sharded else Applicability.UNSAFE)
             self.report(call, message, severity=None if sharded else Severity.WARNING, fix=fix)
 
+    def _engines_from_elsewhere(self) -> None:
+        """``generate`` on an engine made in another module (known by its API), where no module of the project
+        keeps ZeRO-3 visible to transformers; its ZeRO stage is not in sight, so a warning."""
+        facts, project = self.facts, self.facts.project
+        for call, model in self._generate_unset():
+            used = engine_by_api(facts, model, call)
+            if used is None or gathered_for_generation(facts, call):
+                continue
+            if project is not None and mentioned_in_project(project, ZERO3_DETECTED_IN_PROJECT) is not False:
+                return  # a module keeps one (or makes a Trainer or Accelerator that does), or too many to read
+            message = (
+                f"`generate` without `synced_gpus` on a DeepSpeed engine made in another module ({used}): it "
+                "hangs under ZeRO-3, where transformers turns `synced_gpus` on only while an `HfDeepSpeedConfig` "
+                f"is alive, and no module of this project keeps one; {HANG}; pass `synced_gpus=True` if the engine "
+                "may run ZeRO stage 3"
+            )
+            self.report(call, message, severity=Severity.WARNING, fix=_pass_synced(call, Applicability.UNSAFE))
+
     def _generate_unset(self) -> Iterator[tuple[cst.Call, cst.BaseExpression]]:
         """Each ``<model>.generate(...)`` call that leaves ``synced_gpus`` to transformers (no such keyword, no
-        ``*args``/``**kwargs`` that may carry it), with the model it runs."""
+        ``*args``/``**kwargs`` that may carry it) and may stop early (not ``min_length`` equal to ``max_length``,
+        nor ``min_new_tokens`` to ``max_new_tokens``), with the model it runs."""
         for call in self.facts.calls:
             func = call.func
             if not (isinstance(func, cst.Attribute) and func.attr.value == "generate"):
                 continue
             if any(arg.star or (arg.keyword is not None and arg.keyword.value == "synced_gpus") for arg in call.args):
                 continue
+            given = {a.keyword.value: cst.Module([]).code_for_node(a.value) for a in call.args if a.keyword}
+            if any(given.get(f"min_{n}", 0) == given.get(f"max_{n}") for n in ("length", "new_tokens")):
+                continue  # EOS cannot stop a rank before the others: every rank runs as many forwards
             yield call, func.value
 
     def _report(self, value: cst.Name, spelled: str, sharded: bool | None, evidence: str) -> None:

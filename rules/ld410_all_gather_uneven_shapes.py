@@ -1,4 +1,5 @@
-"""LD410 all-gather-uneven-shapes: gathering `generate` outputs whose length differs per rank, without padding."""
+"""LD410 all-gather-uneven-shapes: gathering `generate` outputs or mask-selected elements, whose length differs per
+rank, without padding."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from libcst.helpers import get_full_name_for_node
 from lintdist.facts import argument_of
 from lintdist.literals import is_name
 from lintdist.model import Severity
-from lintdist.per_rank_shapes import generated_sequences
+from lintdist.per_rank_shapes import is_generate, per_rank_source
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 
 TORCH_GATHERS = frozenset(
@@ -42,7 +43,13 @@ class AllGatherUnevenShapes(Rule):
     `generate` with `min_new_tokens` equal to `max_new_tokens`, and values
     lintdist cannot follow (a parameter, a helper's result). The
     `min_new_tokens == max_new_tokens` case is left out although the prompts'
-    padding can still differ per rank: lintdist cannot tell.
+    padding can still differ per rank: lintdist cannot tell. Also reported:
+    the same gathers of the elements a boolean mask selects
+    (`x[mask.bool()]`, `torch.masked_select(x, mask)`), whose number is
+    the mask's count of `True` on each rank. Model outputs whose sequence
+    dimension follows each rank's own batch padding (multi-vector
+    embeddings) are not reported: nothing in the code tells them from
+    pooled `[batch, dim]` embeddings, which gather fine.
 
     ## Why is this bad?
     `generate` stops when this rank's sequences are done and pads its
@@ -83,6 +90,8 @@ class AllGatherUnevenShapes(Rule):
       sizes on different devices freezes the run
     - https://github.com/NVIDIA/nccl/issues/1417: the NCCL maintainer: it may hang as soon as the sizes differ,
       and some data will be incorrect
+    - https://github.com/huggingface/trl/pull/3964: GRPO's entropy masking hangs on several GPUs because
+      `accelerator.gather(entropies[mask.bool()])` gathers tensors of different lengths; fixed by padding first
     - Proof: tests/proofs/test_ld410_uneven_gather.py (gloo, 2 ranks): gathering generated sequences of
       lengths 4 and 7 with accelerate fails; padded with `pad_across_processes` first, every rank gets both
     """
@@ -92,7 +101,7 @@ class AllGatherUnevenShapes(Rule):
     severity = Severity.ERROR
     needs_several_processes = True
     fix_kind = "none"
-    triggers = ("generate(",)
+    triggers = ("generate(", ".bool()]", "masked_select(")
     # a gather across processes: torch's, or accelerate's (`torch.gather` and `x.gather(dim, index)` are tensor ops)
     also_triggers = (
         (
@@ -150,6 +159,17 @@ dist.all_gather(gathered, out)
 """,
             lines=(6,),
         ),
+        Invalid(
+            """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+kept = token_losses[response_mask.bool()].float()
+everyone = accelerator.gather(kept)
+cutoff = torch.quantile(everyone, 0.9)
+""",
+            lines=(5,),
+        ),
     )
 
     def finish(self) -> None:
@@ -161,9 +181,9 @@ dist.all_gather(gathered, out)
             elements = gathered.elements if isinstance(gathered, (cst.Tuple, cst.List)) else ()
             values = [e.value for e in elements] or [gathered]
             for value in values:
-                generate = generated_sequences(facts, value, call)
-                if generate is not None and not _fixed_length(generate):
-                    self._report(call, value, generate)
+                source = per_rank_source(facts, value, call)
+                if source is not None and not (is_generate(facts, source) and _fixed_length(source)):
+                    self._report(call, value, source)
                     break
 
     def _gathered(self, call: cst.Call) -> cst.BaseExpression | None:
@@ -188,21 +208,27 @@ dist.all_gather(gathered, out)
         )
         return argument_of(call, "tensor" if method == "gather" else "input_data", 0) if accelerate else None
 
-    def _report(self, call: cst.Call, value: cst.BaseExpression, generate: cst.Call) -> None:
+    def _report(self, call: cst.Call, value: cst.BaseExpression, source: cst.CSTNode) -> None:
         shown = cst.Module([]).code_for_node(value)
         callee = get_full_name_for_node(call.func) or "the gather"
-        line = self.context.span(generate).line
+        line = self.context.span(source).line
+        generated = is_generate(self.facts, source)
+        if generated:
+            what = (
+                f"the output of `generate` (line {line}), whose length differs per rank (each rank stops at its own "
+                "EOS and pads its prompts to its own longest)"
+            )
+        else:
+            what = f"the elements a boolean mask selects (line {line}), as many as the mask has `True` on each rank"
         message = (
-            f"`{callee}()` gathers `{shown}`, the output of `generate` (line {line}), whose length differs per rank "
-            "(each rank stops at its own EOS and pads its prompts to its own longest): an all-gather needs the same "
-            "shape on every rank, so the job hangs or gathers wrong data; "
+            f"`{callee}()` gathers `{shown}`, {what}: an all-gather needs the same shape on every rank, so the job "
+            "hangs or gathers wrong data; "
         )
         if (self.facts.method_name(call) or "").startswith("all_gather"):
             message += "all-gather the lengths first and pad to the longest, or use `dist.all_gather_object`"
         else:
-            message += (
-                f"pad it first: `accelerator.pad_across_processes({shown}, dim=1, pad_index=tokenizer.pad_token_id)`"
-            )
+            dim, pad = ("1", "tokenizer.pad_token_id") if generated else ("0", "<a value it never holds>")
+            message += f"pad it first: `accelerator.pad_across_processes({shown}, dim={dim}, pad_index={pad})`"
         self.report(call, message)
 
 

@@ -10,6 +10,7 @@ from lintdist.deepspeed_settings import (
     DEFAULT_CLIPPING,
     UNKNOWN,
     deepspeed_engine,
+    engine_by_api,
     gradient_clipping,
     literal_zero_stage,
     may_run_deepspeed,
@@ -109,3 +110,52 @@ def test_may_run_deepspeed_from_launcher_launch_settings_and_code():
     assert may_run_deepspeed(plain, _settings(distributed_type="DEEPSPEED"), Launch())
     configured = _facts("args = TrainingArguments('out', deepspeed='z2.json')\n")
     assert may_run_deepspeed(configured, None, Launch())
+
+
+ENGINE_USER = """
+    class Rollout:
+        def __init__(self, owner, helper):
+            self.policy = owner.policy
+            self.helper = helper
+            self.made = build(owner)
+
+        def sample(self, prompts):
+            self.policy.module.generate(prompts)
+            self.helper.module.generate(prompts)
+            self.made.module.generate(prompts)
+
+        def learn(self, loss):
+            self.policy.backward(loss)
+            self.policy.step()
+            self.helper.step()
+            self.made.backward(loss)
+            self.made.step()
+    """
+
+
+def test_engine_by_api_needs_backward_step_and_module_on_a_value_made_out_of_sight():
+    facts = _facts(ENGINE_USER)
+    calls = {facts.index.module.code_for_node(c.func): c for c in facts.calls}
+    policy = calls["self.policy.module.generate"]
+    assert engine_by_api(facts, policy.func.value, policy) == (
+        "`self.policy` is used as a DeepSpeed engine: `backward`, `module`, `step`"
+    )
+    helper = calls["self.helper.module.generate"]
+    assert engine_by_api(facts, helper.func.value, helper) is None  # no `backward`: an optimizer-like helper
+    made = calls["self.made.module.generate"]
+    assert engine_by_api(facts, made.func.value, made) is None  # built by a call in sight: decided there
+
+
+def test_engine_by_api_leaves_engines_made_here_to_deepspeed_engine():
+    facts = _facts(
+        """
+        import deepspeed
+        engine, *_ = deepspeed.initialize(model=net, config=cfg)
+        engine.module.generate(x)
+        engine.backward(loss)
+        engine.step()
+        """
+    )
+    generate = next(c for c in facts.calls if facts.method_name(c) == "generate")
+    assert engine_by_api(facts, generate.func.value, generate) is None
+    assert deepspeed_engine(facts, generate.func.value, generate)

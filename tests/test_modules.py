@@ -389,4 +389,30 @@ def test_a_reach_names_the_calls_in_other_modules_it_was_followed_through(tmp_pa
     assert answer.value is True
     assert sorted(other.where(call) for other, call in answer.through) == ["engine.py:5", "evaluate.py:3", "train.py:6"]
     assert [other.where(call) for other, call in answer.from_distributed_callers] == ["train.py:6"]
-    assert not helper.sets_up_processes() and not project.facts((tmp_path / "evaluate.py").resolve()).sets_up_processes()
+    assert (
+        not helper.sets_up_processes() and not project.facts((tmp_path / "evaluate.py").resolve()).sets_up_processes()
+    )
+
+
+def test_a_word_is_searched_in_every_module_under_the_import_root(tmp_path):
+    import re
+
+    from lintdist.project import ProjectView, mentioned_in_project
+
+    write(
+        tmp_path,
+        {
+            "trainer.py": "class Rollout:\n    pass\n",
+            "engines.py": "import deepspeed\nengine, *_ = deepspeed.initialize(model=net, config=cfg)\n",
+            "main.py": "from trainer import Rollout\nRollout()\n",
+        },
+    )
+    project = Project()
+    view = ProjectView(project, tmp_path / "trainer.py")
+    kept = re.compile(r"HfDeepSpeedConfig|\bTrainer\(")
+    assert mentioned_in_project(view, kept) is False  # `Rollout(` is no `Trainer(`
+    (tmp_path / "main.py").write_text("from transformers.integrations import HfDeepSpeedConfig\n", encoding="utf-8")
+    assert mentioned_in_project(ProjectView(Project(), tmp_path / "trainer.py"), kept) is True
+    with project.recording() as read:
+        mentioned_in_project(view, re.compile("nowhere"))
+    assert {path.name for path in read} == {"trainer.py", "engines.py", "main.py"}

@@ -9,7 +9,7 @@ import pytest
 
 from lintdist.facts import PythonFacts
 from lintdist.names import NameResolver
-from lintdist.per_rank_shapes import generated_sequences
+from lintdist.per_rank_shapes import generated_sequences, is_generate, per_rank_source
 from lintdist.syntax import SyntaxIndex
 
 
@@ -40,3 +40,27 @@ def _gathered(code: str) -> tuple[PythonFacts, cst.Call]:
 def test_generated_sequences(code: str, found: bool) -> None:
     facts, call = _gathered(code)
     assert (generated_sequences(facts, call.args[0].value, call) is not None) is found
+
+
+@pytest.mark.parametrize(
+    ("code", "source"),
+    [
+        ("kept = losses[mask.bool()].float()\naccelerator.gather(kept)", "losses[mask.bool()]"),
+        ("accelerator.gather(torch.masked_select(scores, keep))", "torch.masked_select(scores, keep)"),
+        ("kept = scores.masked_select(keep).detach()\naccelerator.gather(kept)", "scores.masked_select(keep)"),
+        ("out = model.generate(ids)\naccelerator.gather(out[:, 3:])", "model.generate(ids)"),
+        (
+            "kept = losses[mask.bool()]\nkept = accelerator.pad_across_processes(kept, dim=0)\naccelerator.gather(kept)",
+            None,
+        ),
+        ("accelerator.gather(losses[mask.bool()].sum())", None),  # reduced to one value per rank
+        ("accelerator.gather(losses[mask])", None),  # an integer index tensor keeps its own length
+        ("accelerator.gather(losses[:, mask.bool()])", None),  # several indices: not followed
+        ("accelerator.gather(torch.cat([kept, padding]))", None),
+    ],
+)
+def test_per_rank_source(code: str, source: str | None) -> None:
+    facts, call = _gathered(code)
+    found = per_rank_source(facts, call.args[0].value, call)
+    assert (None if found is None else cst.Module([]).code_for_node(found)) == source
+    assert is_generate(facts, found) is (source is not None and ".generate(" in source)
