@@ -119,9 +119,6 @@ class PeftAfterWrap(Rule):
     - https://github.com/huggingface/transformers/pull/48792 (comment by qgallouedec, and PR 48873): with
       `fully_shard` run before `get_peft_model`, "each rank inits `lora_A` from its own rng", FSDP2
       "reduce-scatters only what it sharded", so "N ranks train N different adapters and rank 0's is the one saved"
-    - https://github.com/bghira/SimpleTuner/issues/972 (fixed in PR 974):
-      LoRA set-up run after `accelerator.prepare` hit the DDP wrapper; the fix
-      moved it before `prepare`
     - Proof: tests/proofs/test_ld311_adapters_drift.py (gloo, 2 ranks): LoRA
       layers injected into `ddp.module` after the wrap (as peft does) train to
       different weights on the two ranks without an error; injected before the

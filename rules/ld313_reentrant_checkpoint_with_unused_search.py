@@ -40,6 +40,7 @@ from lintdist.edits import with_keyword_last
 from lintdist.facts import argument_of
 from lintdist.model import Applicability, Fix, Severity
 from lintdist.rule import Invalid, Rule, Valid
+from lintdist.trainer_ddp import default_unused_search
 from lintdist.values import constant_truth, known_value
 
 CHECKPOINTS = frozenset({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
@@ -71,7 +72,16 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     kin; `ddp_find_unused_parameters=True` given to transformers'
     `TrainingArguments` or assigned to a field of parsed arguments,
     `args.ddp_find_unused_parameters = True`), without `static_graph=True`
-    (`ddp_static_graph=True`). Reentrant checkpointing is
+    (`ddp_static_graph=True`), or that hands a PEFT model
+    (`get_peft_model(...)`, `PeftModel.from_pretrained(...)`) to a transformers
+    `Trainer` whose arguments leave `ddp_find_unused_parameters` unset: the
+    Trainer then searches, as it does for any model that is no
+    `PreTrainedModel`. The Trainer builds DDP only on a launch of several
+    processes, so this case is reported only where the launch (or the
+    script: a process group, a wrapper) says so, and not in notebooks or
+    tests; it is a warning when the arguments are parsed from the command
+    line (`HfArgumentParser(...).parse_args_into_dataclasses()`), which may
+    still set the field. Reentrant checkpointing is
     `torch.utils.checkpoint.checkpoint(...)` or `checkpoint_sequential(...)`
     with `use_reentrant=True` or without `use_reentrant` (torch's default is
     still reentrant), and transformers or peft checkpointing whose kwargs ask
@@ -83,7 +93,9 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     `if args.gradient_checkpointing:`, or with `args.gradient_checkpointing =
     True`), and in peft's
     `prepare_model_for_kbit_training(...)`, which passes `{}` on when given no
-    kwargs. Without kwargs (and, through the `Trainer`, with `{}`)
+    kwargs (unless the Trainer's arguments turn checkpointing on: the Trainer
+    then enables it again with its own kwargs). Without kwargs (and, through
+    the `Trainer`, with `{}`)
     transformers 5 checkpoints non-reentrantly and 4 reentrantly, so those
     are reported only when the project pins transformers below 5. A value
     lintdist cannot read is left alone, and so are the `Trainer`'s
@@ -99,7 +111,10 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     and marks them all ready. The backward then recomputes the segment and
     their gradients arrive, and DDP's reducer raises `RuntimeError: Expected
     to mark a variable ready only once ... has been marked as ready twice` at
-    the first backward. Each of the two settings alone works.
+    the first backward. Each of the two settings alone works. Fine-tuning
+    adapters hits it without asking for the search: the Trainer turns it
+    off for a checkpointing `PreTrainedModel`, but not for the PEFT model
+    that wraps one.
 
     ## Example
     ```python
@@ -121,7 +136,9 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     parameters without gradients (a frozen embedding before LoRA layers), and
     the non-reentrant one trains them; hooks and `torch.autograd.grad` inside
     the segment behave differently too. Dropping `find_unused_parameters=True`
-    instead can expose parameters that really are unused.
+    instead can expose parameters that really are unused. No fix is offered
+    where the project's pinned range allows a transformers before 4.35 or a
+    peft before 0.6, which do not take `gradient_checkpointing_kwargs`.
 
     ## References
     - torch 2.13 `utils/checkpoint.py::checkpoint` (`use_reentrant=None` warns, then is True) and
@@ -137,6 +154,13 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
       checkpointing raises the error; with `find_unused_parameters=False` it runs
     - https://github.com/huggingface/accelerate/issues/389: users confirm
       `gradient_checkpointing_kwargs={"use_reentrant": False}` fixes it
+    - transformers 5.24 `trainer.py::Trainer._build_accelerator_args` (4.x `Trainer._wrap_model`): with
+      `ddp_find_unused_parameters` None, `find_unused_parameters` is `not is_activation_checkpointing` for a
+      `PreTrainedModel` and True for any other model; peft `peft_model.py::PeftModel` derives from
+      `PushToHubMixin, torch.nn.Module` only
+    - https://github.com/mymusise/ChatGLM-Tuning/issues/152: `finetune.py` (checkpointing under the pinned
+      transformers 4.27.1, `get_peft_model`, a Trainer with parsed arguments) raises 'lora_B.default.weight has
+      been marked as ready twice' when launched with torchrun
     - https://github.com/huggingface/peft/issues/313: the same error under `accelerate launch` with
       `gradient_checkpointing_enable()`
     - Proof: tests/proofs/test_ld313_reentrant_unused.py (gloo, 2 ranks): a model with a reentrant checkpointed
@@ -148,7 +172,7 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
     name = "reentrant-checkpoint-with-unused-search"
     severity = Severity.ERROR
     fix_kind = "unsafe"
-    triggers = ("find_unused_parameters",)
+    triggers = ("find_unused_parameters", "get_peft_model", "PeftModel.from_pretrained")
     also_triggers = (("checkpoint", "prepare_model_for_kbit_training"),)
     needs_several_processes = True
 
@@ -207,6 +231,15 @@ training_args.ddp_find_unused_parameters = True
 training_args.ddp_static_graph = True
 if training_args.gradient_checkpointing:
     training_args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+"""
+        ),
+        Valid(
+            """\
+from peft import get_peft_model, prepare_model_for_kbit_training
+from transformers import Trainer, TrainingArguments
+
+model = get_peft_model(prepare_model_for_kbit_training(base), config)
+Trainer(model=model, args=TrainingArguments("out", ddp_find_unused_parameters=False)).train()
 """
         ),
     )
@@ -342,10 +375,18 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
     )
 
     def check_python(self) -> None:
-        search = self._unused_search()
+        search, default = self._unused_search()
         if search is None:
             return
         line = self.context.span(search).line
+        where = f"under DDP with `find_unused_parameters=True` (line {line})"
+        if default is not None:  # the Trainer's own choice for a PEFT model, see lintdist/trainer_ddp.py
+            where = (
+                f"under the DDP wrapper the Trainer (line {line}) builds on this launch of several processes, which "
+                "searches for unused parameters since its model is a PEFT model (no PreTrainedModel) and "
+                "`ddp_find_unused_parameters` is not set"
+                + (" (unless the command line passes `--ddp_find_unused_parameters False`)" if default != "code" else "")
+            )
         found_all = [self._reentrant(call) for call in self.facts.calls]
         found_all += [self._assigned_kwargs(assign) for assign in attribute_assignments(self.facts, KWARGS)]
         for found in found_all:
@@ -354,25 +395,28 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             node, what, replacements = found
             self.report(
                 node,
-                f"{what} under DDP with `find_unused_parameters=True` (line {line}): the reentrant forward records no "
-                "graph, so DDP marks the segment's parameters unused after the forward, and the first backward "
-                "raises RuntimeError 'Expected to mark a variable ready only once'; use `use_reentrant=False`",
+                f"{what} {where}: the reentrant forward records no graph, so DDP marks the segment's parameters "
+                "unused after the forward, and the first backward raises RuntimeError 'Expected to mark a variable "
+                "ready only once'; use `use_reentrant=False`"
+                + (", or `ddp_find_unused_parameters=False` when every trainable parameter is used" if default else ""),
+                severity=Severity.WARNING if default == "command line" else None,
                 fix=Fix(Applicability.UNSAFE, "Checkpoint non-reentrantly (`use_reentrant=False`)", replacements)
                 if replacements
                 else None,
             )
 
-    def _unused_search(self) -> cst.CSTNode | None:
-        """What turns on DDP's search for unused parameters: a keyword with a literal True in a call without
-        ``static_graph=True``, ``args.ddp_find_unused_parameters = True`` (transformers' ``TrainingArguments``)
-        with no ``args.ddp_static_graph = True``, or a Lightning strategy name that means it; None when there is
-        none."""
+    def _unused_search(self) -> tuple[cst.CSTNode | None, str | None]:
+        """What turns on DDP's search for unused parameters, and None or, when it is the Trainer's default for a
+        PEFT model, where the arguments come from ("code", "command line"): a keyword with a literal True in a call
+        without ``static_graph=True``, ``args.ddp_find_unused_parameters = True`` (transformers'
+        ``TrainingArguments``) with no ``args.ddp_static_graph = True``, a Lightning strategy name that means it, or
+        a ``Trainer(...)`` whose default is to search; (None, None) when there is none."""
         facts = self.facts
         on_deepspeed = may_run_deepspeed(facts, self.settings, self.launch)
         static = [a for a in attribute_assignments(self.facts, ("ddp_static_graph",)) if self._truth(a.value) is True]
         for assign in attribute_assignments(self.facts, ("ddp_find_unused_parameters",)):
             if self._truth(assign.value) is True and not static and not on_deepspeed:
-                return assign
+                return assign, None
         for string in facts.index.nodes(cst.SimpleString):
             owner = facts.parent(string)  # `Trainer(strategy="ddp_find_unused_parameters_true")`, Fabric alike
             if (
@@ -381,7 +425,7 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
                 and owner.keyword is not None
                 and owner.keyword.value == "strategy"
             ):
-                return string
+                return string, None
         for call in facts.calls:
             keywords = {arg.keyword.value: arg for arg in call.args if arg.keyword is not None}
             if "ddp_find_unused_parameters" in keywords:
@@ -397,8 +441,11 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             else:
                 continue
             if self._truth(search.value) is True and (static is None or self._truth(static.value) is False):
-                return search
-        return None
+                return search, None
+        # the Trainer builds DDP only on a launch of several processes: wanted in sight (a notebook or a test runs one)
+        several = self.loop.surely_distributed and not (self.context.path.suffix == ".ipynb" or self.context.is_test_module)
+        trainers = facts.calls if several and not on_deepspeed else ()
+        return next(((call, d) for call in trainers if (d := default_unused_search(facts, call))), (None, None))
 
     def _truth(self, expr: cst.BaseExpression) -> bool | None:
         return constant_truth(known_value(self.facts, expr))
@@ -430,9 +477,13 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         if kwargs is None:
             if kind != "peft" and not transformers_4:
                 return None
+            if kind == "peft" and self._trainer_checkpoints():
+                return None  # the Trainer enables checkpointing again with its own kwargs, which decide
+            # the keyword came with transformers 4.35 and peft 0.6: no fix where the pinned range allows older ones
+            older = self.versions.allows(*(("peft", "<0.6") if kind == "peft" else ("transformers", "<4.35")))
             fixed = with_keyword_last(call, KWARGS[0], cst.parse_expression(FALSE_DICT))
             return call, f"`{facts.method_name(call) or 'TrainingArguments'}` without `{KWARGS[0]}` ({REENTRANT[kind]})", (
-                (call, fixed),
+                () if older else ((call, fixed),)
             )
         return self._kwargs_dict(kwargs, keyword, kind)
 
@@ -473,6 +524,13 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
             return "peft" if use is None or self._truth(use) is True else None
         flag = next((argument_of(call, f, None) for f in FLAGS if argument_of(call, f, None) is not None), None)
         return "arguments" if flag is not None and self._truth(flag) is True else None
+
+    def _trainer_checkpoints(self) -> bool:
+        """The Trainer's arguments turn checkpointing on (``TrainingArguments(gradient_checkpointing=True)`` or
+        ``args.gradient_checkpointing = True``): it calls the model's enable method again when it is built."""
+        return any(self._checkpointing(call) == "arguments" for call in self.facts.calls) or any(
+            self._truth(a.value) is True for a in attribute_assignments(self.facts, FLAGS)
+        )
 
     def _assigned_kwargs(self, assign: cst.Assign) -> tuple[cst.CSTNode, str, tuple] | None:
         """``args.gradient_checkpointing_kwargs = {...}`` read as the same keyword given to ``TrainingArguments``:
