@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from lintdist.launch import config_beside, config_settings, launchers_of, number, resolve_launch_path
+from lintdist.launch import config_beside, config_settings, launch_folder, launchers_of, number, resolve_launch_path
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.sources import SourceError, line_col, read_source
@@ -142,7 +142,8 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
             config, why = found
             if launchers_of(script, list({script.parent, self.context.path.parent})) & REAL_LAUNCHERS:
                 continue  # another line starts it with a launcher: this one may be a one-process run on purpose
-            shown = os.path.relpath(config, self.context.path.parent)
+            # the config as the line names it: from the folder the line is run from
+            shown = os.path.relpath(config, launch_folder(command.script.text, self.context.path))
             start, end = command.token.start, command.script.end
             self.report(
                 None,
