@@ -722,12 +722,37 @@ def _entry_scripts(folder: Path) -> list[Path]:
 
 
 def resolve_launch_path(name: str, launch_path: Path) -> Path:
-    """A path on a launch line: relative to the launch file's folder if it exists there, else to the cwd."""
+    """A path on a launch line, read from the folder ``launch_folder`` says (an absolute one as it is)."""
     candidate = Path(name)
-    if candidate.is_absolute():
-        return candidate
-    beside = launch_path.parent / candidate
-    return beside if beside.exists() else candidate
+    return candidate if candidate.is_absolute() else launch_folder(name, launch_path) / candidate
+
+
+def launch_folder(name: str, launch_path: Path) -> Path:
+    """The folder a launch line's relative path is read from: the launch file's own if the path exists there; else
+    the one folder above it that holds the path (``scripts/finetune_ds.sh`` saying ``torchrun finetune.py``, meant
+    to be run from the repository root: see ``launch_roots``); else the cwd (``.``)."""
+    if (launch_path.parent / name).exists():
+        return launch_path.parent
+    above = [folder for folder in launch_roots(launch_path) if (folder / name).is_file()]
+    return above[0] if len(above) == 1 else Path(".")
+
+
+# How far above its own folder a launch file may be meant to be run from (``examples/<task>/scripts/run.sh``).
+LAUNCH_ROOT_DEPTH = 3
+
+
+def launch_roots(launch_path: Path) -> list[Path]:
+    """The folders above a launch file's own that it may be run from: its parents, nearest first, up to the
+    repository root (the first that holds ``.git``) and at most ``LAUNCH_ROOT_DEPTH`` of them."""
+    own = Path(os.path.abspath(launch_path.parent))
+    if (own / ".git").exists():
+        return []  # the launch file is at the repository root
+    roots = []
+    for folder in list(own.parents)[:LAUNCH_ROOT_DEPTH]:
+        roots.append(folder)
+        if (folder / ".git").exists():
+            break
+    return roots
 
 
 # -- launched how? ---------------------------------------------------------------------------------------------

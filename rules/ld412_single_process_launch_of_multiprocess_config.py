@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from lintdist.launch import config_beside, config_settings, launchers_of, number, resolve_launch_path
+from lintdist.launch import config_beside, config_settings, launch_folder, launchers_of, number, resolve_launch_path
 from lintdist.model import Applicability, Fix, Severity, Span, TextEdit
 from lintdist.rule import Invalid, Pattern, Rule, Valid
 from lintdist.sources import SourceError, line_col, read_source
@@ -19,6 +19,18 @@ OWN_LAUNCH = re.compile(r"notebook_launcher|debug_launcher|accelerate\.commands\
 SEVERAL = re.compile(r"^(?:MULTI_\w+|FSDP|DEEPSPEED|MEGATRON_LM)$")
 # The launchers that start the processes a config asks for (accelerate reads torchrun's environment).
 REAL_LAUNCHERS = frozenset({"accelerate", "torchrun", "deepspeed", "srun", "mpiexec"})
+# A script that trains with a transformers (or trl) Trainer: in one process that sees several GPUs, the Trainer
+# wraps the model in `nn.DataParallel` (transformers `TrainingArguments._setup_devices`: `n_gpu` is the device count
+# when no launcher set `LOCAL_RANK`; `Trainer._wrap_model`: `nn.DataParallel` when `n_gpu > 1`).
+HF_TRAINER = re.compile(r"\bfrom[ \t]+(?:transformers|trl)\b[\w.]*[ \t]+import[ \t]+(?:\([^)]*|[^\n]*)\b\w*Trainer\b")
+
+
+# What the one process does with the GPUs it sees, by whether the script trains with a transformers Trainer.
+ONE_PROCESS = {
+    False: "on one GPU",
+    True: "in which the transformers `Trainer` drives every visible GPU through `nn.DataParallel` "
+    "(`TrainingArguments.n_gpu`), not the config's processes,",
+}
 
 
 class SingleProcessLaunchOfMultiprocessConfig(Rule):
@@ -45,7 +57,10 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
     none, so the run is one process on one GPU (`DistributedType.NO`), FSDP
     or DeepSpeed from the config are not used either, and nothing says so:
     the job is just N times slower, or runs out of memory where the config's
-    sharding was meant to fit it.
+    sharding was meant to fit it. A script that trains with a transformers
+    `Trainer` is one process too, in which the Trainer drives every visible
+    GPU through `nn.DataParallel` (a replica per GPU each step, outputs
+    gathered on GPU 0) instead of the config's processes.
 
     ## Example
     ```bash
@@ -70,6 +85,9 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
       (`load_config_from_file`) only by `accelerate launch`.
     - accelerate 1.15 `state.py::PartialState._prepare_backend`: the distributed type comes from the environment
       (`LOCAL_RANK` set by a launcher), else `DistributedType.NO`; the YAML is never loaded.
+    - transformers 5.24 `training_args.py::TrainingArguments._setup_devices`: without a launcher's environment
+      `n_gpu` is `torch.cuda.device_count()`; `trainer.py::Trainer._wrap_model` then wraps the model in
+      `nn.DataParallel` (also in 4.x).
     - huggingface/accelerate#197 (https://github.com/huggingface/accelerate/issues/197): "only one gpu used when
       run python script.py"; the maintainer: "using `python script.py` will only launch one process, you have to
       use `accelerate launch`".
@@ -139,23 +157,25 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
             found = self._config(script)
             if found is None:
                 continue
-            config, why = found
+            config, why, trainer = found
             if launchers_of(script, list({script.parent, self.context.path.parent})) & REAL_LAUNCHERS:
                 continue  # another line starts it with a launcher: this one may be a one-process run on purpose
-            shown = os.path.relpath(config, self.context.path.parent)
+            # the config as the line names it: from the folder the line is run from
+            shown = os.path.relpath(config, launch_folder(command.script.text, self.context.path))
             start, end = command.token.start, command.script.end
             self.report(
                 None,
                 f"`{text[start:end]}` starts one process, but `{shown}` asks for {why}: accelerate reads its config "
                 "only under `accelerate launch`, and `Accelerator()` alone finds no launcher's environment, so the "
-                "run is one process on one GPU (`DistributedType.NO`) and none of the config's settings apply; "
-                f"start it with `accelerate launch --config_file {shown} {command.script.text}`",
+                f"run is one process (`DistributedType.NO`) {ONE_PROCESS[trainer]} and none of the config's settings "
+                f"apply; start it with `accelerate launch --config_file {shown} {command.script.text}`",
                 span=Span(*line_col(text, start), *line_col(text, end)),
                 fix=self._fix(command, config),
             )
 
-    def _config(self, script) -> tuple[os.PathLike, str] | None:
-        """The config beside an accelerate script, and what it asks for in words, when that is several processes."""
+    def _config(self, script) -> tuple[os.PathLike, str, bool] | None:
+        """The config beside an accelerate script, what it asks for in words when that is several processes, and
+        whether the script trains with a transformers Trainer."""
         if script.suffix != ".py" or not script.is_file():
             return None
         try:
@@ -168,15 +188,16 @@ class SingleProcessLaunchOfMultiprocessConfig(Rule):
         if beside is None:
             return None
         path, document = beside
+        trainer = bool(HF_TRAINER.search(code))
         settings = {s.name: s for s in config_settings(document, str(path))}
         processes, machines = number(settings.get("num_processes")), number(settings.get("num_machines"))
         kind = settings.get("distributed_type")
         if processes is not None and processes > 1:
-            return path, f"{processes} processes (`num_processes: {processes}`)"
+            return path, f"{processes} processes (`num_processes: {processes}`)", trainer
         if machines is not None and machines > 1:
-            return path, f"{machines} machines (`num_machines: {machines}`)"
+            return path, f"{machines} machines (`num_machines: {machines}`)", trainer
         if processes is None and kind is not None and SEVERAL.match(str(kind.value)):
-            return path, f"`distributed_type: {kind.value}`"
+            return path, f"`distributed_type: {kind.value}`", trainer
         return None
 
     def _fix(self, command, config) -> Fix | None:

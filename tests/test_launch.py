@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lintdist.launch import LaunchSettings, command_settings, config_settings
 from lintdist.sources import parse_config, parse_launch
 
@@ -350,3 +352,56 @@ def test_launchers_of_a_script_read_from_the_launch_files_and_pages_of_folders(t
     assert launchers_of(script, [tmp_path]) == {"python"}
     (tmp_path / "README.md").write_text("Run:\n\n```bash\naccelerate launch train.py\n```\n")
     assert launchers_of(script, [tmp_path]) == {"python", "accelerate"}
+
+
+def test_a_launch_path_is_read_beside_the_launch_file_then_from_the_one_folder_above_that_holds_it(tmp_path):
+    from lintdist.launch import resolve_launch_path
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "finetune.py").write_text("print(1)\n")
+    (tmp_path / "scripts").mkdir()
+    launch = tmp_path / "scripts" / "finetune_ds.sh"
+    launch.write_text("torchrun --nproc_per_node 2 finetune.py\n")
+    # meant to be run from the repository root, as Qwen's finetune/finetune_ds.sh is
+    assert resolve_launch_path("finetune.py", launch) == tmp_path / "finetune.py"
+    assert resolve_launch_path("configs/ds.json", launch) == Path("configs/ds.json")  # nowhere: as before
+    (tmp_path / "scripts" / "finetune.py").write_text("print(2)\n")
+    assert resolve_launch_path("finetune.py", launch) == tmp_path / "scripts" / "finetune.py"  # beside wins
+
+
+def test_a_launch_path_held_by_two_folders_above_or_above_the_repository_is_not_guessed(tmp_path):
+    from lintdist.launch import launch_roots, resolve_launch_path
+
+    repo = tmp_path / "repo"
+    deep = repo / "examples" / "sft" / "scripts"
+    deep.mkdir(parents=True)
+    launch = deep / "run.sh"
+    launch.write_text("python train.py\n")
+    (repo / "examples" / "sft" / "train.py").write_text("print(1)\n")
+    assert resolve_launch_path("train.py", launch) == repo / "examples" / "sft" / "train.py"
+    (repo / "train.py").write_text("print(2)\n")
+    assert resolve_launch_path("train.py", launch) == Path("train.py")  # two candidates: which one is not said
+    (repo / "examples" / "sft" / "train.py").unlink()
+    (repo / ".git").mkdir()
+    (tmp_path / "eval.py").write_text("print(3)\n")
+    assert launch_roots(launch) == [repo / "examples" / "sft", repo / "examples", repo]
+    assert resolve_launch_path("eval.py", launch) == Path("eval.py")  # above the repository root: not its file
+    (repo / "run.sh").write_text("python eval.py\n")
+    assert launch_roots(repo / "run.sh") == []
+
+
+def test_a_script_named_from_a_launch_file_below_the_root_is_linked_whatever_the_cwd(lintdist, tmp_path):
+    import json
+
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "train.py").write_text("from accelerate import Accelerator\naccelerator = Accelerator()\n")
+    (project / "default_config.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 4\n")
+    (project / "scripts" / "run.sh").write_text("python train.py --lr 1e-4\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd in (project, elsewhere):
+        result = lintdist("check", "--no-cache", "--select", "LD412", "--output-format", "json", str(project), cwd=cwd)
+        [finding] = json.loads(result.output)
+        assert finding["filename"].endswith("run.sh")
+        assert "`accelerate launch --config_file default_config.yaml train.py`" in finding["message"]
