@@ -77,6 +77,17 @@ def implied_module(name: str) -> str:
     return statement.split()[1]
 
 
+def trigger_text(text: str) -> str:
+    """What a Python file's triggers are searched in: its text after the comment lines it opens with (a license
+    header says "distributed" in nearly every library module, and no code is there), followed by the imports of
+    the conventional names it uses (``text_with_implied_imports``)."""
+    return text_with_implied_imports(text[_OPENING_COMMENTS.match(text).end() :])
+
+
+# blank lines and comment lines at the start of a file: a shebang, an encoding line, a license header
+_OPENING_COMMENTS = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\n)*")
+
+
 def text_with_implied_imports(text: str) -> str:
     """``text`` followed by the imports of the conventional names it uses, for the pre-filter: a snippet that calls
     ``dist.barrier()`` wants the rules a file with ``import torch.distributed as dist`` wants. Costs one substring

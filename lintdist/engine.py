@@ -11,7 +11,7 @@ from pathlib import Path
 import libcst as cst
 
 from lintdist.context import FileContext
-from lintdist.conventions import text_with_implied_imports
+from lintdist.conventions import trigger_text
 from lintdist.facts import PythonFacts
 from lintdist.launch import LaunchSettings
 from lintdist.model import Applicability, Finding, Fix, Severity, Span, TextEdit
@@ -78,8 +78,8 @@ def check_text(
     # parsed and its syntax errors are reported, but nothing else is paid for. Configs and launch files that
     # carry accelerate/DeepSpeed keys or launcher lines are read by the project pass anyway: they are parsed.
     if not prefiltered:
-        trigger_text = text_with_implied_imports(text) if kind == "python" else text
-        rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(trigger_text, kind)]
+        searched = trigger_text(text) if kind == "python" else text
+        rules = [rule for rule in rules if kind in rule.kinds and rule.wanted(searched, kind)]
     if not explicit and not _worth_parsing(text, kind, rules):
         return [], None
     context = FileContext(path=path, display_name=display, text=text, kind=kind, settings=settings, blocks=blocks)

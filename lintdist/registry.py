@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 from typing import TYPE_CHECKING
 
-from lintdist.conventions import text_with_implied_imports
+from lintdist.conventions import trigger_text
 
 if TYPE_CHECKING:
     from lintdist.rule import Rule
@@ -106,12 +106,12 @@ def manifest() -> tuple[RuleInfo, ...]:
 
 def rules_wanted(codes: frozenset[str], text: str, kind: str) -> list[type[Rule]]:
     """The enabled rules whose entry points occur in ``text`` (a file of ``kind``), their modules imported now.
-    A Python file is read with the imports its unbound conventional names stand for (``dist.barrier()`` alone
-    wants what ``import torch.distributed as dist`` does)."""
+    A Python file is read without the comments it opens with, and with the imports its unbound conventional names
+    stand for (``dist.barrier()`` alone wants what ``import torch.distributed as dist`` does): ``trigger_text``."""
     found = []
     seen: dict = {}
     if kind == "python":
-        text = text_with_implied_imports(text)
+        text = trigger_text(text)
     for info in manifest():
         if info.code in codes and info.wanted(text, kind, seen):
             module = importlib.import_module(info.module)

@@ -289,3 +289,15 @@ def test_backward_and_device_map_triggers_skip_definitions_docstring_sessions_an
     auto = 'model = AutoModel.from_pretrained("m", device_map="auto")\n'
     assert device_map.wanted(auto)
     assert not device_map.wanted('def load(device_map="auto"):\n    return device_map\n')
+
+
+def test_triggers_are_searched_after_the_opening_comments_only():
+    from lintdist.conventions import trigger_text
+    from lintdist.registry import rule_by_code
+
+    header = "#!/usr/bin/env python\n# Licensed under the Apache License: distributed on an AS IS basis.\n\n"
+    assert trigger_text(header + "import os\n# distributed later\n") == "import os\n# distributed later\n"
+    guarded = "if rank == 0:\n    dist.barrier()\n"
+    collective_in_guard = rule_by_code("LD405")
+    assert not collective_in_guard.wanted(trigger_text(header + "if rank == 0:\n    x.barrier()\n"))
+    assert collective_in_guard.wanted(trigger_text(header + guarded)), "the implied import still counts"
