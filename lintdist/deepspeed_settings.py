@@ -114,10 +114,13 @@ def deepspeed_engine(facts: PythonFacts, expr: cst.BaseExpression, at: cst.CSTNo
 
 def may_run_deepspeed(facts: PythonFacts, settings, launch) -> bool:
     """DeepSpeed may wrap the model instead of DDP: the ``deepspeed`` launcher starts the script (``launch``, the
-    script's ``Launch``), accelerate's launch or a ``DeepSpeedPlugin`` selects it, or the code passes a
-    ``deepspeed=`` config (``TrainingArguments(deepspeed="ds.json")``) other than ``None``."""
+    script's ``Launch``), accelerate's launch or a ``DeepSpeedPlugin`` selects it, a launch line passes the script
+    ``--deepspeed`` (``train.py --deepspeed ds.json``), or the code passes a ``deepspeed=`` config
+    (``TrainingArguments(deepspeed="ds.json")``) other than ``None``."""
     launcher = launch.launcher if launch is not None else None
     if launcher is not None and launcher.value == "deepspeed":
+        return True
+    if settings is not None and settings.get("script_deepspeed") is not None:
         return True
     if settings is not None and runs_deepspeed(facts, settings):
         return True

@@ -653,15 +653,15 @@ def build_project(
                 add_config(settings, resolve_launch_path(config_flag.value, launch_path))
             elif default_config is not None and reads_default_config(command):
                 add_config(settings, default_config)
-            for setting in command_settings(command, launch, text, display.get(launch_path, str(launch_path))):
+            shown = display.get(launch_path, str(launch_path))
+            for setting in command_settings(command, launch, text, shown):
                 settings.set(setting)
+            if "--deepspeed" in text and (given := _script_deepspeed(command, text, launch_path, shown)) is not None:
+                settings.set(given)
             if command.launcher == "python":
                 # `python train.py` runs one process (unless the script spawns its own: rules check for that)
                 line, column = line_col(text, command.script.start)
-                settings.set(
-                    Setting("num_processes", 1, display.get(launch_path, str(launch_path)), line, column, "launcher")
-                )
-            shown = display.get(launch_path, str(launch_path))
+                settings.set(Setting("num_processes", 1, shown, line, column, "launcher"))
             settings.launch = command_launch(command, launch, settings, text, shown)
             key = os.path.realpath(script)
             # A script run by several launch lines keeps only what they all agree on.
@@ -687,6 +687,29 @@ def build_project(
                 add_config(settings, config_path)
             project.links[key] = settings
     return project
+
+
+def _script_deepspeed(command: LaunchCommand, text: str, launch_path: Path, shown: str) -> Setting | None:
+    """The ``--deepspeed`` option a launch line passes to its script (``train.py --deepspeed ds.json``, transformers'
+    ``TrainingArguments.deepspeed`` or DeepSpeed's own ``add_config_arguments``), as the setting
+    ``script_deepspeed``: DeepSpeed may wrap the script's model."""
+    from lintdist.script_arguments import script_flags
+
+    flag = script_flags(command, launch_text(text, launch_path)).get("deepspeed")
+    if flag is None:
+        return None
+    line, column = line_col(text, flag.token.start)
+    return Setting(
+        "script_deepspeed",
+        flag.value,
+        shown,
+        line,
+        column,
+        "flag",
+        raw="deepspeed",
+        token=flag.token,
+        value_token=flag.value_token,
+    )
 
 
 def _shown(path: Path) -> str:

@@ -159,3 +159,17 @@ def test_engine_by_api_leaves_engines_made_here_to_deepspeed_engine():
     generate = next(c for c in facts.calls if facts.method_name(c) == "generate")
     assert engine_by_api(facts, generate.func.value, generate) is None
     assert deepspeed_engine(facts, generate.func.value, generate)
+
+
+def test_a_launch_line_passing_the_script_deepspeed_means_deepspeed_may_wrap_its_model(tmp_path, lintdist):
+    (tmp_path / "train.py").write_text(
+        "from accelerate import Accelerator, DistributedDataParallelKwargs\n\n"
+        "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])\n"
+        'model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})\n'
+    )
+    (tmp_path / "run.sh").write_text("torchrun --nproc_per_node 2 train.py --output_dir out\n")
+    found = lintdist("check", "--no-cache", "--select", "LD313", "--output-format", "concise", str(tmp_path))
+    assert "train.py:4:" in found.output, "under DDP the handler turns the search on"
+    (tmp_path / "run.sh").write_text("torchrun --nproc_per_node 2 train.py --deepspeed ds_zero2.json --output_dir out\n")
+    quiet = lintdist("check", "--no-cache", "--select", "LD313", "--output-format", "concise", str(tmp_path))
+    assert "LD313" not in quiet.output, "DeepSpeed wraps no DDP: accelerate hands the handler to DDP only"
