@@ -3,6 +3,8 @@ clipping, and where the script reads its accumulation steps."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
@@ -13,8 +15,10 @@ from lintdist.loop import DEEPSPEED_PLUGINS, integer_literal
 # accelerate fills DeepSpeed's "auto" `gradient_clipping` with 1.0 (`_prepare_deepspeed`)
 DEFAULT_CLIPPING = 1.0
 DEEPSPEED_INITIALIZE = frozenset({"deepspeed.initialize"})
-# `gradient_clipping` lintdist cannot read: a config file, an expression of the launch
+# `gradient_clipping` lintdist cannot read: a config file it cannot find, an expression of the launch
 UNKNOWN = object()
+# DeepSpeed's own default when its config writes no `gradient_clipping` (`GRADIENT_CLIPPING_DEFAULT`): no clipping
+NO_CLIPPING = 0.0
 
 
 def deepspeed_plugins(facts: PythonFacts) -> list[cst.Call]:
@@ -46,8 +50,9 @@ def zero_stage(facts: PythonFacts, settings) -> int | None:
 
 
 def gradient_clipping(facts: PythonFacts, settings, accelerated: bool):
-    """The ``gradient_clipping`` DeepSpeed runs with: a float, the plugin's expression, or ``UNKNOWN`` (a config file
-    lintdist cannot read, an expression, or no plugin and no Accelerator (``accelerated``) in sight)."""
+    """The ``gradient_clipping`` DeepSpeed runs with: a float (read from the DeepSpeed config file the launch names
+    too), the plugin's expression, or ``UNKNOWN`` (a config the code passes, a file lintdist cannot read, an
+    expression, or no plugin and no Accelerator (``accelerated``) in sight)."""
     plugins = deepspeed_plugins(facts)
     for plugin in plugins:
         if any(a.star for a in plugin.args) or argument_of(plugin, "hf_ds_config", 0) is not None:
@@ -56,8 +61,8 @@ def gradient_clipping(facts: PythonFacts, settings, accelerated: bool):
         if value is not None:
             return float(value.evaluated_value) if isinstance(value, (cst.Integer, cst.Float)) else value
     if settings is not None:
-        if settings.get("deepspeed_config_file") is not None:
-            return UNKNOWN
+        if (file := settings.get("deepspeed_config_file")) is not None:
+            return _file_clipping(file, settings.get("gradient_clipping"))
         setting = settings.get("gradient_clipping")
         if setting is not None:
             try:
@@ -67,6 +72,27 @@ def gradient_clipping(facts: PythonFacts, settings, accelerated: bool):
     if not plugins and not accelerated:
         return UNKNOWN
     return DEFAULT_CLIPPING
+
+
+def _file_clipping(file, given):
+    """The ``gradient_clipping`` of the DeepSpeed config file an accelerate config names (``file``, its
+    ``deepspeed_config_file`` setting): its number; for ``"auto"``, what accelerate fills in (the launch's
+    ``gradient_clipping``, ``given``, else 1.0); ``NO_CLIPPING`` when the file writes none (accelerate fills only
+    ``"auto"`` values); ``UNKNOWN`` when the file cannot be read."""
+    from lintdist.deepspeed_files import ABSENT, named_deepspeed_config, top_value
+
+    found = named_deepspeed_config(str(file.value), Path(file.path))
+    value = top_value(found[1], "gradient_clipping") if found is not None else UNKNOWN
+    if value is ABSENT:
+        return NO_CLIPPING
+    if value == "auto":
+        if given is None:
+            return DEFAULT_CLIPPING
+        try:
+            return float(given.value)
+        except (TypeError, ValueError):
+            return UNKNOWN
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else UNKNOWN
 
 
 def reads_accumulation_steps(node: cst.CSTNode) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from lintdist.deepspeed_settings import DEFAULT_CLIPPING, UNKNOWN, gradient_clipping
+from lintdist.deepspeed_settings import DEFAULT_CLIPPING, NO_CLIPPING, UNKNOWN, gradient_clipping
 from lintdist.edits import guarded_call
 from lintdist.facts import argument_of
 from lintdist.loop import TORCH_CLIPS, StepSite
@@ -54,12 +54,14 @@ class ClipBypassesAccelerator(Rule):
     raises "unscale_() has already been called on this optimizer since the last
     update()". Under DeepSpeed, `accelerator.clip_grad_norm_` clips nothing and
     returns the engine's norm: DeepSpeed clips at its config's
-    `gradient_clipping` (1.0 when accelerate fills "auto"), so another
-    `max_norm` is silently ignored. Not reported: models that were not
+    `gradient_clipping` (1.0 when accelerate fills "auto"; 0.0, no clipping,
+    when a config file writes none), so another `max_norm` is silently
+    ignored. The DeepSpeed JSON file an accelerate config names
+    (`deepspeed_config_file`) is read. Not reported: models that were not
     prepared; `clip_grad_value_` under FSDP (element-wise clipping of a shard
     is exact, and accelerate's version raises there); a DeepSpeed config that
-    lintdist cannot read (a JSON file), or one whose `gradient_clipping` is the
-    `max_norm` passed.
+    lintdist cannot read (a config the code passes, a file it cannot find),
+    or one whose `gradient_clipping` is the `max_norm` passed.
 
     ## Example
     ```python
@@ -389,6 +391,8 @@ for batch in loader:
             said = f"`{cst.Module([]).code_for_node(configured)}`"
         elif configured is DEFAULT_CLIPPING:
             said = f'{configured}, accelerate\'s value for "auto"'
+        elif configured is NO_CLIPPING:
+            said = "0.0: the DeepSpeed file writes none, and DeepSpeed's default turns clipping off"
         else:
             said = str(configured)
         norm = cst.Module([]).code_for_node(max_norm)

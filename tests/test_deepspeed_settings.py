@@ -8,6 +8,7 @@ import libcst as cst
 
 from lintdist.deepspeed_settings import (
     DEFAULT_CLIPPING,
+    NO_CLIPPING,
     UNKNOWN,
     deepspeed_engine,
     engine_by_api,
@@ -170,6 +171,25 @@ def test_a_launch_line_passing_the_script_deepspeed_means_deepspeed_may_wrap_its
     (tmp_path / "run.sh").write_text("torchrun --nproc_per_node 2 train.py --output_dir out\n")
     found = lintdist("check", "--no-cache", "--select", "LD313", "--output-format", "concise", str(tmp_path))
     assert "train.py:4:" in found.output, "under DDP the handler turns the search on"
-    (tmp_path / "run.sh").write_text("torchrun --nproc_per_node 2 train.py --deepspeed ds_zero2.json --output_dir out\n")
+    (tmp_path / "run.sh").write_text(
+        "torchrun --nproc_per_node 2 train.py --deepspeed ds_zero2.json --output_dir out\n"
+    )
     quiet = lintdist("check", "--no-cache", "--select", "LD313", "--output-format", "concise", str(tmp_path))
     assert "LD313" not in quiet.output, "DeepSpeed wraps no DDP: accelerate hands the handler to DDP only"
+
+
+def test_gradient_clipping_read_from_the_deepspeed_file_an_accelerate_config_names(tmp_path):
+    def clipping(ds_json: str, **launch) -> object:
+        (tmp_path / "ds.json").write_text(ds_json)
+        settings = LaunchSettings()
+        settings.set(Setting("deepspeed_config_file", "ds.json", str(tmp_path / "accelerate.yaml"), 1, 0, "yaml"))
+        for name, value in launch.items():
+            settings.set(Setting(name, value, "env", 1, 0, "env"))
+        return gradient_clipping(_facts("x = 1\n"), settings, True)
+
+    zero = '"zero_optimization": {"stage": 2}'
+    assert clipping(f'{{"gradient_clipping": 0.5, {zero}}}') == 0.5
+    assert clipping(f'{{"gradient_clipping": "auto", {zero}}}') is DEFAULT_CLIPPING
+    assert clipping(f'{{"gradient_clipping": "auto", {zero}}}', gradient_clipping="2") == 2.0
+    assert clipping(f"{{{zero}}}") is NO_CLIPPING, "accelerate fills only 'auto' values: DeepSpeed's default stays"
+    assert clipping('{"not": "deepspeed"}') is UNKNOWN
