@@ -86,9 +86,9 @@ def _cheap_first(groups: tuple[tuple, ...]) -> tuple[tuple, ...]:
 
 
 def _search(trigger, text: str, seen: dict) -> bool:
-    # a trigger is compiled once per manifest entry (``_trigger`` is cached), so the words or pattern two rules
-    # share is one object: its answer for this text is remembered under it
-    key = trigger.text if isinstance(trigger, _Text) else trigger
+    # a trigger is compiled once per manifest entry (``_trigger`` is cached, and keeps it alive), so the words or
+    # pattern two rules share is one object: its answer for this text is remembered under its identity
+    key = trigger.text if isinstance(trigger, _Text) else id(trigger)
     found = seen.get(key)
     if found is None:
         found = seen[key] = trigger.text in text if isinstance(trigger, _Text) else bool(trigger.search(text))

@@ -269,17 +269,17 @@ class Words:
 
 
 def _stems(names: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The names grouped under substrings of at least four characters that several share, chosen greedily (the
-    one that covers most names first, the longer of two that cover as many); a name that shares none is its own
+    """The names grouped under a part of at least four characters that several share (``rank`` in ``local_rank``
+    and ``get_rank``; parts split at ``_``), the part most share first; a name that shares none is its own
     stem."""
     left, stems = list(names), []
     while left:
         counts: dict[str, int] = {}
         for name in left:
-            for part in {name[i:j] for i in range(len(name)) for j in range(i + 4, len(name) + 1)}:
+            for part in {part for part in name.split("_") if len(part) >= 4}:
                 counts[part] = counts.get(part, 0) + 1
-        stem = max(counts, key=lambda part: (counts[part], len(part), part)) if counts else left[0]
-        if counts.get(stem, 0) < 2:
+        stem = max(counts, key=lambda part: (counts[part], len(part), part), default=None)
+        if stem is None or counts[stem] < 2:
             stems.extend((name, (name,)) for name in left)
             break
         stems.append((stem, tuple(name for name in left if stem in name)))
