@@ -420,10 +420,10 @@ trainer = L.Trainer(accelerator="gpu", devices=2, strategy="ddp_find_unused_para
         for string in facts.index.nodes(cst.SimpleString):
             owner = facts.parent(string)  # `Trainer(strategy="ddp_find_unused_parameters_true")`, Fabric alike
             if (
-                string.evaluated_value in LIGHTNING_SEARCHERS
-                and isinstance(owner, cst.Arg)
+                isinstance(owner, cst.Arg)
                 and owner.keyword is not None
                 and owner.keyword.value == "strategy"
+                and string.evaluated_value in LIGHTNING_SEARCHERS
             ):
                 return string, None
         for call in facts.calls:
