@@ -61,24 +61,29 @@ def gradient_clipping(facts: PythonFacts, settings, accelerated: bool):
         if value is not None:
             return float(value.evaluated_value) if isinstance(value, (cst.Integer, cst.Float)) else value
     if settings is not None:
-        if (file := settings.get("deepspeed_config_file")) is not None:
-            return _file_clipping(file, settings.get("gradient_clipping"))
+        file = settings.get("deepspeed_config_file")
+        written = _file_clipping(file) if file is not None else None
+        if written is not None and written != "auto":
+            return written
+        # no file, or a file that leaves it to accelerate: the launch's value, else accelerate's 1.0 for "auto"
         setting = settings.get("gradient_clipping")
         if setting is not None:
             try:
                 return float(setting.value)
             except (TypeError, ValueError):
                 return UNKNOWN
+        if written == "auto":
+            return DEFAULT_CLIPPING
     if not plugins and not accelerated:
         return UNKNOWN
     return DEFAULT_CLIPPING
 
 
-def _file_clipping(file, given):
-    """The ``gradient_clipping`` of the DeepSpeed config file an accelerate config names (``file``, its
-    ``deepspeed_config_file`` setting): its number; for ``"auto"``, what accelerate fills in (the launch's
-    ``gradient_clipping``, ``given``, else 1.0); ``NO_CLIPPING`` when the file writes none (accelerate fills only
-    ``"auto"`` values); ``UNKNOWN`` when the file cannot be read."""
+def _file_clipping(file):
+    """The ``gradient_clipping`` the DeepSpeed config file an accelerate config names writes (``file``, its
+    ``deepspeed_config_file`` setting): its number, ``"auto"`` (accelerate fills it in), ``NO_CLIPPING`` when it
+    writes none (accelerate fills only ``"auto"`` values), ``UNKNOWN`` when the file cannot be read or the value is
+    neither."""
     from lintdist.deepspeed_files import ABSENT, named_deepspeed_config, top_value
 
     found = named_deepspeed_config(str(file.value), Path(file.path))
@@ -86,12 +91,7 @@ def _file_clipping(file, given):
     if value is ABSENT:
         return NO_CLIPPING
     if value == "auto":
-        if given is None:
-            return DEFAULT_CLIPPING
-        try:
-            return float(given.value)
-        except (TypeError, ValueError):
-            return UNKNOWN
+        return value
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else UNKNOWN
 
 
