@@ -643,6 +643,8 @@ def build_project(
                 settings.set(setting)
 
     for launch_path, (launch, text) in sorted(launches.items()):
+        # the shell text a script's options are read from, once per launch file that passes one `--deepspeed`
+        shell = launch_text(text, launch_path) if "--deepspeed" in text else None
         for command in launch.commands:
             if command.script is None:
                 continue
@@ -656,7 +658,7 @@ def build_project(
             shown = display.get(launch_path, str(launch_path))
             for setting in command_settings(command, launch, text, shown):
                 settings.set(setting)
-            if "--deepspeed" in text and (given := _script_deepspeed(command, text, launch_path, shown)) is not None:
+            if shell is not None and (given := _script_deepspeed(command, text, shell, shown)) is not None:
                 settings.set(given)
             if command.launcher == "python":
                 # `python train.py` runs one process (unless the script spawns its own: rules check for that)
@@ -689,13 +691,13 @@ def build_project(
     return project
 
 
-def _script_deepspeed(command: LaunchCommand, text: str, launch_path: Path, shown: str) -> Setting | None:
+def _script_deepspeed(command: LaunchCommand, text: str, shell: str, shown: str) -> Setting | None:
     """The ``--deepspeed`` option a launch line passes to its script (``train.py --deepspeed ds.json``, transformers'
     ``TrainingArguments.deepspeed`` or DeepSpeed's own ``add_config_arguments``), as the setting
-    ``script_deepspeed``: DeepSpeed may wrap the script's model."""
+    ``script_deepspeed``: DeepSpeed may wrap the script's model. ``shell`` is the launch file's ``launch_text``."""
     from lintdist.script_arguments import script_flags
 
-    flag = script_flags(command, launch_text(text, launch_path)).get("deepspeed")
+    flag = script_flags(command, shell).get("deepspeed")
     if flag is None:
         return None
     line, column = line_col(text, flag.token.start)

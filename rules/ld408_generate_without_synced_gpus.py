@@ -394,12 +394,15 @@ outputs = accelerator.unwrap_model(model).generate(input_ids, **gen_kwargs)
         """``generate`` on an engine made in another module (known by its API), where no module of the project
         keeps ZeRO-3 visible to transformers; its ZeRO stage is not in sight, so a warning."""
         facts, project = self.facts, self.facts.project
+        searched = False
         for call, model in self._generate_unset():
             used = engine_by_api(facts, model, call)
             if used is None or gathered_for_generation(facts, call):
                 continue
-            if project is not None and mentioned_in_project(project, ZERO3_DETECTED_IN_PROJECT) is not False:
-                return  # a module keeps one (or makes a Trainer or Accelerator that does), or too many to read
+            if project is not None and not searched:  # the project is read once, for the first such call
+                if mentioned_in_project(project, ZERO3_DETECTED_IN_PROJECT) is not False:
+                    return  # a module keeps one (or makes a Trainer or Accelerator that does), or too many to read
+                searched = True
             message = (
                 f"`generate` without `synced_gpus` on a DeepSpeed engine made in another module ({used}): it "
                 "hangs under ZeRO-3, where transformers turns `synced_gpus` on only while an `HfDeepSpeedConfig` "
