@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from lintdist.backends import TRAINING_ARGUMENTS
 from lintdist.bindings import attribute_assignments
 from lintdist.facts import argument_of
 from lintdist.pretrained import PEFT_MAKERS
@@ -28,14 +29,6 @@ TRAINERS = frozenset(
         "transformers.trainer.Trainer",
         "transformers.Seq2SeqTrainer",
         "transformers.trainer_seq2seq.Seq2SeqTrainer",
-    }
-)
-TRAINING_ARGUMENTS = frozenset(
-    {
-        "transformers.TrainingArguments",
-        "transformers.training_args.TrainingArguments",
-        "transformers.Seq2SeqTrainingArguments",
-        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
     }
 )
 # Fields that make the Trainer build no DDP wrapper (DeepSpeed's engine, FSDP) or decide the search themselves.
@@ -94,7 +87,9 @@ def _parsed_training_arguments(facts: PythonFacts, source: cst.BaseExpression, i
     """``source`` is ``HfArgumentParser((..., TrainingArguments, ...)).parse_args_into_dataclasses()`` (the parser
     made there or bound to a name) and element ``index`` of its result is transformers' own ``TrainingArguments``
     (a subclass may change the field's default)."""
-    if not (isinstance(source, cst.Call) and isinstance(source.func, cst.Attribute) and facts.method_name(source) == PARSE):
+    if not (
+        isinstance(source, cst.Call) and isinstance(source.func, cst.Attribute) and facts.method_name(source) == PARSE
+    ):
         return False
     parser = source.func.value
     if isinstance(parser, cst.Name):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from lintdist.arguments import command_line_default, holds_parsed_arguments
+from lintdist.backends import TRAINING_ARGUMENTS
 from lintdist.deepspeed_files import ABSENT, named_deepspeed_config, top_value
 from lintdist.facts import argument_of, string_value
 from lintdist.launch import resolve_launch_path
@@ -16,14 +17,6 @@ from lintdist.sources import launch_text, line_col
 from lintdist.value_uses import assigned_reads
 from lintdist.values import known_value, number_literal, python_value, string_of
 
-TRAINING_ARGUMENTS = frozenset(
-    {
-        "transformers.TrainingArguments",
-        "transformers.training_args.TrainingArguments",
-        "transformers.Seq2SeqTrainingArguments",
-        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-    }
-)
 # DeepSpeed key -> the TrainingArguments field `trainer_config_process` matches it with, and that field's default
 MATCHED = {
     "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
